@@ -1,0 +1,655 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The dgr engine: one llama.cpp model and context, one reusable llama_batch,
+one sampler chain per sequence slot.
+
+`Engine.step` fills the batch from arrays, runs `llama_decode` and samples every
+output row with that row's slot sampler, all without the GIL. The engine knows
+nothing of Trio, HTTP or scheduling policy, and it is not thread-safe: one
+caller at a time (the node's batch loop).
+"""
+
+import os
+import re
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.math cimport expf, logf, INFINITY
+from libc.stdint cimport int8_t, int32_t, uint32_t
+from libc.stdlib cimport free, malloc
+
+from dgr._llama cimport *
+from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
+                        InvalidBatch, KVSlotUnavailable, ModelLoadError)
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #include <pthread.h>
+    #include <stdio.h>
+    #include <string.h>
+
+    /* llama.cpp logs through one process-wide callback. dgr keeps the recent
+       text in a buffer: model loading errors and buffer sizes are read from it. */
+    #define DGR_LOG_CAP (1 << 16)
+    static char dgr_log_buf[DGR_LOG_CAP];
+    static size_t dgr_log_len = 0;
+    static int dgr_log_echo = 0;
+    static pthread_mutex_t dgr_log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+    static void dgr_log_sink(enum ggml_log_level level, const char *text, void *user_data) {
+        (void)level; (void)user_data;
+        size_t n = strlen(text);
+        if (dgr_log_echo) fputs(text, stderr);
+        pthread_mutex_lock(&dgr_log_lock);
+        if (n >= DGR_LOG_CAP / 2) { text += n - DGR_LOG_CAP / 2 + 1; n = DGR_LOG_CAP / 2 - 1; }
+        if (dgr_log_len + n >= DGR_LOG_CAP) {
+            size_t keep = DGR_LOG_CAP / 2 - 1;
+            if (keep > dgr_log_len) keep = dgr_log_len;
+            memmove(dgr_log_buf, dgr_log_buf + dgr_log_len - keep, keep);
+            dgr_log_len = keep;
+        }
+        memcpy(dgr_log_buf + dgr_log_len, text, n);
+        dgr_log_len += n;
+        dgr_log_buf[dgr_log_len] = 0;
+        pthread_mutex_unlock(&dgr_log_lock);
+    }
+
+    static void dgr_log_clear(void) {
+        pthread_mutex_lock(&dgr_log_lock);
+        dgr_log_len = 0;
+        dgr_log_buf[0] = 0;
+        pthread_mutex_unlock(&dgr_log_lock);
+    }
+
+    static size_t dgr_log_copy(char *out, size_t cap) {
+        pthread_mutex_lock(&dgr_log_lock);
+        size_t n = dgr_log_len < cap - 1 ? dgr_log_len : cap - 1;
+        memcpy(out, dgr_log_buf + dgr_log_len - n, n);
+        out[n] = 0;
+        pthread_mutex_unlock(&dgr_log_lock);
+        return n;
+    }
+
+    static bool dgr_abort_callback(void *data) {
+        return __atomic_load_n((int *)data, __ATOMIC_RELAXED) != 0;
+    }
+    static void dgr_set_flag(int *flag, int value) { __atomic_store_n(flag, value, __ATOMIC_RELAXED); }
+    """
+    void dgr_log_sink(ggml_log_level level, const char * text, void * user_data) noexcept nogil
+    void dgr_log_clear() noexcept nogil
+    size_t dgr_log_copy(char * out, size_t cap) noexcept nogil
+    int dgr_log_echo
+    bint dgr_abort_callback(void * data) noexcept nogil
+    void dgr_set_flag(int * flag, int value) noexcept nogil
+
+# Flags of the `want` array passed to step().
+WANT_NONE = 0
+WANT_SAMPLE = 1
+WANT_LOGPROBS = 2
+
+cdef bint _backend_ready = False
+
+
+cdef void _init_backend():
+    global _backend_ready
+    if not _backend_ready:
+        global dgr_log_echo
+        dgr_log_echo = 1 if os.environ.get("DGR_LLAMA_LOG") else 0
+        llama_log_set(dgr_log_sink, NULL)
+        llama_backend_init()
+        _backend_ready = True
+
+
+def llama_log_text():
+    """The most recent llama.cpp log text (up to 64 KiB)."""
+    cdef bytes buf = bytes(1 << 16)
+    cdef size_t n = dgr_log_copy(buf, len(buf))
+    return buf[:n].decode("utf-8", "replace")
+
+
+def system_info():
+    _init_backend()
+    return llama_print_system_info().decode("utf-8", "replace")
+
+
+_MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+
+
+def _buffer_sizes(log_text):
+    """Sum the buffer sizes llama.cpp logged while creating a context."""
+    sizes = {"KV": 0, "compute": 0, "output": 0}
+    for kind, mib in _MIB.findall(log_text):
+        sizes[kind] += int(float(mib) * 1024 * 1024)
+    return sizes
+
+
+def _error_lines(log_text, limit=4):
+    lines = [line.strip() for line in log_text.splitlines()
+             if "error" in line.lower() or "failed" in line.lower() or "invalid" in line.lower()]
+    return "; ".join(lines[-limit:])
+
+
+cdef class Engine:
+    """A llama.cpp model and context serving up to `n_seq_max` sequences.
+
+    Sequence ids are slots 0..n_seq_max-1. Each slot has its own sampler chain
+    (see `set_sampling`) and its own KV cells (`release` frees them).
+    """
+
+    cdef llama_model * model
+    cdef llama_context * ctx
+    cdef const llama_vocab * vocab
+    cdef llama_memory_t mem
+    cdef llama_batch batch
+    cdef llama_sampler ** samplers
+    cdef int abort_flag
+    cdef int n_slots
+    cdef int batch_capacity
+    cdef int vocab_size
+    cdef llama_logit_bias * eog_bias
+    cdef int n_eog
+    cdef long long steps_done
+    cdef long long fault_step
+    cdef int fault_code
+    cdef readonly dict info
+    cdef readonly str model_path
+
+    def __cinit__(self):
+        self.model = NULL
+        self.ctx = NULL
+        self.samplers = NULL
+        self.eog_bias = NULL
+        self.batch.token = NULL
+        self.n_slots = 0
+        self.fault_step = -1
+
+    def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
+                 int n_ubatch=512, n_threads=None, bint kv_unified=False,
+                 bint weight_repack=False, bint swa_full=False):
+        """Load `model_path` and create a context.
+
+        kv_unified=False gives every slot its own n_ctx / n_seq_max cells; with
+        weight_repack=False the CPU backend uses the same matmul kernels for a
+        1-row and an n-row step, so batching does not change a sequence's
+        logits (see DESIGN.md, correctness bar).
+        """
+        _init_backend()
+        path = os.fspath(model_path)
+        self.model_path = path
+        if not os.path.exists(path):
+            raise ModelLoadError(f"model file not found: {path}")
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"model path is not a file: {path}")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
+        if n_seq_max < 1 or n_batch < 1 or n_ubatch < 1 or n_ctx < 1:
+            raise ContextError("n_ctx, n_seq_max, n_batch and n_ubatch must be positive")
+
+        cdef llama_model_params mparams = llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = weight_repack
+        cdef bytes bpath = path.encode()
+        cdef const char * cpath = bpath
+        dgr_log_clear()
+        with nogil:
+            self.model = llama_model_load_from_file(cpath, mparams)
+        if self.model == NULL:
+            raise ModelLoadError(f"cannot load model {path}: "
+                                 f"{_error_lines(llama_log_text()) or 'llama.cpp refused it'}")
+
+        cdef llama_context_params cparams = llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_seq_max = n_seq_max
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_ubatch, n_batch)
+        threads = int(n_threads) if n_threads else (os.cpu_count() or 1)
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = kv_unified
+        cparams.swa_full = swa_full
+        cparams.no_perf = True
+        cparams.abort_callback = dgr_abort_callback
+        cparams.abort_callback_data = &self.abort_flag
+        dgr_log_clear()
+        with nogil:
+            self.ctx = llama_init_from_model(self.model, cparams)
+        if self.ctx == NULL:
+            raise ContextError(f"cannot create a context for {path} "
+                               f"(n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}): "
+                               f"{_error_lines(llama_log_text()) or 'llama.cpp refused it'}")
+        sizes = _buffer_sizes(llama_log_text())
+
+        self.vocab = llama_model_get_vocab(self.model)
+        self.mem = llama_get_memory(self.ctx)
+        self.vocab_size = llama_vocab_n_tokens(self.vocab)
+        self.n_slots = llama_n_seq_max(self.ctx)
+        self.batch_capacity = llama_n_batch(self.ctx)
+        self.batch = llama_batch_init(self.batch_capacity, 0, 1)
+        self.samplers = <llama_sampler **> malloc(self.n_slots * sizeof(llama_sampler *))
+        for slot in range(self.n_slots):
+            self.samplers[slot] = NULL
+        for slot in range(self.n_slots):
+            self.set_sampling(slot)
+        self._collect_eog()
+
+        n_ctx_total = llama_n_ctx(self.ctx)
+        self.info = {
+            "path": path,
+            "name": self.meta("general.name") or os.path.basename(path),
+            "architecture": self.meta("general.architecture") or "",
+            "description": self._desc(),
+            "model_bytes": int(llama_model_size(self.model)),
+            "n_params": int(llama_model_n_params(self.model)),
+            "n_vocab": self.vocab_size,
+            "n_ctx_train": llama_model_n_ctx_train(self.model),
+            "n_layer": llama_model_n_layer(self.model),
+            "n_embd": llama_model_n_embd(self.model),
+            "n_swa": llama_model_n_swa(self.model),
+            "n_ctx": n_ctx_total,
+            "n_ctx_seq": llama_n_ctx_seq(self.ctx),
+            "n_seq_max": self.n_slots,
+            "n_batch": self.batch_capacity,
+            "n_ubatch": llama_n_ubatch(self.ctx),
+            "n_threads": threads,
+            "kv_unified": bool(kv_unified),
+            "weight_repack": bool(weight_repack),
+            "kv_bytes": sizes["KV"],
+            "kv_bytes_per_cell": sizes["KV"] // max(1, n_ctx_total),
+            "compute_bytes": sizes["compute"],
+            "output_bytes": sizes["output"],
+            "logits_bytes_per_output": self.vocab_size * 4,
+        }
+
+    def __dealloc__(self):
+        self._free()
+
+    def close(self):
+        """Free the context and model now rather than at garbage collection."""
+        self._free()
+
+    cdef void _free(self) noexcept:
+        if self.samplers != NULL:
+            for slot in range(self.n_slots):
+                if self.samplers[slot] != NULL:
+                    llama_sampler_free(self.samplers[slot])
+            free(self.samplers)
+            self.samplers = NULL
+        if self.eog_bias != NULL:
+            free(self.eog_bias)
+            self.eog_bias = NULL
+        if self.batch.token != NULL:
+            llama_batch_free(self.batch)
+            self.batch.token = NULL
+        if self.ctx != NULL:
+            llama_free(self.ctx)
+            self.ctx = NULL
+        if self.model != NULL:
+            llama_model_free(self.model)
+            self.model = NULL
+
+    cdef void _check_open(self) except *:
+        if self.ctx == NULL:
+            raise DecodeError("engine is closed")
+
+    cdef _collect_eog(self):
+        eog = [t for t in range(self.vocab_size) if llama_vocab_is_eog(self.vocab, t)]
+        self.n_eog = len(eog)
+        self.eog_bias = <llama_logit_bias *> malloc(max(1, self.n_eog) * sizeof(llama_logit_bias))
+        for i, t in enumerate(eog):
+            self.eog_bias[i].token = t
+            self.eog_bias[i].bias = -INFINITY
+
+    def _desc(self):
+        cdef char buf[256]
+        n = llama_model_desc(self.model, buf, sizeof(buf))
+        return buf[:max(0, min(n, 255))].decode("utf-8", "replace")
+
+    # ---------------------------------------------------------------- model facts
+
+    def meta(self, str key):
+        """A GGUF metadata value as a string, or None when the key is absent."""
+        cdef bytes bkey = key.encode()
+        cdef int n = llama_model_meta_val_str(self.model, bkey, NULL, 0)
+        if n < 0:
+            return None
+        cdef bytes buf = bytes(n + 1)
+        llama_model_meta_val_str(self.model, bkey, buf, n + 1)
+        return buf[:n].decode("utf-8", "replace")
+
+    @property
+    def n_vocab(self):
+        return self.vocab_size
+
+    @property
+    def n_seq_max(self):
+        return self.n_slots
+
+    @property
+    def n_batch(self):
+        return self.batch_capacity
+
+    def is_eog(self, int token):
+        return bool(llama_vocab_is_eog(self.vocab, token))
+
+    def chat_template(self):
+        """The model's chat template from its GGUF metadata, or None."""
+        cdef const char * tmpl = llama_model_chat_template(self.model, NULL)
+        return None if tmpl == NULL else tmpl.decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages, bint add_assistant=True):
+        """Render [{"role": ..., "content": ...}, ...] with the model's template.
+
+        llama.cpp recognizes the template (gemma, chatml, llama3, ...) from the
+        GGUF metadata string; an unknown template raises ValueError."""
+        tmpl = self.chat_template()
+        if tmpl is None:
+            raise ValueError("the model has no chat template")
+        cdef bytes btmpl = tmpl.encode()
+        encoded = [(str(m["role"]).encode(), str(m["content"]).encode()) for m in messages]
+        cdef int n_msg = len(encoded)
+        cdef llama_chat_message * chat = <llama_chat_message *> malloc(max(1, n_msg) * sizeof(llama_chat_message))
+        cdef int cap = 256 + 2 * sum(len(r) + len(c) for r, c in encoded)
+        cdef int n
+        cdef bytes out
+        try:
+            for i, (role, content) in enumerate(encoded):
+                chat[i].role = role
+                chat[i].content = content
+            while True:
+                out = bytes(cap)
+                n = llama_chat_apply_template(btmpl, chat, n_msg, add_assistant, out, cap)
+                if n < 0:
+                    raise ValueError("llama.cpp does not support this model's chat template")
+                if n <= cap:
+                    return out[:n].decode("utf-8", "replace")
+                cap = n
+        finally:
+            free(chat)
+
+    # ---------------------------------------------------------------- text
+
+    def tokenize(self, text, bint add_special=True, bint parse_special=False):
+        """Token ids of `text` (str or UTF-8 bytes) as an int32 array."""
+        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef int cap = len(data) + 8
+        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(cap, dtype=np.int32)
+        cdef int n = llama_tokenize(self.vocab, data, len(data), <llama_token *> out.data, cap,
+                                    add_special, parse_special)
+        if n < 0:
+            if n == -2147483648:
+                raise ValueError("text too long to tokenize")
+            cap = -n
+            out = np.empty(cap, dtype=np.int32)
+            n = llama_tokenize(self.vocab, data, len(data), <llama_token *> out.data, cap,
+                               add_special, parse_special)
+        return out[:n].copy()
+
+    def token_to_piece(self, int token, bint special=False):
+        """The bytes of one token (possibly part of a UTF-8 character)."""
+        if token < 0 or token >= self.vocab_size:
+            raise ValueError(f"token id {token} out of vocabulary (n_vocab={self.vocab_size})")
+        cdef char buf[128]
+        cdef int n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
+        cdef bytes big
+        if n >= 0:
+            return buf[:n]
+        big = bytes(-n)
+        n = llama_token_to_piece(self.vocab, token, big, -n, 0, special)
+        return big[:n]
+
+    def detokenize(self, tokens, bint remove_special=True, bint unparse_special=False):
+        """Text of a whole token sequence."""
+        cdef cnp.ndarray[int32_t, ndim=1] ids = np.ascontiguousarray(tokens, dtype=np.int32)
+        if ids.shape[0] and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"token id out of vocabulary (n_vocab={self.vocab_size})")
+        cdef int cap = 16 * ids.shape[0] + 16
+        cdef bytes out = bytes(cap)
+        cdef int n = llama_detokenize(self.vocab, <llama_token *> ids.data, ids.shape[0], out, cap,
+                                      remove_special, unparse_special)
+        if n < 0:
+            cap = -n
+            out = bytes(cap)
+            n = llama_detokenize(self.vocab, <llama_token *> ids.data, ids.shape[0], out, cap,
+                                 remove_special, unparse_special)
+        return out[:n].decode("utf-8", "replace")
+
+    # ---------------------------------------------------------------- slots
+
+    def _check_slot(self, int slot):
+        if slot < 0 or slot >= self.n_slots:
+            raise ValueError(f"sequence slot {slot} out of range 0..{self.n_slots - 1}")
+
+    def set_sampling(self, int slot, double temperature=0.0, int top_k=0, double top_p=1.0,
+                     double min_p=0.0, seed=0, bint ignore_eos=False):
+        """Give `slot` a fresh sampler chain. temperature <= 0 means greedy."""
+        self._check_slot(slot)
+        cdef llama_sampler_chain_params sparams = llama_sampler_chain_default_params()
+        sparams.no_perf = True
+        cdef llama_sampler * chain = llama_sampler_chain_init(sparams)
+        if ignore_eos and self.n_eog:
+            llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(
+                self.vocab_size, self.n_eog, self.eog_bias))
+        if temperature <= 0.0:
+            llama_sampler_chain_add(chain, llama_sampler_init_greedy())
+        else:
+            if top_k > 0:
+                llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1))
+            if min_p > 0.0:
+                llama_sampler_chain_add(chain, llama_sampler_init_min_p(min_p, 1))
+            llama_sampler_chain_add(chain, llama_sampler_init_temp(temperature))
+            llama_sampler_chain_add(chain, llama_sampler_init_dist(<uint32_t> (int(seed) & 0xFFFFFFFF)))
+        if self.samplers[slot] != NULL:
+            llama_sampler_free(self.samplers[slot])
+        self.samplers[slot] = chain
+
+    def release(self, int slot):
+        """Free every KV cell of `slot` and reset its sampler."""
+        self._check_open()
+        self._check_slot(slot)
+        llama_memory_seq_rm(self.mem, slot, -1, -1)
+        llama_sampler_reset(self.samplers[slot])
+
+    def pos_max(self, int slot):
+        """Largest position held in KV for `slot`, -1 when it holds none."""
+        self._check_open()
+        self._check_slot(slot)
+        return llama_memory_seq_pos_max(self.mem, slot)
+
+    def pos_min(self, int slot):
+        self._check_open()
+        self._check_slot(slot)
+        return llama_memory_seq_pos_min(self.mem, slot)
+
+    def cells_used(self):
+        """KV cells held by all slots (each slot holds a contiguous range of positions)."""
+        self._check_open()
+        cdef int total = 0
+        cdef int lo, hi
+        for slot in range(self.n_slots):
+            hi = llama_memory_seq_pos_max(self.mem, slot)
+            if hi >= 0:
+                lo = llama_memory_seq_pos_min(self.mem, slot)
+                total += hi - lo + 1
+        return total
+
+    # ---------------------------------------------------------------- abort and faults
+
+    def request_abort(self):
+        """Make a running (or the next) llama_decode return 2 at its next graph node."""
+        dgr_set_flag(&self.abort_flag, 1)
+
+    def clear_abort(self):
+        dgr_set_flag(&self.abort_flag, 0)
+
+    def inject_fault(self, int after_steps, int code):
+        """Test hook: the step after `after_steps` more steps reports `code`.
+
+        Codes 1 and -1 skip llama_decode (llama.cpp leaves memory unchanged for
+        them); 2 and codes below -1 run it and then report failure, leaving the
+        processed cells behind as llama.cpp does, so reconciliation is exercised."""
+        self.fault_step = self.steps_done + after_steps
+        self.fault_code = code
+
+    # ---------------------------------------------------------------- step
+
+    def step(self, tokens, positions, seq_ids, want, int n_logprobs=0):
+        """Decode one batch and sample its output rows.
+
+        tokens, positions, seq_ids: int32 arrays, one entry per row.
+        want: int8 array; 0 = no output, WANT_SAMPLE = sample this row with the
+        row's slot sampler, WANT_SAMPLE | WANT_LOGPROBS = also report the top
+        `n_logprobs` log-probabilities (from the raw logits) and the sampled
+        token's log-probability.
+
+        Returns (sampled, top_ids, top_logprobs, sampled_logprobs): sampled is
+        int32[n] with -1 for rows without output; the others are None unless
+        n_logprobs > 0, then int32[n, k], float32[n, k] and float32[n].
+
+        Each slot's rows must continue its KV: positions start at pos_max + 1
+        and increase by one. On failure the KV memory is put back as it was
+        before the step and a DecodeError subclass (or InvalidBatch) is raised.
+        """
+        self._check_open()
+        cdef const int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef const int32_t[::1] pos = np.ascontiguousarray(positions, dtype=np.int32)
+        cdef const int32_t[::1] seq = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        cdef const int8_t[::1] wnt = np.ascontiguousarray(want, dtype=np.int8)
+        cdef int n = tok.shape[0]
+        if pos.shape[0] != n or seq.shape[0] != n or wnt.shape[0] != n:
+            raise InvalidBatch("tokens, positions, seq_ids and want must have the same length")
+        if n == 0:
+            raise InvalidBatch("empty batch")
+        if n > self.batch_capacity:
+            raise InvalidBatch(f"{n} rows exceed n_batch={self.batch_capacity}")
+        if n_logprobs < 0 or n_logprobs > 64:
+            raise InvalidBatch("n_logprobs must be within 0..64")
+
+        cdef int i, s
+        cdef cnp.ndarray[int32_t, ndim=1] next_pos = np.full(self.n_slots, -2, dtype=np.int32)
+        cdef cnp.ndarray[int32_t, ndim=1] pos_before = np.full(self.n_slots, -2, dtype=np.int32)
+        for i in range(n):
+            if tok[i] < 0 or tok[i] >= self.vocab_size:
+                raise InvalidBatch(f"row {i}: token id {tok[i]} out of vocabulary (n_vocab={self.vocab_size})")
+            s = seq[i]
+            if s < 0 or s >= self.n_slots:
+                raise InvalidBatch(f"row {i}: sequence id {s} out of range 0..{self.n_slots - 1}")
+            if wnt[i] < 0 or wnt[i] > 3:
+                raise InvalidBatch(f"row {i}: want flag {wnt[i]} is not 0..3")
+            if next_pos[s] == -2:
+                pos_before[s] = llama_memory_seq_pos_max(self.mem, s)
+                next_pos[s] = pos_before[s] + 1
+            if pos[i] != next_pos[s]:
+                raise InvalidBatch(f"row {i}: sequence {s} position {pos[i]} does not continue its KV "
+                                   f"(expected {next_pos[s]})")
+            next_pos[s] += 1
+
+        cdef int k = n_logprobs
+        cdef cnp.ndarray[int32_t, ndim=1] sampled = np.full(n, -1, dtype=np.int32)
+        cdef cnp.ndarray[int32_t, ndim=2] top_ids = np.zeros((n, max(k, 1)), dtype=np.int32)
+        cdef cnp.ndarray[float, ndim=2] top_lp = np.zeros((n, max(k, 1)), dtype=np.float32)
+        cdef cnp.ndarray[float, ndim=1] sampled_lp = np.zeros(n, dtype=np.float32)
+        cdef int32_t * out_ids = <int32_t *> sampled.data
+        cdef int32_t * out_top = <int32_t *> top_ids.data
+        cdef float * out_top_lp = <float *> top_lp.data
+        cdef float * out_lp = <float *> sampled_lp.data
+        cdef int rc = 0
+        cdef int injected = 0
+        cdef int bad_row = -1
+        if self.fault_step >= 0 and self.steps_done == self.fault_step:
+            injected = self.fault_code
+            self.fault_step = -1
+        self.steps_done += 1
+
+        with nogil:
+            for i in range(n):
+                self.batch.token[i] = tok[i]
+                self.batch.pos[i] = pos[i]
+                self.batch.n_seq_id[i] = 1
+                self.batch.seq_id[i][0] = seq[i]
+                self.batch.logits[i] = 1 if wnt[i] != 0 else 0
+            self.batch.n_tokens = n
+            if injected == 1 or injected == -1:
+                rc = injected
+            else:
+                rc = llama_decode(self.ctx, self.batch)
+                if rc == 0 and injected != 0:
+                    rc = injected
+            if rc == 0:
+                for i in range(n):
+                    if wnt[i] == 0:
+                        continue
+                    out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
+                    if k > 0 and (wnt[i] & 2):
+                        if not _logprobs(llama_get_logits_ith(self.ctx, i), self.vocab_size, k,
+                                         out_ids[i], out_top + i * k, out_top_lp + i * k, out_lp + i):
+                            bad_row = i
+                            break
+
+        if rc != 0:
+            self._reconcile(pos_before)
+            raise _decode_error(rc)
+        if bad_row >= 0:
+            raise DecodeError(f"no logits for output row {bad_row}")
+        if k == 0:
+            return sampled, None, None, None
+        return sampled, top_ids, top_lp, sampled_lp
+
+    cdef _reconcile(self, cnp.ndarray[int32_t, ndim=1] pos_before):
+        # llama.cpp keeps the ubatches it processed before an abort or a fatal
+        # error; drop them so every slot is back where the step found it.
+        for s in range(self.n_slots):
+            if pos_before[s] != -2:
+                llama_memory_seq_rm(self.mem, s, pos_before[s] + 1, -1)
+
+
+cdef bint _logprobs(const float * logits, int n_vocab, int k, int chosen,
+                    int32_t * top_ids, float * top_lp, float * chosen_lp) noexcept nogil:
+    """Top-k log-softmax of one logits row, best first, and the chosen token's."""
+    if logits == NULL:
+        return False
+    cdef int i, j
+    cdef float mx = -INFINITY
+    for i in range(n_vocab):
+        if logits[i] > mx:
+            mx = logits[i]
+    cdef double total = 0.0
+    for i in range(n_vocab):
+        total += expf(logits[i] - mx)
+    cdef float log_z = mx + logf(<float> total)
+    cdef int filled = 0
+    cdef float v
+    for i in range(n_vocab):
+        v = logits[i]
+        if filled == k and v <= top_lp[k - 1]:
+            continue
+        j = filled if filled < k else k - 1
+        while j > 0 and top_lp[j - 1] < v:
+            top_lp[j] = top_lp[j - 1]
+            top_ids[j] = top_ids[j - 1]
+            j -= 1
+        top_lp[j] = v
+        top_ids[j] = i
+        if filled < k:
+            filled += 1
+    for j in range(filled):
+        top_lp[j] -= log_z
+    chosen_lp[0] = logits[chosen] - log_z if 0 <= chosen < n_vocab else -INFINITY
+    return True
+
+
+def _decode_error(int rc):
+    if rc == 1:
+        return KVSlotUnavailable("llama_decode: no KV slot for the batch (code 1)")
+    if rc == 2:
+        return DecodeAborted("llama_decode: aborted (code 2)")
+    if rc == -1:
+        return InvalidBatch("llama_decode: invalid input batch (code -1)")
+    if rc < -1:
+        return FatalDecodeError(f"llama_decode: fatal error (code {rc})", rc)
+    return DecodeError(f"llama_decode: unexpected return code {rc}", rc)

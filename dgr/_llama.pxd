@@ -1,0 +1,144 @@
+# The parts of llama.h (llama.cpp 0c1e57098, vendored by llama-cpp-python 0.3.36)
+# that dgr._batch uses. Structs list only the fields dgr touches: Cython takes
+# the real layout from the header.
+
+from libc.stdint cimport int8_t, int32_t, uint32_t, uint64_t
+
+cdef extern from "ggml.h" nogil:
+    enum ggml_log_level:
+        GGML_LOG_LEVEL_NONE
+        GGML_LOG_LEVEL_DEBUG
+        GGML_LOG_LEVEL_INFO
+        GGML_LOG_LEVEL_WARN
+        GGML_LOG_LEVEL_ERROR
+        GGML_LOG_LEVEL_CONT
+    ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data)
+    ctypedef bint (*ggml_abort_callback)(void * data)
+
+cdef extern from "llama.h" nogil:
+    ctypedef int32_t llama_pos
+    ctypedef int32_t llama_token
+    ctypedef int32_t llama_seq_id
+
+    cdef struct llama_model:
+        pass
+    cdef struct llama_context:
+        pass
+    cdef struct llama_vocab:
+        pass
+    cdef struct llama_sampler:
+        pass
+    cdef struct llama_memory_i:
+        pass
+    ctypedef llama_memory_i * llama_memory_t
+
+    ctypedef struct llama_batch:
+        int32_t n_tokens
+        llama_token * token
+        float * embd
+        llama_pos * pos
+        int32_t * n_seq_id
+        llama_seq_id ** seq_id
+        int8_t * logits
+
+    cdef struct llama_model_params:
+        int32_t n_gpu_layers
+        bint vocab_only
+        bint use_extra_bufts
+
+    cdef struct llama_context_params:
+        uint32_t n_ctx
+        uint32_t n_batch
+        uint32_t n_ubatch
+        uint32_t n_seq_max
+        int32_t n_threads
+        int32_t n_threads_batch
+        ggml_abort_callback abort_callback
+        void * abort_callback_data
+        bint no_perf
+        bint swa_full
+        bint kv_unified
+
+    ctypedef struct llama_sampler_chain_params:
+        bint no_perf
+
+    ctypedef struct llama_chat_message:
+        const char * role
+        const char * content
+
+    llama_model_params llama_model_default_params()
+    llama_context_params llama_context_default_params()
+    llama_sampler_chain_params llama_sampler_chain_default_params()
+
+    void llama_backend_init()
+    void llama_log_set(ggml_log_callback log_callback, void * user_data)
+    const char * llama_print_system_info()
+
+    llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
+    void llama_model_free(llama_model * model)
+    llama_context * llama_init_from_model(llama_model * model, llama_context_params params)
+    void llama_free(llama_context * ctx)
+
+    uint32_t llama_n_ctx(const llama_context * ctx)
+    uint32_t llama_n_ctx_seq(const llama_context * ctx)
+    uint32_t llama_n_batch(const llama_context * ctx)
+    uint32_t llama_n_ubatch(const llama_context * ctx)
+    uint32_t llama_n_seq_max(const llama_context * ctx)
+    llama_memory_t llama_get_memory(const llama_context * ctx)
+
+    const llama_vocab * llama_model_get_vocab(const llama_model * model)
+    int32_t llama_model_n_ctx_train(const llama_model * model)
+    int32_t llama_model_n_embd(const llama_model * model)
+    int32_t llama_model_n_layer(const llama_model * model)
+    int32_t llama_model_n_swa(const llama_model * model)
+    int32_t llama_vocab_n_tokens(const llama_vocab * vocab)
+    int32_t llama_model_meta_val_str(const llama_model * model, const char * key, char * buf, size_t buf_size)
+    int32_t llama_model_desc(const llama_model * model, char * buf, size_t buf_size)
+    uint64_t llama_model_size(const llama_model * model)
+    uint64_t llama_model_n_params(const llama_model * model)
+    const char * llama_model_chat_template(const llama_model * model, const char * name)
+
+    bint llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1)
+    llama_pos llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq_id)
+    llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id)
+
+    llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
+    void llama_batch_free(llama_batch batch)
+    int32_t llama_decode(llama_context * ctx, llama_batch batch)
+    void llama_set_abort_callback(llama_context * ctx, ggml_abort_callback abort_callback, void * abort_callback_data)
+    float * llama_get_logits_ith(llama_context * ctx, int32_t i)
+
+    bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)
+    bint llama_vocab_is_control(const llama_vocab * vocab, llama_token token)
+    llama_token llama_vocab_bos(const llama_vocab * vocab)
+    llama_token llama_vocab_eos(const llama_vocab * vocab)
+    bint llama_vocab_get_add_bos(const llama_vocab * vocab)
+
+    int32_t llama_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len,
+                           llama_token * tokens, int32_t n_tokens_max,
+                           bint add_special, bint parse_special)
+    int32_t llama_token_to_piece(const llama_vocab * vocab, llama_token token, char * buf,
+                                 int32_t length, int32_t lstrip, bint special)
+    int32_t llama_chat_apply_template(const char * tmpl, const llama_chat_message * chat,
+                                      size_t n_msg, bint add_ass, char * buf, int32_t length)
+
+    llama_sampler * llama_sampler_chain_init(llama_sampler_chain_params params)
+    void llama_sampler_chain_add(llama_sampler * chain, llama_sampler * smpl)
+    llama_sampler * llama_sampler_init_greedy()
+    llama_sampler * llama_sampler_init_dist(uint32_t seed)
+    llama_sampler * llama_sampler_init_top_k(int32_t k)
+    llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep)
+    llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep)
+    llama_sampler * llama_sampler_init_temp(float t)
+    llama_token llama_sampler_sample(llama_sampler * smpl, llama_context * ctx, int32_t idx)
+    void llama_sampler_reset(llama_sampler * smpl)
+    void llama_sampler_free(llama_sampler * smpl)
+
+    ctypedef struct llama_logit_bias:
+        llama_token token
+        float bias
+
+    llama_sampler * llama_sampler_init_logit_bias(int32_t n_vocab, int32_t n_logit_bias,
+                                                  const llama_logit_bias * logit_bias)
+    int32_t llama_detokenize(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
+                             char * text, int32_t text_len_max, bint remove_special, bint unparse_special)

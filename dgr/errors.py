@@ -1,0 +1,69 @@
+"""Exceptions raised by dgr. Every one derives from DgrError."""
+
+from __future__ import annotations
+
+
+class DgrError(Exception):
+    """Base class of every dgr error."""
+
+
+class ModelLoadError(DgrError):
+    """The model file could not be opened or is not a valid GGUF model."""
+
+
+class ContextError(DgrError):
+    """llama.cpp could not create a context with the requested parameters."""
+
+
+class BudgetError(DgrError):
+    """The node cannot start inside its memory budget (weights, KV, scratch)."""
+
+
+class InvalidBatch(DgrError, ValueError):
+    """A step's arrays are malformed: caught before llama_decode, or its return code -1."""
+
+
+class DecodeError(DgrError):
+    """llama_decode failed. `code` is its return value; the KV memory was reconciled
+    to its state before the failed step, so the sequences can be resumed or released."""
+
+    code: int = 0
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class KVSlotUnavailable(DecodeError):
+    """llama_decode returned 1: no KV slot for the batch."""
+
+    code = 1
+
+
+class DecodeAborted(DecodeError):
+    """llama_decode returned 2: aborted through the abort callback."""
+
+    code = 2
+
+
+class FatalDecodeError(DecodeError):
+    """llama_decode returned a code below -1."""
+
+
+class AdmissionRejected(DgrError):
+    """A session was refused by admission. `reason` is a stable code such as
+    "queue_full", "queue_tokens_full", "never_fits" or "draining"."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class InvalidRequest(DgrError, ValueError):
+    """Bad sampling parameters or an unusable prompt."""
+
+
+class NodeClosed(DgrError):
+    """The node is not running (not started yet, or shut down)."""

@@ -1,0 +1,109 @@
+"""Write a tiny random-weight GGUF model for tests: no download, loads in milliseconds.
+
+Architecture "llama", a few layers, f32 weights drawn from a seeded generator,
+and an SPM tokenizer with byte fallback (every UTF-8 byte has a token, so any
+text encodes), printable ASCII characters, a few merged pairs, and ChatML
+control tokens so that llama.cpp recognizes its chat template.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+# gguf token types
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+
+_MERGES = ["th", "he", "in", "er", "an", " t", " a", "on", "re", "at", "en", "nd", "the", " the"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+
+def _vocab() -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    types = [_UNKNOWN, _CONTROL, _CONTROL, _CONTROL, _CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [_BYTE] * 256
+    chars = [chr(c) for c in range(33, 127)] + ["\u2581"]  # U+2581 stands for a space in SPM
+    tokens += chars
+    types += [_NORMAL] * len(chars)
+    merges = [m.replace(" ", "\u2581") for m in _MERGES]
+    tokens += merges
+    types += [_NORMAL] * len(merges)
+    # SPM merges the pair whose result scores highest: longer pieces score higher.
+    scores = [0.0] * (5 + 256) + [-10.0] * len(chars) + [-5.0 + len(m) for m in merges]
+    return tokens, scores, types
+
+
+def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,
+                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
+                     n_ctx_train: int = 8192, seed: int = 1234) -> Path:
+    """Write the model to `path` (atomically) and return the path."""
+    import gguf  # a test dependency; the runtime never writes models
+
+    path = Path(path)
+    tokens, scores, types = _vocab()
+    n_vocab = len(tokens)
+    head_dim = n_embd // n_head
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+    tmp = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name("dgr-tiny-test")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_eot_token_id(4)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    # A large output scale spreads the logits, so greedy choices are rarely near-ties.
+    writer.add_tensor("output.weight", weight(n_vocab, n_embd, scale=8.0))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(write_test_model(sys.argv[1] if len(sys.argv) > 1 else "dgr-tiny.gguf"))
