@@ -1,3 +1,21 @@
-"""dgr: the node runtime of a distributed GGUF runtime."""
+"""dgr: the node runtime of a distributed GGUF runtime.
+
+Serve one GGUF model to many concurrent sessions with continuous batching and
+bounded admission:
+
+    async with dgr.open_node(dgr.NodeConfig(model_path=...)) as node:
+        result = await node.generate("Hello", dgr.SamplingParams(max_tokens=32))
+"""
+
+from dgr.config import NodeConfig, SamplingParams, load_config
+from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, InvalidRequest,
+                        ModelLoadError, NodeClosed)
+from dgr.node import Chunk, GenerationResult, Node, SessionStream, open_node
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "GenerationResult",
+    "InvalidRequest", "ModelLoadError", "Node", "NodeClosed", "NodeConfig", "SamplingParams",
+    "SessionStream", "load_config", "open_node",
+]

@@ -1,0 +1,131 @@
+"""Admission: admit, queue or reject a session against explicit budgets.
+
+Budgets (see DESIGN.md):
+
+- KV: a session reserves prompt + max_tokens cells when it starts running, so
+  decode never runs out of KV mid-session. It starts only when its
+  reservation fits in the free cells and a sequence slot is free. A session
+  whose reservation exceeds the per-session context can never run and is
+  rejected at once (`never_fits`).
+- queue: at most `max_waiting` sessions and `max_waiting_tokens` prompt tokens
+  wait for a slot. Beyond that a new session is rejected at once
+  (`queue_full`, `queue_tokens_full`), never parked.
+- weights and scratch are checked once, when the node starts (see Budgets.check_memory).
+
+The waiting queue is strict FIFO: a session that does not fit blocks younger
+ones, so a large request is never starved by a stream of small ones.
+No I/O and no llama.cpp here.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Iterable
+
+import attrs
+
+from dgr.errors import AdmissionRejected, BudgetError
+from dgr.sequence import Phase, Session
+
+REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining")
+
+
+@attrs.frozen
+class Budgets:
+    kv_cells_total: int        # KV cells of the whole context
+    kv_cells_per_session: int  # cells one session may use (n_ctx_seq)
+    slots: int                 # sequence slots = max running sessions
+    max_waiting: int
+    max_waiting_tokens: int
+    step_tokens: int           # rows per llama_decode (<= n_batch)
+    step_outputs: int          # output (logits) rows per step: one per running session
+    memory_bytes: int          # what weights + KV + scratch may take
+
+    def check_memory(self, model_bytes: int, kv_bytes: int, scratch_bytes: int) -> None:
+        """Refuse to start when the model and its buffers do not fit the memory budget."""
+        need = model_bytes + kv_bytes + scratch_bytes
+        if model_bytes > self.memory_bytes:
+            raise BudgetError(f"model weights take {model_bytes} bytes, more than the memory "
+                              f"budget of {self.memory_bytes} bytes")
+        if need > self.memory_bytes:
+            raise BudgetError(f"weights ({model_bytes}) + KV ({kv_bytes}) + scratch ({scratch_bytes}) "
+                              f"= {need} bytes exceed the memory budget of {self.memory_bytes} bytes")
+
+
+class Admission:
+    """Tracks waiting and running sessions and the KV cells they reserve."""
+
+    def __init__(self, budgets: Budgets):
+        self.budgets = budgets
+        self.waiting: collections.deque[Session] = collections.deque()
+        self.running: list[Session] = []
+        self.waiting_tokens = 0
+        self.reserved_cells = 0
+        self.free_slots = list(range(budgets.slots - 1, -1, -1))
+        self.draining = False
+        self._started: list[Session] = []
+
+    def max_new_tokens(self, prompt_len: int, requested: int | None, default: int) -> int:
+        """max_tokens for a session: as requested, else what its context leaves (capped)."""
+        if requested is not None:
+            return requested
+        return max(1, min(default, self.budgets.kv_cells_per_session - prompt_len))
+
+    def submit(self, session: Session) -> None:
+        """Queue `session` or raise AdmissionRejected; never blocks."""
+        b = self.budgets
+        if self.draining:
+            raise AdmissionRejected("draining", "the node is shutting down")
+        if session.reserved_cells > b.kv_cells_per_session:
+            raise AdmissionRejected(
+                "never_fits",
+                f"prompt ({len(session.prompt)} tokens) + max_tokens ({session.max_tokens}) "
+                f"exceeds the per-session context of {b.kv_cells_per_session} tokens")
+        can_start_now = not self.waiting and self._fits(session)
+        if not can_start_now:
+            if len(self.waiting) >= b.max_waiting:
+                raise AdmissionRejected("queue_full", f"{len(self.waiting)} sessions already wait")
+            if self.waiting_tokens + len(session.prompt) > b.max_waiting_tokens:
+                raise AdmissionRejected(
+                    "queue_tokens_full",
+                    f"{self.waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
+        session.phase = Phase.WAITING
+        self.waiting.append(session)
+        self.waiting_tokens += len(session.prompt)
+        if can_start_now:
+            self.promote()
+
+    def _fits(self, session: Session) -> bool:
+        return (bool(self.free_slots)
+                and self.reserved_cells + session.reserved_cells <= self.budgets.kv_cells_total)
+
+    def promote(self) -> None:
+        """Move waiting sessions to running, oldest first, while they fit."""
+        while self.waiting and self._fits(self.waiting[0]):
+            session = self.waiting.popleft()
+            self.waiting_tokens -= len(session.prompt)
+            session.slot = self.free_slots.pop()
+            session.phase = Phase.PREFILL
+            self.reserved_cells += session.reserved_cells
+            self.running.append(session)
+            self._started.append(session)
+
+    def take_started(self) -> list[Session]:
+        """Sessions that got a slot since the last call (their sampler needs setting)."""
+        started, self._started = self._started, []
+        return started
+
+    def release(self, session: Session) -> None:
+        """Forget a finished session: free its queue place or its slot and KV."""
+        if session.phase is Phase.WAITING:
+            self.waiting.remove(session)
+            self.waiting_tokens -= len(session.prompt)
+        elif session in self.running:
+            self.running.remove(session)
+            self.reserved_cells -= session.reserved_cells
+            self.free_slots.append(session.slot)
+        session.phase = Phase.FINISHED
+
+    def finished(self) -> Iterable[Session]:
+        """Sessions marked done that still hold a queue place or a slot."""
+        return [s for s in (*self.waiting, *self.running) if s.done]

@@ -1,0 +1,96 @@
+"""Prometheus metrics of one node, in a registry the node owns.
+
+Names follow Prometheus conventions: `dgr_` prefix, `_total` for counters,
+base units (seconds, cells, tokens). Rates (prefill/decode tokens per second)
+follow from the counters; `recent_rates` gives them over a short window for
+the capability report.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from dgr.admission import REASONS
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                    1.5, 2.5, 5.0, 10.0, 30.0)
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+class Telemetry:
+    def __init__(self, rate_window_s: float = 10.0):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sessions_active = Gauge("dgr_sessions_active", "Sessions holding a sequence slot "
+                                     "(prefilling or decoding).", registry=r)
+        self.queue_sessions = Gauge("dgr_queue_sessions", "Sessions waiting for a slot.", registry=r)
+        self.queue_tokens = Gauge("dgr_queue_tokens", "Prompt tokens of the waiting sessions.", registry=r)
+        self.batch_rows = Histogram("dgr_batch_rows", "Rows (tokens) per llama_decode step.",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+                                    registry=r)
+        self.batch_token_budget = Gauge("dgr_batch_token_budget", "Token budget of one step.", registry=r)
+        self.batch_occupancy = Gauge("dgr_batch_occupancy_ratio",
+                                     "Rows of the last step divided by the step token budget.", registry=r)
+        self.kv_cells_total = Gauge("dgr_kv_cells_total", "KV cells of the context.", registry=r)
+        self.kv_cells_used = Gauge("dgr_kv_cells_used", "KV cells holding tokens.", registry=r)
+        self.kv_cells_reserved = Gauge("dgr_kv_cells_reserved",
+                                       "KV cells reserved by running sessions (prompt + max_tokens).",
+                                       registry=r)
+        self.kv_pressure = Gauge("dgr_kv_pressure_ratio", "KV cells reserved divided by cells total.",
+                                 registry=r)
+        self.prefill_tokens = Counter("dgr_prefill_tokens", "Prompt tokens decoded (prefill rows).",
+                                      registry=r)
+        self.decode_tokens = Counter("dgr_decode_tokens", "Decode rows: generated tokens fed back.",
+                                     registry=r)
+        self.generated_tokens = Counter("dgr_generated_tokens", "Tokens sampled for sessions.",
+                                        registry=r)
+        self.steps = Counter("dgr_steps", "llama_decode steps run.", registry=r)
+        self.step_failures = Counter("dgr_step_failures", "Steps whose llama_decode failed.",
+                                     ["code"], registry=r)
+        self.rejected = Counter("dgr_admissions_rejected", "Sessions refused by admission.",
+                                ["reason"], registry=r)
+        self.admitted = Counter("dgr_admissions", "Sessions accepted by admission.", registry=r)
+        self.finished = Counter("dgr_sessions_finished", "Sessions ended, by finish reason.",
+                                ["reason"], registry=r)
+        self.step_duration = Histogram("dgr_step_duration_seconds", "Wall time of one llama_decode "
+                                       "step including sampling.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("dgr_time_to_first_token_seconds", "From admission to the first "
+                              "sampled token.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("dgr_inter_token_latency_seconds", "Between consecutive sampled "
+                             "tokens of one session.", buckets=_LATENCY_BUCKETS, registry=r)
+        for reason in REASONS:
+            self.rejected.labels(reason)
+        for reason in FINISH_REASONS:
+            self.finished.labels(reason)
+        self._window = rate_window_s
+        self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
+
+    def record_step(self, prefill_rows: int, decode_rows: int, generated: int, budget: int,
+                    duration_s: float) -> None:
+        self.steps.inc()
+        self.batch_rows.observe(prefill_rows + decode_rows)
+        self.batch_occupancy.set((prefill_rows + decode_rows) / budget)
+        self.prefill_tokens.inc(prefill_rows)
+        self.decode_tokens.inc(decode_rows)
+        self.generated_tokens.inc(generated)
+        self.step_duration.observe(duration_s)
+        now = time.monotonic()
+        self._recent.append((now, prefill_rows, generated))
+        while self._recent and self._recent[0][0] < now - self._window:
+            self._recent.popleft()
+
+    def recent_rates(self) -> dict[str, float]:
+        """Prefill and generated tokens per second over the last window."""
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - self._window:
+            self._recent.popleft()
+        prefill = sum(p for _, p, _ in self._recent)
+        generated = sum(g for _, _, g in self._recent)
+        return {"prefill_tokens_per_s": prefill / self._window,
+                "decode_tokens_per_s": generated / self._window}
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
