@@ -348,9 +348,14 @@ class Node:
         self.telemetry.admitted.inc()
         self._outboxes[session] = token_send
         chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer)
-        scope = await self._nursery.start(self._session_task, session, token_recv, chunk_send)
-        self._update_gauges()
-        self._wake.set()
+        try:
+            scope = await self._nursery.start(self._session_task, session, token_recv, chunk_send)
+        except BaseException:  # cancelled before the stream began: leave no queued ghost
+            session.finish("cancelled")
+            raise
+        finally:
+            self._update_gauges()
+            self._wake.set()
         return session, chunk_recv, scope
 
     async def _session_task(self, session: Session, tokens: trio.MemoryReceiveChannel,
@@ -360,8 +365,8 @@ class Node:
             task_status.started(scope)
             detok = IncrementalDetokenizer(self._engine.token_to_piece)
             stops = StopMatcher(session.params.stop)
-            try:
-                async with chunks, tokens:
+            async with chunks, tokens:
+                try:
                     async for event in tokens:
                         self._wake.set()  # a token left the channel: the reader is ready again
                         if event.finish_reason is not None:
@@ -377,9 +382,10 @@ class Node:
                                                     finish_reason="stop"))
                             return
                         await chunks.send(Chunk(event.token, text, event.logprob, event.top))
-            finally:
-                session.finish("cancelled")
-                self._wake.set()
+                finally:
+                    # Before the channels close: the batch loop must not send to a closed one.
+                    session.finish("cancelled")
+                    self._wake.set()
 
     # ------------------------------------------------------------------ batch loop
 

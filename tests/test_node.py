@@ -1,0 +1,357 @@
+"""The node under Trio with the tiny model: batching, admission, backpressure,
+cancellation, shutdown and telemetry."""
+
+import threading
+
+import pytest
+import trio
+
+import dgr
+from dgr.errors import AdmissionRejected, BudgetError, InvalidRequest, ModelLoadError
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog",
+    "a",
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt "
+    "ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation",
+    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich",
+    "emoji 🎉🚀 and more",
+    "in the beginning there was the word and the word was",
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30",
+    "short",
+]
+
+
+def config(tiny_model, **overrides):
+    base = dict(model_path=tiny_model, max_running=8, max_waiting=16, n_ctx=4096, n_batch=256,
+                n_ubatch=256, prefill_chunk=16, n_threads=2)
+    base.update(overrides)
+    return dgr.NodeConfig(**base)
+
+
+def metric(node, name, **labels):
+    value = node.telemetry.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+async def wait_next_step(node):
+    """Wait until a step that started after this call has finished (the one in
+    flight now may have been planned before what the caller just did)."""
+    target = (node.steps[-1].index if node.steps else 0) + 2
+    with trio.fail_after(10):
+        while node.steps[-1].index < target and (node.active_sessions or node.waiting_sessions):
+            await trio.sleep(0.001)
+
+
+async def test_generate_and_stream_agree(tiny_model):
+    params = dgr.SamplingParams(max_tokens=20)
+    async with dgr.open_node(config(tiny_model)) as node:
+        result = await node.generate("Hello there", params)
+        assert result.finish_reason == "length"
+        assert len(result.token_ids) == 20
+        assert result.prompt_tokens == len(node.tokenize("Hello there"))
+        pieces, ids = [], []
+        async with node.stream("Hello there", params) as chunks:
+            async for chunk in chunks:
+                pieces.append(chunk.text)
+                if chunk.token_id is not None:
+                    ids.append(chunk.token_id)
+        assert chunks.finish_reason == "length"
+        assert ids == result.token_ids
+        assert "".join(pieces) == result.text
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 4, 8])
+async def test_no_cross_session_corruption(tiny_model, concurrency):
+    params = dgr.SamplingParams(max_tokens=24)
+    prompts = PROMPTS[:concurrency]
+    async with dgr.open_node(config(tiny_model)) as node:
+        solo = [(await node.generate(p, params)).token_ids for p in prompts]
+        together = [None] * concurrency
+
+        async def run(i):
+            together[i] = (await node.generate(prompts[i], params)).token_ids
+
+        async with trio.open_nursery() as nursery:
+            for i in range(concurrency):
+                nursery.start_soon(run, i)
+        if concurrency > 1:  # they really shared steps
+            assert max(len(r.decode) for r in node.steps) > 1
+    assert together == solo
+
+
+async def test_logprobs_and_stop_strings(tiny_model):
+    async with dgr.open_node(config(tiny_model)) as node:
+        base = await node.generate("stop test", dgr.SamplingParams(max_tokens=30))
+        text = base.text
+        stop = text[10:13]
+        assert stop and stop not in text[:10]
+        stopped = await node.generate("stop test", dgr.SamplingParams(max_tokens=30, stop=[stop]))
+        assert stopped.finish_reason == "stop"
+        assert stopped.text == text[:text.index(stop)]
+        with_lp = await node.generate("stop test", dgr.SamplingParams(max_tokens=5, logprobs=3))
+        assert with_lp.token_ids == base.token_ids[:5]
+        for token, top, lp in zip(with_lp.token_ids, with_lp.logprobs, with_lp.token_logprobs):
+            assert len(top) == 3 and top[0][0] == token and top[0][1] == pytest.approx(lp)
+
+
+async def test_sampling_is_seeded_per_session(tiny_model):
+    params = dgr.SamplingParams(max_tokens=16, temperature=0.9, top_k=40, top_p=0.95, seed=42)
+    async with dgr.open_node(config(tiny_model)) as node:
+        a = await node.generate("seeded", params)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node.generate, "another session", params)
+            b = await node.generate("seeded", params)
+    assert a.token_ids == b.token_ids
+
+
+async def test_bad_requests_get_clear_errors(tiny_model):
+    with pytest.raises(InvalidRequest, match="temperature"):
+        dgr.SamplingParams(temperature=-1)
+    with pytest.raises(InvalidRequest, match="top_p"):
+        dgr.SamplingParams(top_p=0)
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        dgr.SamplingParams(max_tokens=0)
+    with pytest.raises(InvalidRequest, match="logprobs"):
+        dgr.SamplingParams(logprobs=99)
+    async with dgr.open_node(config(tiny_model)) as node:
+        with pytest.raises(InvalidRequest, match="token ids"):
+            await node.generate([1, 10_000])
+        with pytest.raises(InvalidRequest, match="empty"):
+            await node.generate([])
+        # a prompt that can never fit the per-session context (4096 / 8 = 512)
+        with pytest.raises(AdmissionRejected) as exc:
+            await node.generate("x" * 600, dgr.SamplingParams(max_tokens=1))
+        assert exc.value.reason == "never_fits"
+        assert metric(node, "dgr_admissions_rejected_total", reason="never_fits") == 1
+        # the node still serves
+        assert (await node.generate("still fine", dgr.SamplingParams(max_tokens=3))).token_ids
+
+
+async def test_node_refuses_to_start_outside_its_memory_budget(tiny_model, tmp_path):
+    with pytest.raises(BudgetError, match="weights"):
+        async with dgr.open_node(config(tiny_model, memory_budget_bytes=1000)):
+            pass
+    with pytest.raises(ModelLoadError, match="missing.gguf"):
+        async with dgr.open_node(config(str(tmp_path / "missing.gguf"))):
+            pass
+    assert not [t for t in threading.enumerate() if t.name == "dgr-engine"]
+
+
+async def test_burst_of_100_is_bounded(tiny_model):
+    cfg = config(tiny_model, max_running=2, max_waiting=4, max_waiting_tokens=10_000)
+    outcomes = {"ok": 0}
+    peaks = {"waiting": 0, "active": 0}
+    async with dgr.open_node(cfg) as node:
+
+        async def one(i):
+            try:
+                result = await node.generate(f"burst {i}",
+                                             dgr.SamplingParams(max_tokens=8, ignore_eos=True))
+                assert result.finish_reason == "length"
+                outcomes["ok"] += 1
+            except AdmissionRejected as exc:
+                outcomes[exc.reason] = outcomes.get(exc.reason, 0) + 1
+
+        async def watch():
+            while True:
+                peaks["waiting"] = max(peaks["waiting"], node.waiting_sessions)
+                peaks["active"] = max(peaks["active"], node.active_sessions)
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as outer:
+            outer.start_soon(watch)
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(one, i)
+            outer.cancel_scope.cancel()
+        assert outcomes["ok"] + outcomes.get("queue_full", 0) == 100
+        assert outcomes["ok"] >= 6  # 2 running + 4 queued at the burst
+        assert peaks["waiting"] <= 4 and peaks["active"] <= 2
+        assert metric(node, "dgr_admissions_rejected_total", reason="queue_full") == outcomes["queue_full"]
+        assert node.kv_cells_in_use() == 0
+
+
+async def test_slow_reader_is_skipped_not_buffered(tiny_model):
+    cfg = config(tiny_model, reply_buffer=2)
+    params = dgr.SamplingParams(max_tokens=30)
+    async with dgr.open_node(cfg) as node:
+        solo = (await node.generate("slow reader", params)).token_ids
+        slow_ids = []
+
+        async def slow():
+            async with node.stream("slow reader", params) as chunks:
+                async for chunk in chunks:
+                    if chunk.token_id is not None:
+                        slow_ids.append(chunk.token_id)
+                    await trio.sleep(0.02)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow)
+            await trio.sleep(0.01)
+            fast = await node.generate("fast reader", params)
+        slow_session_steps = [r for r in node.steps if len(r.decode) == 1]
+        assert slow_session_steps, "the fast session ran steps without the slow one"
+    assert slow_ids == solo
+    assert len(fast.token_ids) == 30
+
+
+async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(tiny_model):
+    cfg = config(tiny_model, prefill_chunk=16, n_batch=64, n_ubatch=64, max_running=4)
+    async with dgr.open_node(cfg) as node:
+        decoding = {}
+
+        async def decoder(i):
+            async with node.stream(f"decoder {i}", dgr.SamplingParams(max_tokens=200,
+                                                                      ignore_eos=True)) as chunks:
+                async for chunk in chunks:
+                    decoding[i] = chunks.session.id
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(decoder, i)
+            while len(decoding) < 3:
+                await trio.sleep(0.001)
+            long_prompt = "x" * 300
+            first_step = node.steps[-1].index
+            result = await node.generate(long_prompt, dgr.SamplingParams(max_tokens=1))
+            nursery.cancel_scope.cancel()
+        long_id = max(s for r in node.steps for s, _, _ in r.prefill)
+        prefill_steps = [r for r in node.steps
+                         if r.index > first_step and any(s == long_id for s, _, _ in r.prefill)]
+        assert len(prefill_steps) == -(-(len(node.tokenize(long_prompt))) // 16)
+        for record in prefill_steps:
+            assert set(decoding.values()) <= set(record.decode), record
+            for sid, start, end in record.prefill:
+                assert start % 16 == 0
+        assert result.finish_reason == "length"
+
+
+async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
+    cfg = config(tiny_model, max_running=2, prefill_chunk=8, n_batch=32, n_ubatch=32)
+    params = dgr.SamplingParams(max_tokens=40, ignore_eos=True)
+    async with dgr.open_node(cfg) as node:
+        reference = (await node.generate(PROMPTS[0], params)).token_ids
+        engine = node._engine
+
+        async with trio.open_nursery() as nursery:
+            survivor = {}
+
+            async def keep_going():
+                survivor["ids"] = (await node.generate(PROMPTS[0], params)).token_ids
+
+            nursery.start_soon(keep_going)
+
+            # decode phase: cancel after 5 tokens
+            with trio.CancelScope() as scope:
+                async with node.stream("decode then cancel", params) as chunks:
+                    seen = 0
+                    async for chunk in chunks:
+                        seen += 1
+                        slot = chunks.session.slot
+                        if seen == 5:
+                            scope.cancel()
+                            await trio.sleep(0)
+            await wait_next_step(node)
+            assert engine.pos_max(slot) == -1
+            assert chunks.session.finish_reason == "cancelled"
+
+            # waiting phase: both slots busy with blockers, so this one queues
+            blockers = trio.CancelScope()
+
+            async def two_blockers():
+                with blockers:
+                    async with trio.open_nursery() as inner:
+                        for _ in range(2):
+                            inner.start_soon(node.generate, "blocker",
+                                             dgr.SamplingParams(max_tokens=400, ignore_eos=True))
+
+            while survivor.get("ids") is None:
+                await trio.sleep(0.001)
+            nursery.start_soon(two_blockers)
+            while node.active_sessions < 2:
+                await trio.sleep(0.001)
+            queued = trio.CancelScope()
+
+            async def queued_client():
+                with queued:
+                    await node.generate("queued then cancelled", params)
+
+            nursery.start_soon(queued_client)
+            while node.waiting_sessions < 1:
+                await trio.sleep(0.001)
+            queued.cancel()
+            await wait_next_step(node)
+            assert node.waiting_sessions == 0
+            assert metric(node, "dgr_queue_sessions") == 0
+            blockers.cancel()
+
+            # prefill phase: a long prompt, cancelled after its first chunk
+            with trio.CancelScope() as scope:
+                async with node.stream("y" * 200, params) as chunks:
+                    while chunks.session.n_prefilled == 0:
+                        await trio.sleep(0)
+                    slot = chunks.session.slot
+                    assert chunks.session.n_prefilled < len(chunks.session.prompt)
+                    scope.cancel()
+                    await trio.sleep(0)
+            await wait_next_step(node)
+            assert engine.pos_max(slot) == -1
+        assert survivor["ids"] == reference
+        assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
+        assert node.kv_cells_in_use() == 0
+
+
+async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
+    reasons = []
+    async with trio.open_nursery() as outer:
+        async with dgr.open_node(config(tiny_model)) as node:
+
+            async def client(i):
+                async with node.stream(f"in flight {i}", dgr.SamplingParams(max_tokens=400)) as chunks:
+                    async for _ in chunks:
+                        pass
+                reasons.append(chunks.finish_reason)
+
+            for i in range(3):
+                outer.start_soon(client, i)
+            while sum(len(r.decode) for r in node.steps) < 10:
+                await trio.sleep(0.001)
+    assert reasons == ["cancelled"] * 3
+    assert not [t for t in threading.enumerate() if t.name == "dgr-engine"]
+    with pytest.raises(dgr.NodeClosed):
+        await node.generate("after close")
+
+
+async def test_telemetry_counts_a_known_workload(tiny_model):
+    async with dgr.open_node(config(tiny_model)) as node:
+        prompts = PROMPTS[:4]
+        results = []
+
+        async def run(p, n):
+            results.append((p, await node.generate(p, dgr.SamplingParams(max_tokens=n,
+                                                                               ignore_eos=True))))
+
+        async with trio.open_nursery() as nursery:
+            for i, p in enumerate(prompts):
+                nursery.start_soon(run, p, 5 + i)
+        prompt_tokens = sum(len(node.tokenize(p)) for p in prompts)
+        generated = sum(len(r.token_ids) for _, r in results)
+        assert metric(node, "dgr_prefill_tokens_total") == prompt_tokens
+        assert metric(node, "dgr_generated_tokens_total") == generated == 5 + 6 + 7 + 8
+        assert metric(node, "dgr_decode_tokens_total") == generated - len(prompts)
+        assert metric(node, "dgr_sessions_finished_total", reason="length") == 4
+        assert metric(node, "dgr_admissions_total") == 4
+        assert metric(node, "dgr_time_to_first_token_seconds_count") == 4
+        assert metric(node, "dgr_inter_token_latency_seconds_count") == generated - 4
+        assert metric(node, "dgr_steps_total") == len(node.steps)
+        assert metric(node, "dgr_sessions_active") == 0
+        assert metric(node, "dgr_kv_cells_total") == 4096
+        caps = node.capabilities()
+        assert caps["model"]["architecture"] == "llama"
+        assert caps["budgets"]["kv"]["cells_per_session"] == 512
+        assert caps["budgets"]["queue"]["max_waiting"] == 16
+        assert caps["load"]["active"] == 0 and caps["load"]["kv_cells_free"] == 4096
+        assert caps["load"]["decode_tokens_per_s"] > 0
+        text = node.telemetry.exposition().decode()
+        assert "dgr_batch_occupancy_ratio" in text and "dgr_kv_pressure_ratio" in text
