@@ -340,12 +340,13 @@ cdef class Engine:
         cdef const char * tmpl = llama_model_chat_template(self.model, NULL)
         return None if tmpl == NULL else tmpl.decode("utf-8", "replace")
 
-    def apply_chat_template(self, messages, bint add_assistant=True):
-        """Render [{"role": ..., "content": ...}, ...] with the model's template.
+    def apply_chat_template(self, messages, template=None, bint add_assistant=True):
+        """Render [{"role": ..., "content": ...}, ...] with a chat template.
 
-        llama.cpp recognizes the template (gemma, chatml, llama3, ...) from the
-        GGUF metadata string; an unknown template raises ValueError."""
-        tmpl = self.chat_template()
+        `template` is a template string or a llama.cpp built-in name ("gemma",
+        "chatml", ...); None means the model's own. llama.cpp recognizes the
+        family of a template string; an unknown one raises ValueError."""
+        tmpl = template if template is not None else self.chat_template()
         if tmpl is None:
             raise ValueError("the model has no chat template")
         cdef bytes btmpl = tmpl.encode()

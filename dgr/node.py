@@ -40,6 +40,8 @@ from dgr.stops import StopMatcher
 from dgr.telemetry import Telemetry
 
 Prompt = Union[str, Sequence[int]]
+# llama.cpp built-in chat templates for model families whose GGUFs may lack one.
+_FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
 TopLogprobs = list[tuple[int, float]]
 
 
@@ -217,11 +219,24 @@ class Node:
     def engine_info(self) -> dict:
         return dict(self._engine.info)
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self._engine.tokenize(text, add_special=add_special).tolist()
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of text; parse_special reads control-token text (chat templates)."""
+        return self._engine.tokenize(text, add_special=add_special,
+                                     parse_special=parse_special).tolist()
+
+    def token_text(self, token: int) -> str:
+        """One token's text, special tokens rendered (for logprobs reports)."""
+        return self._engine.token_to_piece(token, special=True).decode("utf-8", "replace")
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        return self._engine.apply_chat_template(messages)
+        """Render a chat with the model's template from its GGUF metadata. A GGUF
+        without one gets llama.cpp's built-in template of its model family."""
+        template = self._engine.chat_template()
+        if template is None:
+            template = _FAMILY_TEMPLATES.get(self._engine.info["architecture"])
+        if template is None:
+            raise ValueError("the model has no chat template")
+        return self._engine.apply_chat_template(messages, template=template)
 
     @contextlib.asynccontextmanager
     async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None
@@ -419,7 +434,7 @@ class Node:
             if session.phase in (Phase.PREFILL, Phase.DECODE):
                 self._engine.release(session.slot)
             self._admission.release(session)
-            self.telemetry.finished.labels(session.finish_reason).inc()
+            self.telemetry.record_finish(session.finish_reason)
             outbox = self._outboxes.pop(session, None)
             if outbox is not None:
                 with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError,
@@ -490,7 +505,7 @@ class Node:
         for session in [*self._admission.waiting, *self._admission.running]:
             if not session.done:
                 session.finish("cancelled")
-            self.telemetry.finished.labels(session.finish_reason).inc()
+            self.telemetry.record_finish(session.finish_reason)
         self._nursery.cancel_scope.cancel()
 
 

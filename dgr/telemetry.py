@@ -67,6 +67,7 @@ class Telemetry:
             self.finished.labels(reason)
         self._window = rate_window_s
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._finishes: collections.deque[float] = collections.deque()
 
     def record_step(self, prefill_rows: int, decode_rows: int, generated: int, budget: int,
                     duration_s: float) -> None:
@@ -91,6 +92,22 @@ class Telemetry:
         generated = sum(g for _, _, g in self._recent)
         return {"prefill_tokens_per_s": prefill / self._window,
                 "decode_tokens_per_s": generated / self._window}
+
+    def record_finish(self, reason: str) -> None:
+        self.finished.labels(reason).inc()
+        now = time.monotonic()
+        self._finishes.append(now)
+        while self._finishes and self._finishes[0] < now - 60.0:
+            self._finishes.popleft()
+
+    def drain_rate(self) -> float:
+        """Sessions ended per second over the last minute (how fast places free up)."""
+        now = time.monotonic()
+        while self._finishes and self._finishes[0] < now - 60.0:
+            self._finishes.popleft()
+        if not self._finishes:
+            return 0.0
+        return len(self._finishes) / max(1.0, now - self._finishes[0])
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,5 @@
+import sys
+
+from dgr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,242 @@
+"""OpenAI-compatible request parsing and response shapes (no I/O).
+
+Requests are validated strictly by type and range; unknown fields are ignored,
+as OpenAI-compatible servers do. `top_k`, `min_p` and `ignore_eos` are the
+common extensions that llama-server and vLLM accept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Optional
+
+import attrs
+
+from dgr.config import SamplingParams
+from dgr.errors import InvalidRequest
+from dgr.node import Chunk, TopLogprobs
+
+MAX_STOP = 8
+
+
+class BadRequest(InvalidRequest):
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
+
+
+def error_body(message: str, kind: str, code: Optional[str] = None,
+               param: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _int(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer", name)
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
+    return value
+
+
+def _float(body: dict, name: str, lo: float, hi: float) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRequest(f"'{name}' must be a number", name)
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
+    return float(value)
+
+
+def _bool(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a boolean", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
+    if len(value) > MAX_STOP:
+        raise BadRequest(f"'stop' takes at most {MAX_STOP} strings", "stop")
+    return tuple(value)
+
+
+@attrs.frozen
+class ParsedRequest:
+    prompt: Any  # str or list of token ids
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    chat: bool
+
+
+def _common(body: dict, logprobs: int, chat: bool, prompt: Any) -> ParsedRequest:
+    n = _int(body, "n", 1, 1)  # one choice per request; more would multiply the KV bound
+    del n
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    max_tokens = _int(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
+                      else "max_tokens", 1, 1 << 20)
+    seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
+            top_k=_int(body, "top_k", -1, 1 << 20) or 0,
+            top_p=_float(body, "top_p", 1e-9, 1.0) or 1.0,
+            min_p=_float(body, "min_p", 0.0, 1.0) or 0.0,
+            seed=None if seed is None else seed & 0xFFFFFFFF,
+            stop=_stop(body),
+            logprobs=logprobs,
+            ignore_eos=_bool(body, "ignore_eos"),
+        )
+    except InvalidRequest as exc:
+        raise BadRequest(str(exc)) from None
+    if params.top_k < 0:
+        params = attrs.evolve(params, top_k=0)
+    return ParsedRequest(prompt, params, stream, include_usage, chat)
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("'prompt' must not be empty", "prompt")
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        pass
+    else:
+        raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a list "
+                         "holding one of those", "prompt")
+    logprobs = _int(body, "logprobs", 0, 20) or 0
+    return _common(body, logprobs, chat=False, prompt=prompt)
+
+
+def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    clean = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest("every message needs a string 'role'", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" \
+                        or not isinstance(part.get("text"), str):
+                    raise BadRequest("only text content parts are supported", "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise BadRequest("message 'content' must be a string or a list of text parts", "messages")
+        clean.append({"role": m["role"], "content": content})
+    logprobs = 0
+    if _bool(body, "logprobs"):
+        logprobs = _int(body, "top_logprobs", 0, 20) or 1
+    return _common(body, logprobs, chat=True, prompt=None), clean
+
+
+class ResponseBuilder:
+    """Builds OpenAI response objects for one request."""
+
+    def __init__(self, model: str, chat: bool, token_text):
+        self.model = model
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self._token_text = token_text  # token id -> str (for logprobs)
+        self._offset = 0
+
+    def _logprobs(self, chunks: list[Chunk]) -> Optional[dict]:
+        rows = [c for c in chunks if c.token_id is not None and c.top_logprobs is not None]
+        if not rows:
+            return None
+        if self.chat:
+            return {"content": [{
+                "token": self._token_text(c.token_id), "logprob": c.logprob,
+                "bytes": list(self._token_text(c.token_id).encode()),
+                "top_logprobs": [{"token": self._token_text(t), "logprob": lp,
+                                  "bytes": list(self._token_text(t).encode())}
+                                 for t, lp in c.top_logprobs]} for c in rows]}
+        offsets = []
+        for c in rows:
+            offsets.append(self._offset)
+            self._offset += len(c.text)
+        return {"tokens": [self._token_text(c.token_id) for c in rows],
+                "token_logprobs": [c.logprob for c in rows],
+                "top_logprobs": [_top_dict(c.top_logprobs, self._token_text) for c in rows],
+                "text_offset": offsets}
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def full(self, text: str, chunks: list[Chunk], finish_reason: str, prompt_tokens: int,
+             completion_tokens: int) -> dict:
+        logprobs = self._logprobs(chunks)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": logprobs, "finish_reason": finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self.usage(prompt_tokens, completion_tokens)}
+
+    def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
+              first: bool = False) -> dict:
+        logprobs = self._logprobs(chunks)
+        if self.chat:
+            delta: dict = {"role": "assistant"} if first else {}
+            if text or not first:
+                delta["content"] = text
+            if finish_reason is not None and not text:
+                delta = {}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice]}
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": self.usage(prompt_tokens, completion_tokens)}
+
+
+def _top_dict(top: TopLogprobs, token_text) -> dict:
+    out: dict[str, float] = {}
+    for t, lp in top:
+        out.setdefault(token_text(t), lp)
+    return out

@@ -1,0 +1,356 @@
+"""`python -m dgr run`: the node over HTTP, thin over the Node API.
+
+Starlette (on anyio's Trio backend) for routing and responses, Hypercorn's
+Trio worker for HTTP. Endpoints: /v1/completions, /v1/chat/completions,
+/v1/models, /metrics, /capabilities, /health. Bad input is a 4xx with an
+OpenAI-style error body, never a 500; a full queue is a 429 with Retry-After;
+a client that disconnects mid-stream cancels its session.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+import signal
+import time
+from typing import Any, Optional
+
+import attrs
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from dgr.config import NodeConfig
+from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
+from dgr.node import Chunk, Node, open_node
+from dgr.openai import BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion
+
+log = logging.getLogger("dgr.server")
+
+
+@attrs.define(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: Optional[str] = None
+    max_body_bytes: int = 1 << 20
+    grace_s: float = 30.0
+    model_alias: Optional[str] = None
+
+
+class _State:
+    """What the app sees of the node: None while loading."""
+
+    def __init__(self) -> None:
+        self.node: Optional[Node] = None
+        self.draining = False
+        self.model_id = "dgr"
+
+
+def _error(status: int, message: str, kind: str, code: Optional[str] = None,
+           param: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, code, param), status_code=status, headers=headers)
+
+
+def _retry_after(node: Node) -> str:
+    """Seconds until the queue has likely drained a place, from the measured session drain rate."""
+    rate = node.telemetry.drain_rate()
+    ahead = node.waiting_sessions + 1
+    seconds = ahead / rate if rate > 0 else 5.0
+    return str(max(1, min(60, math.ceil(seconds))))
+
+
+def create_app(state: _State, config: ServerConfig) -> Starlette:
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
+            raise _TooLarge()
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > config.max_body_bytes:
+                raise _TooLarge()
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise BadRequest(f"malformed JSON body: {exc}") from None
+
+    def ready_node() -> Node:
+        if state.node is None:
+            raise _Unavailable("the model is loading")
+        if state.draining:
+            raise _Unavailable("the server is shutting down")
+        return state.node
+
+    async def completions(request: Request) -> Response:
+        node = ready_node()
+        parsed = parse_completion(await read_json(request))
+        return await _generate(request, node, parsed, parsed.prompt)
+
+    async def chat_completions(request: Request) -> Response:
+        node = ready_node()
+        parsed, messages = parse_chat(await read_json(request))
+        try:
+            prompt = node.apply_chat_template(messages)
+        except ValueError as exc:
+            raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+        ids = node.tokenize(prompt, add_special=True, parse_special=True)
+        return await _generate(request, node, parsed, ids)
+
+    async def _generate(request: Request, node: Node, parsed, prompt) -> Response:
+        builder = ResponseBuilder(state.model_id, parsed.chat,
+                                  lambda t: node.token_text(t))
+        if parsed.stream:
+            # Admission happens before the 200 goes out, so a refusal is a real status code.
+            stream_cm = node.stream(prompt, parsed.params)
+            chunks = await stream_cm.__aenter__()
+            return StreamingResponse(_sse(request, stream_cm, chunks, builder, parsed),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        texts: list[str] = []
+        rows: list[Chunk] = []
+        async with node.stream(prompt, parsed.params) as chunks:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_disconnect, request, nursery.cancel_scope)
+                async for chunk in chunks:
+                    texts.append(chunk.text)
+                    if chunk.token_id is not None:
+                        rows.append(chunk)
+                nursery.cancel_scope.cancel()
+        request.scope["dgr.tokens"] = len(rows)
+        if chunks.finish_reason == "error":
+            return _error(500, f"the model failed: {chunks.error}", "server_error", "model_failed")
+        if chunks.finish_reason == "cancelled":
+            return _error(503, "the session was cancelled (server shutting down)", "server_error",
+                          "cancelled")
+        return JSONResponse(builder.full("".join(texts), rows, chunks.finish_reason,
+                                         chunks.prompt_tokens, len(rows)))
+
+    async def _sse(request, stream_cm, chunks, builder: ResponseBuilder, parsed):
+        completion = 0
+        try:
+            first = True
+            async for chunk in chunks:
+                if chunk.token_id is not None:
+                    completion += 1
+                request.scope["dgr.tokens"] = completion
+                rows = [chunk] if chunk.token_id is not None else []
+                if chunk.finish_reason == "error":
+                    yield _event(error_body(f"the model failed: {chunk.error}", "server_error",
+                                            "model_failed"))
+                    break
+                if chunk.text or rows or first:
+                    yield _event(builder.delta(chunk.text, rows, None, first=first))
+                    first = False
+                if chunk.finish_reason is not None:
+                    yield _event(builder.delta("", [], chunk.finish_reason))
+            if chunks.finish_reason == "cancelled":
+                yield _event(error_body("the session was cancelled (server shutting down)",
+                                        "server_error", "cancelled"))
+            elif parsed.include_usage:
+                yield _event(builder.usage_chunk(chunks.prompt_tokens, completion))
+            yield "data: [DONE]\n\n"
+        finally:
+            await stream_cm.__aexit__(None, None, None)
+
+    async def models(request: Request) -> Response:
+        node = state.node
+        data = []
+        if node is not None:
+            info = node.engine_info
+            data.append({"id": state.model_id, "object": "model", "created": 0, "owned_by": "dgr",
+                         "meta": {"architecture": info["architecture"], "n_params": info["n_params"],
+                                  "n_ctx_per_session": info["n_ctx_seq"],
+                                  "n_vocab": info["n_vocab"]}})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def metrics(request: Request) -> Response:
+        if state.node is None:
+            raise _Unavailable("the model is loading")
+        return Response(state.node.telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def capabilities(request: Request) -> Response:
+        if state.node is None:
+            raise _Unavailable("the model is loading")
+        return JSONResponse(state.node.capabilities())
+
+    async def health(request: Request) -> Response:
+        if state.node is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        if state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/capabilities", capabilities, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    mapper = _ErrorMapper(state, config)
+    handled = (BadRequest, InvalidRequest, _TooLarge, AdmissionRejected, _Unavailable, NodeClosed,
+               ClientDisconnect, ExceptionGroup, Exception)
+    app = Starlette(routes=routes, exception_handlers={cls: mapper for cls in handled})
+    return _Guard(app, config)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _cancel_on_disconnect(request: Request, scope: trio.CancelScope) -> None:
+    """A client that goes away cancels its (non-streaming) session."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+class _ErrorMapper:
+    """Exception -> OpenAI-style error response: 4xx for bad input and refusals,
+    503 while unavailable; a 500 only for a real server fault (logged)."""
+
+    def __init__(self, state: _State, config: ServerConfig):
+        self.state = state
+        self.config = config
+
+    async def __call__(self, request: Request, exc: Exception) -> Response:
+        return self.map(exc)
+
+    def map(self, exc: BaseException) -> Response:
+        if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            return self.map(exc.exceptions[0])
+        if isinstance(exc, BadRequest):
+            return _error(400, str(exc), "invalid_request_error", "invalid_value", exc.param)
+        if isinstance(exc, InvalidRequest):
+            return _error(400, str(exc), "invalid_request_error", "invalid_value")
+        if isinstance(exc, _TooLarge):
+            return _error(413, f"request body exceeds {self.config.max_body_bytes} bytes",
+                          "invalid_request_error", "body_too_large")
+        if isinstance(exc, AdmissionRejected):
+            if exc.reason == "never_fits":
+                return _error(400, str(exc), "invalid_request_error", "context_length_exceeded")
+            if exc.reason == "draining":
+                return _error(503, str(exc), "server_error", "draining")
+            headers = {"Retry-After": _retry_after(self.state.node)} if self.state.node else None
+            return _error(429, str(exc), "rate_limit_error", exc.reason, headers=headers)
+        if isinstance(exc, (_Unavailable, NodeClosed)):
+            return _error(503, str(exc), "server_error", "unavailable")
+        if isinstance(exc, ClientDisconnect):
+            return Response(status_code=499)
+        log.error("internal error", exc_info=exc)
+        return _error(500, "internal server error", "server_error", "internal_error")
+
+
+class _Guard:
+    """ASGI wrapper: the API key check, and one log line per request."""
+
+    def __init__(self, app, config: ServerConfig):
+        self.app = app
+        self.key = config.api_key.encode() if config.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = {"code": 0}
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if self.key is not None and scope["path"] != "/health" and not self._authorized(scope):
+                response = _error(401, "missing or invalid API key", "invalid_request_error",
+                                  "invalid_api_key")
+                await response(scope, receive, send_logged)
+            else:
+                await self.app(scope, receive, send_logged)
+        except Exception:
+            # Starlette re-raises what its catch-all handler already answered and logged.
+            if not status["code"]:
+                raise
+        finally:
+            log.info("%s %s %d tokens=%s %.1fms", scope["method"], scope["path"], status["code"],
+                     scope.get("dgr.tokens", 0), (time.perf_counter() - started) * 1000)
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                return value.startswith(b"Bearer ") and hmac.compare_digest(value[7:], self.key)
+        return False
+
+
+async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
+                task_status=trio.TASK_STATUS_IGNORED, shutdown: Optional[trio.Event] = None) -> None:
+    """Serve until SIGINT/SIGTERM (or `shutdown` is set): then stop admitting, let
+    running sessions finish for up to grace_s, and return. A second signal ends at once.
+
+    task_status.started() reports the bound URLs once the socket listens."""
+    import hypercorn.config
+    import hypercorn.trio
+
+    state = _State()
+    app = create_app(state, server_config)
+    hconfig = hypercorn.config.Config()
+    hconfig.bind = [f"{server_config.host}:{server_config.port}"]
+    hconfig.accesslog = None
+    hconfig.errorlog = logging.getLogger("hypercorn.error")
+    hconfig.graceful_timeout = 1.0
+    stop_http = trio.Event()
+    shutdown = shutdown if shutdown is not None else trio.Event()
+
+    async def watch_signals(cancel_scope: trio.CancelScope):
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                if shutdown.is_set():
+                    log.warning("second %s: exiting now", signal.Signals(signum).name)
+                    cancel_scope.cancel()
+                    return
+                log.info("%s: draining (grace %.0fs)", signal.Signals(signum).name,
+                         server_config.grace_s)
+                shutdown.set()
+
+    http_done = trio.Event()
+
+    async def run_http(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await hypercorn.trio.serve(app, hconfig, shutdown_trigger=stop_http.wait,
+                                       task_status=task_status)
+        finally:
+            http_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_signals, nursery.cancel_scope)
+        urls = await nursery.start(run_http)
+        log.info("listening on %s", ", ".join(urls))
+        async with open_node(node_config) as node:
+            state.model_id = server_config.model_alias or node.engine_info["name"]
+            state.node = node
+            log.info("serving %s (%s)", state.model_id, node.engine_info["path"])
+            task_status.started(urls)
+            await shutdown.wait()
+            state.draining = True
+            drained = await node.drain(server_config.grace_s)
+            log.info("drained" if drained else "grace period over: cancelling remaining sessions")
+        stop_http.set()
+        with trio.move_on_after(hconfig.graceful_timeout + 2):
+            await http_done.wait()
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,219 @@
+"""The HTTP server in-process on a free loopback port, with a real HTTP client."""
+
+import json
+
+import httpx
+import pytest
+import trio
+
+import dgr
+from dgr.server import ServerConfig, serve
+
+
+def node_config(tiny_model, **overrides):
+    base = dict(model_path=tiny_model, max_running=4, max_waiting=8, n_ctx=4096, n_batch=256,
+                n_ubatch=256, prefill_chunk=32, n_threads=2)
+    base.update(overrides)
+    return dgr.NodeConfig(**base)
+
+
+class Server:
+    def __init__(self, url, shutdown, cancel_scope):
+        self.url = url
+        self.shutdown = shutdown
+        self.cancel_scope = cancel_scope
+
+    def client(self, **kw):
+        return httpx.AsyncClient(base_url=self.url, timeout=30, **kw)
+
+
+@pytest.fixture
+async def start_server(nursery, tiny_model):
+    async def start(node_overrides=None, **server_kw):
+        shutdown = trio.Event()
+        scope = trio.CancelScope()
+
+        async def run(task_status=trio.TASK_STATUS_IGNORED):
+            with scope:
+                await serve(node_config(tiny_model, **(node_overrides or {})),
+                            ServerConfig(port=0, **server_kw), task_status=task_status,
+                            shutdown=shutdown)
+
+        urls = await nursery.start(run)
+        return Server(urls[0], shutdown, scope)
+
+    return start
+
+
+def sse_events(text):
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def test_completion_stream_equals_non_stream(start_server):
+    server = await start_server()
+    body = {"prompt": "Hello from HTTP", "max_tokens": 16, "temperature": 0}
+    async with server.client() as client:
+        full = (await client.post("/v1/completions", json=body)).json()
+        assert full["object"] == "text_completion"
+        assert full["choices"][0]["finish_reason"] == "length"
+        assert full["usage"]["completion_tokens"] == 16
+        streamed = await client.post("/v1/completions", json=body | {"stream": True,
+                                     "stream_options": {"include_usage": True}})
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(streamed.text)
+        text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+        assert text == full["choices"][0]["text"]
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        assert events[-1]["usage"]["completion_tokens"] == 16
+
+
+async def test_chat_models_metrics_capabilities_health(start_server):
+    server = await start_server()
+    async with server.client() as client:
+        chat = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+            "unknown_field": {"ignored": True}})
+        assert chat.status_code == 200, chat.text
+        choice = chat.json()["choices"][0]
+        assert choice["message"]["role"] == "assistant"
+        assert len(choice["logprobs"]["content"]) == chat.json()["usage"]["completion_tokens"]
+        assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 2
+        stream = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
+            "stream": True})
+        events = sse_events(stream.text)
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == \
+            (await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                "temperature": 0})).json()["choices"][0]["message"]["content"]
+
+        models = (await client.get("/v1/models")).json()
+        assert models["data"][0]["id"] == "dgr-tiny-test"
+        def generated(text):
+            (line,) = [x for x in text.splitlines() if x.startswith("dgr_generated_tokens_total")]
+            return float(line.split()[-1])
+
+        before = generated((await client.get("/metrics")).text)
+        done = (await client.post("/v1/completions", json={
+            "prompt": "move the metrics", "max_tokens": 5, "ignore_eos": True})).json()
+        after = generated((await client.get("/metrics")).text)
+        assert after - before == done["usage"]["completion_tokens"] == 5
+        caps = (await client.get("/capabilities")).json()
+        assert caps["budgets"]["queue"]["max_running"] == 4
+        assert (await client.get("/health")).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body,status", [
+    (b"{not json", 400),
+    (b"[1, 2]", 400),
+    (json.dumps({"prompt": 12}).encode(), 400),
+    (json.dumps({"prompt": "x", "max_tokens": "ten"}).encode(), 400),
+    (json.dumps({"prompt": "x", "max_tokens": -1}).encode(), 400),
+    (json.dumps({"prompt": "x", "temperature": 5}).encode(), 400),
+    (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400),
+    (json.dumps({"prompt": "x", "logprobs": 100}).encode(), 400),
+    (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400),
+    (json.dumps({"prompt": "x", "n": 2}).encode(), 400),
+    (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400),
+    (json.dumps({"prompt": [1, 99999]}).encode(), 400),
+    (json.dumps({"prompt": "x" * 2000, "max_tokens": 1}).encode(), 400),  # can never fit
+    (b"[" * 100_000 + b"]" * 100_000, 400),
+    (json.dumps({"prompt": "x" * 2_000_000}).encode(), 413),
+])
+async def test_bad_input_gets_a_4xx_with_an_openai_error(start_server, body, status):
+    server = await start_server()
+    async with server.client() as client:
+        response = await client.post("/v1/completions", content=body,
+                                     headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert error["message"] and error["type"]
+        assert (await client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2})).status_code == 200
+
+
+async def test_queue_full_gets_429_with_retry_after(start_server):
+    server = await start_server({"max_running": 1, "max_waiting": 1})
+    statuses = []
+    async with server.client() as client:
+
+        async def one():
+            response = await client.post("/v1/completions", json={
+                "prompt": "overload", "max_tokens": 64, "temperature": 0, "ignore_eos": True})
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                assert int(response.headers["retry-after"]) >= 1
+                assert response.json()["error"]["code"] == "queue_full"
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(one)
+        metrics = (await client.get("/metrics")).text
+    assert statuses.count(200) >= 2 and statuses.count(429) >= 1
+    assert set(statuses) <= {200, 429}
+    assert 'dgr_admissions_rejected_total{reason="queue_full"}' in metrics
+
+
+async def test_disconnect_mid_stream_releases_the_session(start_server):
+    server = await start_server()
+    async with server.client() as client:
+        async with client.stream("POST", "/v1/completions", json={
+                "prompt": "disconnect me", "max_tokens": 900, "temperature": 0,
+                "ignore_eos": True, "stream": True}) as response:
+            assert response.status_code == 200
+            seen = 0
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                if seen == 5:
+                    break
+        with trio.fail_after(10):
+            while True:
+                caps = (await client.get("/capabilities")).json()
+                if caps["load"]["active"] == 0:
+                    break
+                await trio.sleep(0.01)
+        metrics = (await client.get("/metrics")).text
+        assert 'dgr_sessions_finished_total{reason="cancelled"} 1.0' in metrics
+
+
+async def test_api_key(start_server):
+    server = await start_server(api_key="s3cret")
+    async with server.client() as client:
+        assert (await client.get("/health")).status_code == 200
+        denied = await client.get("/v1/models")
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        wrong = await client.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        ok = await client.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+async def test_graceful_shutdown_lets_a_request_in_flight_finish(start_server):
+    server = await start_server(grace_s=30)
+    async with server.client() as client:
+        result = {}
+
+        async def in_flight():
+            response = await client.post("/v1/completions", json={
+                "prompt": "finish me", "max_tokens": 300, "temperature": 0, "ignore_eos": True})
+            result["status"] = response.status_code
+            result["body"] = response.json()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(in_flight)
+            with trio.fail_after(10):
+                while (await client.get("/capabilities")).json()["load"]["active"] == 0:
+                    await trio.sleep(0.005)
+            server.shutdown.set()
+            await trio.sleep(0.05)
+            late = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
+            assert late.status_code == 503
+            assert (await client.get("/health")).status_code == 503
+    assert result["status"] == 200
+    assert result["body"]["choices"][0]["finish_reason"] == "length"
+    assert result["body"]["usage"]["completion_tokens"] == 300
