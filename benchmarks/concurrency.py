@@ -1,0 +1,421 @@
+"""`python -m dgr bench`: dgr side by side with its peers, in one run.
+
+For each concurrency c: c streaming sessions with fixed prompts, greedy,
+N new tokens each (ignore_eos), against dgr's HTTP server and llama-server
+(-np c) from the same pinned llama.cpp, driven identically over HTTP; and
+llama-cpp-python's `Llama` one request at a time (what Python users embed
+today). llama-batched-bench gives the pure-decode ceiling. A mixed-load case
+measures decoder stalls while a long prompt prefills.
+
+Reported: aggregate generated tokens/s, prefill tokens/s, TTFT and inter-token
+latency p50/p99, dgr's batch occupancy, KV pressure and queue depth (scraped
+from /metrics), rejections, the saturation point, dgr/peer ratios, and a
+batch-vs-solo corruption check. Output: JSON, Markdown and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers import ensure_peers  # noqa: E402
+from dgr.consistency import Verdict  # noqa: E402
+from dgr.node import resolve_model_path  # noqa: E402
+
+PROMPTS = [
+    "The history of the Roman Empire begins with",
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a refrigerator works, step by step:",
+    "def quicksort(items):\n    \"\"\"Sort a list.\"\"\"\n",
+    "The most important inventions of the 20th century were",
+    "Once upon a time, in a kingdom by the sea, there lived",
+    "Here is a recipe for a simple tomato soup:",
+    "The theory of evolution by natural selection states that",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values, q):
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+class ServerProcess:
+    def __init__(self, name, argv, port):
+        self.name, self.argv, self.port = name, argv, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.argv}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} did not become healthy")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def dgr_server(model, c, ctx_per_slot, threads, port):
+    return ServerProcess("dgr", [sys.executable, "-m", "dgr", "run", "--model", model,
+                                 "--port", str(port), "--max-running", str(c),
+                                 "--max-waiting", str(4 * c), "--ctx", str(c * ctx_per_slot),
+                                 "--threads", str(threads), "--log-level", "WARNING"], port)
+
+
+def llama_server(binary, model, c, ctx_per_slot, threads, port):
+    return ServerProcess("llama-server", [str(binary), "-m", model, "--port", str(port),
+                                          "-np", str(c), "-c", str(c * ctx_per_slot),
+                                          "-t", str(threads), "-b", "512", "-ub", "512"], port)
+
+
+async def stream_one(client, url, prompt, n_new, logprobs=0):
+    """One streaming completion: token timestamps, text pieces, tokens (with logprobs)."""
+    body = {"prompt": prompt, "max_tokens": n_new, "temperature": 0, "ignore_eos": True,
+            "stream": True, "cache_prompt": False}
+    if logprobs:
+        body["logprobs"] = logprobs
+    sent = time.perf_counter()
+    stamps, texts, tokens, gaps = [], [], [], []
+    status = None
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        status = response.status_code
+        if status != 200:
+            await response.aread()
+            return {"status": status}
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if not event.get("choices"):
+                continue
+            choice = event["choices"][0]
+            if choice.get("text"):
+                stamps.append(time.perf_counter())
+                texts.append(choice["text"])
+            lp = choice.get("logprobs")
+            if lp and lp.get("tokens"):
+                tokens.extend(lp["tokens"])
+                for top in lp.get("top_logprobs") or []:
+                    values = sorted(top.values(), reverse=True)
+                    gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
+    return {"status": status, "sent": sent, "stamps": stamps, "text": "".join(texts),
+            "tokens": tokens, "gaps": gaps}
+
+
+async def scrape(client, url, stats, stop):
+    """Poll dgr's /metrics for peaks of occupancy, KV pressure and queue depth."""
+    names = {"dgr_batch_occupancy_ratio": "occupancy", "dgr_kv_pressure_ratio": "kv_pressure",
+             "dgr_queue_sessions": "queue_depth"}
+    while not stop.is_set():
+        try:
+            text = (await client.get(url + "/metrics")).text
+        except httpx.HTTPError:
+            break
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in names:
+                key = names[name]
+                stats[key] = max(stats.get(key, 0.0), float(value))
+        await trio.sleep(0.05)
+
+
+def metric_value(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def run_level(url, c, n_new, is_dgr):
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
+        results = [None] * c
+        stats: dict = {}
+        stop = trio.Event()
+        before = (await client.get(url + "/metrics")).text if is_dgr else ""
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            if is_dgr:
+                nursery.start_soon(scrape, client, url, stats, stop)
+
+            async def one(i):
+                results[i] = await stream_one(client, url, PROMPTS[i % len(PROMPTS)], n_new)
+
+            async with trio.open_nursery() as sessions:
+                for i in range(c):
+                    sessions.start_soon(one, i)
+            stop.set()
+        elapsed = time.perf_counter() - started
+        after = (await client.get(url + "/metrics")).text if is_dgr else ""
+    ok = [r for r in results if r["status"] == 200]
+    generated = sum(len(r["stamps"]) for r in ok)
+    ttft = [r["stamps"][0] - r["sent"] for r in ok if r["stamps"]]
+    itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
+    out = {"concurrency": c, "gen_tok_s": generated / elapsed, "elapsed_s": elapsed,
+           "generated": generated, "rejected": len(results) - len(ok),
+           "ttft_p50_ms": 1000 * pct(ttft, 50), "ttft_p99_ms": 1000 * pct(ttft, 99),
+           "itl_p50_ms": 1000 * pct(itl, 50), "itl_p99_ms": 1000 * pct(itl, 99)}
+    if is_dgr:
+        rows = metric_value(after, "dgr_batch_rows_sum") - metric_value(before, "dgr_batch_rows_sum")
+        steps = metric_value(after, "dgr_batch_rows_count") - metric_value(before, "dgr_batch_rows_count")
+        budget = metric_value(after, "dgr_batch_token_budget")
+        prefill = (metric_value(after, "dgr_prefill_tokens_total")
+                   - metric_value(before, "dgr_prefill_tokens_total"))
+        out |= {"prefill_tok_s": prefill / elapsed,
+                "mean_occupancy": rows / steps / budget if steps else 0.0,
+                "peak_occupancy": stats.get("occupancy", 0.0),
+                "peak_kv_pressure": stats.get("kv_pressure", 0.0),
+                "peak_queue_depth": stats.get("queue_depth", 0.0)}
+    return out
+
+
+async def corruption_check(url, n_new):
+    """Each prompt alone (with top-2 logprobs), then all 8 together."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        solo = [await stream_one(client, url, p, n_new, logprobs=2) for p in PROMPTS]
+        together = [None] * len(PROMPTS)
+
+        async def one(i):
+            together[i] = await stream_one(client, url, PROMPTS[i], n_new, logprobs=2)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(PROMPTS)):
+                nursery.start_soon(one, i)
+    verdict = Verdict()
+    for i, (a, b) in enumerate(zip(solo, together)):
+        verdict.add(i, a["tokens"], a["gaps"], b["tokens"])
+    return verdict.as_dict()
+
+
+async def mixed_load(url, long_prompt, n_decoders=4):
+    """n decoders stream; then a long prompt arrives. Decoder gaps while it prefills."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        decoders = [None] * n_decoders
+        long_result = {}
+        async with trio.open_nursery() as nursery:
+            async def decoder(i):
+                decoders[i] = await stream_one(client, url, PROMPTS[i], 160)
+
+            for i in range(n_decoders):
+                nursery.start_soon(decoder, i)
+            await trio.sleep(3.0)  # decoders are past their prefill and streaming
+            long_result.update(await stream_one(client, url, long_prompt, 4))
+    window = (long_result["sent"], long_result["stamps"][0])
+    gaps = [b - a for d in decoders for a, b in zip(d["stamps"], d["stamps"][1:])
+            if window[0] <= b <= window[1] + 1e-3]
+    all_gaps = [b - a for d in decoders for a, b in zip(d["stamps"], d["stamps"][1:])]
+    return {"long_prompt_ttft_ms": 1000 * (window[1] - window[0]),
+            "gap_median_ms": 1000 * statistics.median(all_gaps),
+            "gap_worst_during_prefill_ms": 1000 * max(gaps) if gaps else None,
+            "gap_median_during_prefill_ms": 1000 * statistics.median(gaps) if gaps else None}
+
+
+def llama_cpp_python_level(llm, c, n_new):
+    """What Python users embed today: llama_cpp.Llama, one request at a time."""
+    generated, ttft, itl = 0, [], []
+    started = time.perf_counter()
+    for i in range(c):
+        llm.reset()
+        sent = time.perf_counter()
+        stamps = []
+        for _ in llm.create_completion(PROMPTS[i % len(PROMPTS)], max_tokens=n_new, temperature=0.0,
+                                       stream=True):
+            stamps.append(time.perf_counter())
+        generated += len(stamps)
+        if stamps:
+            ttft.append(stamps[0] - sent)
+        itl += [b - a for a, b in zip(stamps, stamps[1:])]
+    elapsed = time.perf_counter() - started
+    return {"concurrency": c, "gen_tok_s": generated / elapsed, "generated": generated,
+            "ttft_p50_ms": 1000 * pct(ttft, 50), "ttft_p99_ms": 1000 * pct(ttft, 99),
+            "itl_p50_ms": 1000 * pct(itl, 50), "itl_p99_ms": 1000 * pct(itl, 99)}
+
+
+def batched_bench(binary, model, levels, n_new, threads):
+    out = subprocess.run([str(binary), "-m", model, "-c", str(max(levels) * 512), "-b", "512",
+                          "-ub", "512", "-npp", "64", "-ntg", str(n_new),
+                          "-npl", ",".join(map(str, levels)), "-t", str(threads)],
+                         capture_output=True, text=True, check=True).stdout
+    ceiling = {}
+    for line in out.splitlines():
+        cells = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(cells) >= 10 and cells[2].isdigit():
+            ceiling[int(cells[2])] = float(cells[8])  # S_TG t/s
+    return ceiling
+
+
+def saturation(levels: list[dict]) -> int | None:
+    """The concurrency after which doubling adds less than 10 % throughput."""
+    by_c = {r["concurrency"]: r["gen_tok_s"] for r in levels}
+    for c in sorted(by_c):
+        if 2 * c in by_c and by_c[2 * c] < 1.10 * by_c[c]:
+            return c
+    return None
+
+
+def markdown(report) -> str:
+    lines = ["| c | dgr tok/s | llama-server tok/s | dgr/server | Llama tok/s | dgr/Llama | "
+             "batched-bench ceiling | dgr/ceiling | dgr TTFT p50/p99 ms | dgr ITL p50/p99 ms | "
+             "server ITL p50/p99 ms | mean/peak occupancy | peak KV | peak queue | rejected |",
+             "|" + "---|" * 15]
+    server = {r["concurrency"]: r for r in report["llama_server"]}
+    llama = {r["concurrency"]: r for r in report["llama_cpp_python"]}
+    ceiling = report["batched_bench_ceiling"]
+    for r in report["dgr"]:
+        c = r["concurrency"]
+        s, py, ceil = server.get(c), llama.get(c), ceiling.get(str(c), ceiling.get(c))
+        lines.append(
+            f"| {c} | {r['gen_tok_s']:.1f} | {s['gen_tok_s']:.1f} | {r['gen_tok_s'] / s['gen_tok_s']:.2f} | "
+            + (f"{py['gen_tok_s']:.1f} | {r['gen_tok_s'] / py['gen_tok_s']:.2f} | " if py else "– | – | ")
+            + (f"{ceil:.1f} | {r['gen_tok_s'] / ceil:.2f} | " if ceil else "– | – | ")
+            + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
+            f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
+            f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
+    lines.append("")
+    lines.append(f"Saturation (doubling c adds < 10 %): dgr at c = {report['saturation']['dgr']}, "
+                 f"llama-server at c = {report['saturation']['llama_server']}.")
+    v = report.get("corruption")
+    if v:
+        lines.append(f"Corruption check (8 prompts, batch vs solo, greedy): identical {v['identical']}, "
+                     f"near-tie divergences {v['near_tie']}, unexplained {v['unexplained']}.")
+    m = report.get("mixed_load")
+    if m:
+        lines.append("")
+        lines.append("| mixed load | long prompt TTFT ms | decoder gap median ms | median during prefill ms "
+                     "| worst during prefill ms | worst / median |")
+        lines.append("|---|---|---|---|---|---|")
+        for name, row in m.items():
+            worst = row["gap_worst_during_prefill_ms"]
+            lines.append(f"| {name} | {row['long_prompt_ttft_ms']:.0f} | {row['gap_median_ms']:.0f} | "
+                         f"{row['gap_median_during_prefill_ms'] or 0:.0f} | {worst or 0:.0f} | "
+                         f"{(worst or 0) / row['gap_median_ms']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("dgr", "dgr"), ("llama_server", "llama-server"),
+                       ("llama_cpp_python", "llama-cpp-python Llama")):
+        rows = report[key]
+        a.plot([r["concurrency"] for r in rows], [r["gen_tok_s"] for r in rows], "o-", label=label)
+        if key != "llama_cpp_python":
+            b.plot([r["concurrency"] for r in rows], [r["itl_p99_ms"] for r in rows], "o-", label=label)
+    ceiling = report["batched_bench_ceiling"]
+    if ceiling:
+        xs = sorted(int(k) for k in ceiling)
+        a.plot(xs, [ceiling[str(x)] if str(x) in ceiling else ceiling[x] for x in xs], "k--",
+               label="batched-bench ceiling")
+    for ax, title in ((a, "aggregate generated tokens/s"), (b, "inter-token latency p99 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent sessions")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dgr bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="GGUF model (default: Gemma 3 270M Q4_K_M)")
+    parser.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
+    parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
+    args = parser.parse_args(argv)
+    from tqdm import tqdm
+
+    model = resolve_model_path(args.model)
+    levels = [int(x) for x in args.levels.split(",")]
+    peers = ensure_peers(log=lambda m: print(m, file=sys.stderr))
+    ctx_per_slot = 1024
+    report: dict = {"model": model, "levels": levels, "new_tokens": args.new_tokens,
+                    "threads": args.threads, "dgr": [], "llama_server": [], "llama_cpp_python": []}
+    long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
+                            "noting changes in rainfall, reservoir levels and demand."] * 60)
+    steps = 2 * len(levels) + len(levels) + 1 + 1 + (0 if args.skip_mixed else 2)
+    with tqdm(total=steps, desc="bench", unit="run") as bar:
+        report["batched_bench_ceiling"] = {str(k): v for k, v in batched_bench(
+            peers["llama-batched-bench"], model, levels, args.new_tokens, args.threads).items()}
+        bar.update()
+        for c in levels:
+            with dgr_server(model, c, ctx_per_slot, args.threads, free_port()) as srv:
+                report["dgr"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
+                bar.set_postfix(c=c, dgr=f"{report['dgr'][-1]['gen_tok_s']:.0f}")
+                bar.update()
+                if c == 8:
+                    report["corruption"] = trio.run(corruption_check, srv.url, args.new_tokens)
+                    bar.update()
+            with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
+                              free_port()) as srv:
+                report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
+                bar.update()
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=model, n_ctx=2048, n_threads=args.threads, verbose=False)
+        for c in levels:
+            report["llama_cpp_python"].append(llama_cpp_python_level(llm, c, args.new_tokens))
+            bar.update()
+        del llm
+        if not args.skip_mixed:
+            report["mixed_load"] = {}
+            with dgr_server(model, 5, 2048, args.threads, free_port()) as srv:
+                report["mixed_load"]["dgr"] = trio.run(mixed_load, srv.url, long_prompt)
+                bar.update()
+            with llama_server(peers["llama-server"], model, 5, 2048, args.threads, free_port()) as srv:
+                report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt)
+                bar.update()
+    report["saturation"] = {"dgr": saturation(report["dgr"]),
+                            "llama_server": saturation(report["llama_server"])}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    table = markdown(report)
+    (out / "bench.md").write_text(table)
+    plot(report, out / "bench.png")
+    print(table)
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
