@@ -30,6 +30,8 @@ NODE_FLAGS = [
      "rows come first, prefill chunks fill the rest (default: --batch)."),
     ("--prefill-chunk", "prefill_chunk", int, "Prompt tokens per prefill chunk; bounds how long a "
      "long prompt can delay decoders in one step (default 128)."),
+    ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions whose prompt chunks may "
+     "share one step; 1 keeps batched results equal to solo ones (default 1)."),
     ("--threads", "n_threads", int, "CPU threads for llama.cpp (default: all cores)."),
     ("--reply-buffer", "reply_buffer", int, "Unread tokens a client may hold before its session "
      "is skipped in steps (default 16)."),

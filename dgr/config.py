@@ -34,6 +34,8 @@ class NodeConfig:
     n_ctx: total KV cells. With kv_unified=False every slot gets n_ctx / max_running.
     max_batch_tokens: token budget of one step (rows in one llama_decode), <= n_batch.
     prefill_chunk: prompt tokens per chunk; chunk boundaries are multiples of it.
+    prefill_sessions_per_step: sessions whose prompt chunks may share one step; 1 keeps
+        batched results equal to solo ones (see dgr/scheduler.py).
     reply_buffer: tokens a session may hold unread before it is skipped in steps.
     memory_budget_bytes: weights + KV + scratch must fit here or the node refuses to start.
     """
@@ -47,6 +49,7 @@ class NodeConfig:
     n_ubatch: int = 512
     max_batch_tokens: Optional[int] = None
     prefill_chunk: int = 128
+    prefill_sessions_per_step: int = 1
     n_threads: Optional[int] = None
     kv_unified: bool = False
     weight_repack: bool = False
@@ -56,6 +59,7 @@ class NodeConfig:
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "n_batch", "n_ubatch", "prefill_chunk",
+                    "prefill_sessions_per_step",
                     "reply_buffer", "default_max_tokens"]
         for name in positive:
             if getattr(self, name) < 1:

@@ -413,7 +413,7 @@ class Node:
                 self._engine.set_sampling(session.slot, p.temperature, p.top_k, p.top_p, p.min_p,
                                           p.seed or 0, p.ignore_eos)
             self._update_gauges()
-            plan = plan_step(self._admission.running, budget, chunk)
+            plan = plan_step(self._admission.running, budget, chunk, self.config.prefill_sessions_per_step)
             if plan.empty:
                 await self._wake.wait()
                 self._wake = trio.Event()

@@ -66,3 +66,32 @@ def test_greedy_batch_matches_solo_over_8_prompts(gemma):
     print("batch vs solo:", verdict.as_dict())
     assert verdict.unexplained == 0, verdict.details
     assert verdict.identical + verdict.near_tie == 8
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 4, 8])
+async def test_node_batching_matches_solo_on_the_default_model(default_model, concurrency):
+    import trio
+
+    import dgr
+
+    config = dgr.NodeConfig(model_path=default_model, max_running=8, n_ctx=4096, prefill_chunk=4,
+                            n_batch=64, n_ubatch=64)
+    greedy = dgr.SamplingParams(max_tokens=N_NEW, logprobs=2, ignore_eos=True)
+    prompts = PROMPTS[:concurrency]
+    async with dgr.open_node(config) as node:
+        solo = [await node.generate(p, greedy) for p in prompts]
+        together = [None] * concurrency
+
+        async def run(i):
+            together[i] = await node.generate(prompts[i], greedy)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(concurrency):
+                nursery.start_soon(run, i)
+    verdict = Verdict()
+    for i, (alone, batched) in enumerate(zip(solo, together)):
+        gaps = [top[0][1] - top[1][1] for top in alone.logprobs]
+        verdict.add(i, alone.token_ids, gaps, batched.token_ids)
+    print(f"c={concurrency}:", verdict.as_dict())
+    assert verdict.unexplained == 0, verdict.details
+    assert verdict.identical + verdict.near_tie == concurrency

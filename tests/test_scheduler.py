@@ -171,3 +171,9 @@ def test_memory_budget():
         BUDGETS.check_memory(model_bytes=20_000, kv_bytes=0, scratch_bytes=0)
     with pytest.raises(BudgetError, match="exceed"):
         BUDGETS.check_memory(model_bytes=5000, kv_bytes=3000, scratch_bytes=2001)
+
+
+def test_one_prefilling_session_per_step_by_default_config():
+    a, b = make_session(1, 10), make_session(2, 10)
+    assert len(plan_step([a, b], 256, 16, prefill_sessions=1).prefill) == 1
+    assert len(plan_step([a, b], 256, 16).prefill) == 2
