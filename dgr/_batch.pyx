@@ -88,6 +88,8 @@ cdef extern from *:
 WANT_NONE = 0
 WANT_SAMPLE = 1
 WANT_LOGPROBS = 2
+# inject_fault code: raise a RuntimeError after llama_decode ran
+FAULT_RAISE = 1000
 
 cdef bint _backend_ready = False
 
@@ -493,7 +495,9 @@ cdef class Engine:
 
         Codes 1 and -1 skip llama_decode (llama.cpp leaves memory unchanged for
         them); 2 and codes below -1 run it and then report failure, leaving the
-        processed cells behind as llama.cpp does, so reconciliation is exercised."""
+        processed cells behind as llama.cpp does, so reconciliation is exercised.
+        FAULT_RAISE runs it and then raises RuntimeError without reconciling,
+        like a bug in the engine would."""
         self.fault_step = self.steps_done + after_steps
         self.fault_code = code
 
@@ -592,6 +596,8 @@ cdef class Engine:
                             bad_row = i
                             break
 
+        if rc == FAULT_RAISE:
+            raise RuntimeError("injected engine fault after llama_decode")
         if rc != 0:
             self._reconcile(pos_before)
             raise _decode_error(rc)

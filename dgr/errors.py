@@ -22,6 +22,8 @@ class BudgetError(DgrError):
 class InvalidBatch(DgrError, ValueError):
     """A step's arrays are malformed: caught before llama_decode, or its return code -1."""
 
+    code = -1
+
 
 class DecodeError(DgrError):
     """llama_decode failed. `code` is its return value; the KV memory was reconciled

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import logging
 import queue
 import random
 import threading
@@ -32,13 +33,14 @@ from dgr import _batch
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
 from dgr.detok import IncrementalDetokenizer
-from dgr.errors import (AdmissionRejected, DecodeAborted, DecodeError, DgrError, InvalidRequest,
-                        NodeClosed)
+from dgr.errors import (AdmissionRejected, DecodeAborted, DecodeError, DgrError, InvalidBatch,
+                        InvalidRequest, NodeClosed)
 from dgr.scheduler import StepPlan, plan_step
 from dgr.sequence import Phase, Session
 from dgr.stops import StopMatcher
 from dgr.telemetry import Telemetry
 
+log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
 # llama.cpp built-in chat templates for model families whose GGUFs may lack one.
 _FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
@@ -423,8 +425,12 @@ class Node:
             try:
                 result = await self._engine_thread.run(
                     self._engine.step, tokens, positions, seq_ids, want, n_logprobs)
-            except DecodeError as exc:
+            except (DecodeError, InvalidBatch) as exc:
                 self._fail_step(plan, exc)
+                continue
+            except Exception as exc:  # an engine bug must not take the node down
+                log.exception("engine step failed")
+                self._fail_step(plan, DecodeError(f"{type(exc).__name__}: {exc}", -1000))
                 continue
             self._dispatch(plan, result, time.perf_counter() - started)
 
@@ -444,7 +450,7 @@ class Node:
                 outbox.close()
         self._admission.promote()
 
-    def _fail_step(self, plan: StepPlan, exc: DecodeError) -> None:
+    def _fail_step(self, plan: StepPlan, exc: DecodeError | InvalidBatch) -> None:
         self.telemetry.step_failures.labels(str(exc.code)).inc()
         reason = "cancelled" if self._closing and isinstance(exc, DecodeAborted) else "error"
         for session in {*plan.decode, *(c.session for c in plan.prefill)}:

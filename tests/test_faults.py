@@ -1,0 +1,98 @@
+"""Fault injection: llama_decode failing with each return code, or the engine raising."""
+
+import httpx
+import pytest
+import trio
+
+import dgr
+from dgr import _batch
+from dgr.errors import DecodeAborted, DgrError, FatalDecodeError, InvalidBatch, KVSlotUnavailable
+from dgr.server import ServerConfig
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    eng = _batch.Engine(tiny_model, n_ctx=1024, n_seq_max=2, n_batch=64, n_ubatch=64)
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("code,error", [(1, KVSlotUnavailable), (2, DecodeAborted),
+                                        (-1, InvalidBatch), (-3, FatalDecodeError)])
+def test_engine_maps_codes_and_reconciles_kv(engine, code, error):
+    engine.release(0)
+    engine.step([5, 6, 7], [0, 1, 2], [0, 0, 0], [0, 0, 1])
+    engine.inject_fault(0, code)
+    with pytest.raises(error) as exc:
+        engine.step([8, 9], [3, 4], [0, 0], [0, 1])
+    assert exc.value.code == code if code != -1 else True
+    assert engine.pos_max(0) == 2  # back to the state before the failed step
+    sampled, *_ = engine.step([8, 9], [3, 4], [0, 0], [0, 1])  # and it resumes
+    assert engine.pos_max(0) == 4 and sampled[1] >= 0
+    engine.release(0)
+
+
+def test_abort_flag_aborts_and_reconciles(engine):
+    engine.release(1)
+    engine.request_abort()
+    try:
+        with pytest.raises(DecodeAborted):
+            engine.step(list(range(5, 45)), list(range(40)), [1] * 40, [0] * 39 + [1])
+    finally:
+        engine.clear_abort()
+    assert engine.pos_max(1) == -1
+
+
+def config(tiny_model):
+    return dgr.NodeConfig(model_path=tiny_model, max_running=4, n_ctx=2048, n_batch=128,
+                          n_ubatch=128, prefill_chunk=16, n_threads=2)
+
+
+@pytest.mark.parametrize("code", [1, 2, -1, -3, _batch.FAULT_RAISE])
+async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
+    params = dgr.SamplingParams(max_tokens=50, ignore_eos=True)
+    async with dgr.open_node(config(tiny_model)) as node:
+        reference = await node.generate("after the fault", params)
+        failures = []
+
+        async def victim(i):
+            try:
+                await node.generate(f"victim {i}", params)
+            except DgrError as exc:
+                failures.append(str(exc))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                nursery.start_soon(victim, i)
+            while sum(len(r.decode) for r in node.steps) < 10:
+                await trio.sleep(0)
+            node._engine.inject_fault(1, code)
+        assert len(failures) == 2 and all("the model failed" in f for f in failures)
+        assert node.kv_cells_in_use() == 0
+        label = str(code if code != _batch.FAULT_RAISE else -1000)
+        assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",
+                                                        {"code": label}) == 1
+        again = await node.generate("after the fault", params)
+        assert again.token_ids == reference.token_ids
+
+
+async def test_http_reports_a_model_failure_not_a_hang(tiny_model):
+    from dgr.server import _State, create_app
+
+    async with dgr.open_node(config(tiny_model)) as node:
+        state = _State()
+        state.node = node
+        transport = httpx.ASGITransport(app=create_app(state, ServerConfig()))
+        body = {"prompt": "s", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        async with httpx.AsyncClient(transport=transport, base_url="http://dgr") as client:
+            node._engine.inject_fault(3, -3)
+            stream = await client.post("/v1/completions", json=body | {"stream": True})
+            assert stream.status_code == 200
+            assert '"model_failed"' in stream.text
+            assert stream.text.rstrip().endswith("data: [DONE]")
+            node._engine.inject_fault(3, -3)
+            plain = await client.post("/v1/completions", json=body)
+            assert plain.status_code == 500
+            assert "the model failed" in plain.json()["error"]["message"]
+            ok = await client.post("/v1/completions", json=body)
+            assert ok.status_code == 200
