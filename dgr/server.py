@@ -299,11 +299,13 @@ class _Guard:
 
 
 async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
-                task_status=trio.TASK_STATUS_IGNORED, shutdown: Optional[trio.Event] = None) -> None:
+                task_status=trio.TASK_STATUS_IGNORED, shutdown: Optional[trio.Event] = None,
+                handle_signals: bool = True) -> None:
     """Serve until SIGINT/SIGTERM (or `shutdown` is set): then stop admitting, let
     running sessions finish for up to grace_s, and return. A second signal ends at once.
 
-    task_status.started() reports the bound URLs once the socket listens."""
+    task_status.started() reports the bound URLs once the node is ready. Signals are
+    handled only with handle_signals (and only Python's main thread can)."""
     import hypercorn.config
     import hypercorn.trio
 
@@ -338,7 +340,8 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
             http_done.set()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_signals, nursery.cancel_scope)
+        if handle_signals:
+            nursery.start_soon(watch_signals, nursery.cancel_scope)
         urls = await nursery.start(run_http)
         log.info("listening on %s", ", ".join(urls))
         async with open_node(node_config) as node:
