@@ -251,11 +251,11 @@ class Node:
         """
         session, chunks, scope = await self._open_session(prompt, params or SamplingParams())
         try:
-            async with chunks:
-                yield SessionStream(session, chunks)
+            yield SessionStream(session, chunks)
         finally:
             session.finish("cancelled")
             scope.cancel()
+            chunks.close()
             self._wake.set()
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None
@@ -399,6 +399,8 @@ class Node:
                                                     finish_reason="stop"))
                             return
                         await chunks.send(Chunk(event.token, text, event.logprob, event.top))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the reader left the stream: that is a cancellation
                 finally:
                     # Before the channels close: the batch loop must not send to a closed one.
                     session.finish("cancelled")
