@@ -273,7 +273,7 @@ def batched_bench(binary, model, levels, n_new, threads):
     for line in out.splitlines():
         cells = [x.strip() for x in line.strip().strip("|").split("|")]
         if len(cells) >= 10 and cells[2].isdigit():
-            ceiling[int(cells[2])] = float(cells[8])  # S_TG t/s
+            ceiling[int(cells[2])] = float(cells[7])  # S_TG t/s
     return ceiling
 
 

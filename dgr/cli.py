@@ -29,7 +29,7 @@ NODE_FLAGS = [
     ("--max-batch-tokens", "max_batch_tokens", int, "Token budget of one step, <= --batch; decode "
      "rows come first, prefill chunks fill the rest (default: --batch)."),
     ("--prefill-chunk", "prefill_chunk", int, "Prompt tokens per prefill chunk; bounds how long a "
-     "long prompt can delay decoders in one step (default 128)."),
+     "long prompt can delay decoders in one step (default 32)."),
     ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions whose prompt chunks may "
      "share one step; 1 keeps batched results equal to solo ones (default 1)."),
     ("--threads", "n_threads", int, "CPU threads for llama.cpp (default: all cores)."),

@@ -161,6 +161,11 @@ def load_engine(config: NodeConfig) -> tuple[_batch.Engine, Budgets]:
     except DgrError:
         engine.close()
         raise
+    # Warm-up, as llama-server does: the first llama_decode pays one-time graph
+    # and buffer setup that would otherwise land on the first request's TTFT.
+    warm = engine.tokenize("Hello")[:2]
+    engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
+    engine.release(0)
     return engine, budgets
 
 
