@@ -194,7 +194,12 @@ async def run_level(url, c, n_new, is_dgr):
         budget = metric_value(after, "dgr_batch_token_budget")
         prefill = (metric_value(after, "dgr_prefill_tokens_total")
                    - metric_value(before, "dgr_prefill_tokens_total"))
-        out |= {"prefill_tok_s": prefill / elapsed,
+        split = {}
+        for phase in ("schedule", "batch_fill", "decode", "sample", "handoff", "dispatch"):
+            name = f'dgr_step_phase_seconds_total{{phase="{phase}"}}'
+            split[phase] = 1000 * (metric_value(after, name) - metric_value(before, name)) / max(steps, 1)
+        out |= {"step_ms_split": split,
+                "prefill_tok_s": prefill / elapsed,
                 "mean_occupancy": rows / steps / budget if steps else 0.0,
                 "peak_occupancy": stats.get("occupancy", 0.0),
                 "peak_kv_pressure": stats.get("kv_pressure", 0.0),
@@ -304,6 +309,17 @@ def markdown(report) -> str:
             + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
+    lines.append("")
+    lines.append("dgr step time split, mean ms per step (schedule = Python planning and arrays; "
+                 "handoff = engine-thread round trip):")
+    lines.append("")
+    lines.append("| c | schedule | batch_fill | decode | sample | handoff | dispatch |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in report["dgr"]:
+        sp = r["step_ms_split"]
+        lines.append(f"| {r['concurrency']} | " + " | ".join(
+            f"{sp[k]:.2f}" for k in ("schedule", "batch_fill", "decode", "sample", "handoff",
+                                     "dispatch")) + " |")
     lines.append("")
     lines.append(f"Saturation (doubling c adds < 10 %): dgr at c = {report['saturation']['dgr']}, "
                  f"llama-server at c = {report['saturation']['llama_server']}.")

@@ -17,6 +17,7 @@ cimport numpy as cnp
 from libc.math cimport expf, logf, INFINITY
 from libc.stdint cimport int8_t, int32_t, uint32_t
 from libc.stdlib cimport free, malloc
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from dgr._llama cimport *
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
@@ -94,6 +95,12 @@ FAULT_RAISE = 1000
 cdef bint _backend_ready = False
 
 
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
 cdef void _init_backend():
     global _backend_ready
     if not _backend_ready:
@@ -157,6 +164,7 @@ cdef class Engine:
     cdef int fault_code
     cdef readonly dict info
     cdef readonly str model_path
+    cdef double t_fill, t_decode, t_sample
 
     def __cinit__(self):
         self.model = NULL
@@ -571,7 +579,9 @@ cdef class Engine:
             self.fault_step = -1
         self.steps_done += 1
 
+        cdef double t0, t1, t2
         with nogil:
+            t0 = _now()
             for i in range(n):
                 self.batch.token[i] = tok[i]
                 self.batch.pos[i] = pos[i]
@@ -579,12 +589,14 @@ cdef class Engine:
                 self.batch.seq_id[i][0] = seq[i]
                 self.batch.logits[i] = 1 if wnt[i] != 0 else 0
             self.batch.n_tokens = n
+            t1 = _now()
             if injected == 1 or injected == -1:
                 rc = injected
             else:
                 rc = llama_decode(self.ctx, self.batch)
                 if rc == 0 and injected != 0:
                     rc = injected
+            t2 = _now()
             if rc == 0:
                 for i in range(n):
                     if wnt[i] == 0:
@@ -595,6 +607,9 @@ cdef class Engine:
                                          out_ids[i], out_top + i * k, out_top_lp + i * k, out_lp + i):
                             bad_row = i
                             break
+            self.t_fill = t1 - t0
+            self.t_decode = t2 - t1
+            self.t_sample = _now() - t2
 
         if rc == FAULT_RAISE:
             raise RuntimeError("injected engine fault after llama_decode")
@@ -606,6 +621,11 @@ cdef class Engine:
         if k == 0:
             return sampled, None, None, None
         return sampled, top_ids, top_lp, sampled_lp
+
+    @property
+    def last_step_timing(self):
+        """Seconds the last step spent filling the batch, in llama_decode, and sampling."""
+        return {"batch_fill": self.t_fill, "decode": self.t_decode, "sample": self.t_sample}
 
     cdef _reconcile(self, cnp.ndarray[int32_t, ndim=1] pos_before):
         # llama.cpp keeps the ubatches it processed before an abort or a fatal

@@ -422,7 +422,9 @@ class Node:
                 self._engine.set_sampling(session.slot, p.temperature, p.top_k, p.top_p, p.min_p,
                                           p.seed or 0, p.ignore_eos)
             self._update_gauges()
-            plan = plan_step(self._admission.running, budget, chunk, self.config.prefill_sessions_per_step)
+            planning = time.perf_counter()
+            plan = plan_step(self._admission.running, budget, chunk,
+                             self.config.prefill_sessions_per_step)
             if plan.empty:
                 await self._wake.wait()
                 self._wake = trio.Event()
@@ -439,7 +441,7 @@ class Node:
                 log.exception("engine step failed")
                 self._fail_step(plan, DecodeError(f"{type(exc).__name__}: {exc}", -1000))
                 continue
-            self._dispatch(plan, result, time.perf_counter() - started)
+            self._dispatch(plan, result, planning, started, time.perf_counter())
 
     def _reap(self) -> None:
         """Release finished sessions' slots and KV before the next step."""
@@ -463,7 +465,8 @@ class Node:
         for session in {*plan.decode, *(c.session for c in plan.prefill)}:
             session.finish(reason, None if reason == "cancelled" else f"the model failed: {exc}")
 
-    def _dispatch(self, plan: StepPlan, result, duration_s: float) -> None:
+    def _dispatch(self, plan: StepPlan, result, planning: float, started: float,
+                  finished: float) -> None:
         sampled, top_ids, top_lp, chosen_lp = result
         now = time.monotonic()
         for c in plan.prefill:
@@ -493,8 +496,13 @@ class Node:
             if len(session.generated) >= session.max_tokens:
                 session.finish("length")
         prefill_rows = sum(c.end - c.start for c in plan.prefill)
+        duration_s = finished - started
+        phases = self._engine.last_step_timing  # batch_fill, decode, sample
+        phases["handoff"] = max(0.0, duration_s - sum(phases.values()))
+        phases["schedule"] = started - planning
+        phases["dispatch"] = time.perf_counter() - finished
         self.telemetry.record_step(prefill_rows, len(plan.decode), generated, plan.token_budget,
-                                   duration_s)
+                                   duration_s, phases)
         self._step_index += 1
         self.steps.append(StepRecord(
             self._step_index, tuple(s.id for s in plan.decode),

@@ -57,6 +57,10 @@ class Telemetry:
                                 ["reason"], registry=r)
         self.step_duration = Histogram("dgr_step_duration_seconds", "Wall time of one llama_decode "
                                        "step including sampling.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_phase_seconds = Counter(
+            "dgr_step_phase_seconds", "Time spent per step phase: schedule (Python planning and "
+            "arrays), batch_fill, decode (llama_decode), sample, handoff (engine thread round trip), "
+            "dispatch (results to sessions).", ["phase"], registry=r)
         self.ttft = Histogram("dgr_time_to_first_token_seconds", "From admission to the first "
                               "sampled token.", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("dgr_inter_token_latency_seconds", "Between consecutive sampled "
@@ -70,7 +74,9 @@ class Telemetry:
         self._finishes: collections.deque[float] = collections.deque()
 
     def record_step(self, prefill_rows: int, decode_rows: int, generated: int, budget: int,
-                    duration_s: float) -> None:
+                    duration_s: float, phases: dict[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.step_phase_seconds.labels(phase).inc(seconds)
         self.steps.inc()
         self.batch_rows.observe(prefill_rows + decode_rows)
         self.batch_occupancy.set((prefill_rows + decode_rows) / budget)
