@@ -56,7 +56,7 @@ def free_port() -> int:
 
 def pct(values, q):
     if not values:
-        return None
+        return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 

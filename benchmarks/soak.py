@@ -114,7 +114,7 @@ async def soak(model: str, sessions: int, concurrency: int, seed: int = 7,
         async with trio.open_nursery() as nursery:
             for _ in range(concurrency):
                 nursery.start_soon(client)
-        report["kv_cells_in_use_after"] = node.kv_cells_in_use()
+        report["kv_cells_in_use_after"] = await node.kv_cells_in_use()
         report["active_after"] = node.active_sessions
         report["waiting_after"] = node.waiting_sessions
         metrics = node.telemetry.registry

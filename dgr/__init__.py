@@ -8,14 +8,14 @@ bounded admission:
 """
 
 from dgr.config import NodeConfig, SamplingParams, load_config
-from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, InvalidRequest,
-                        ModelLoadError, NodeClosed)
+from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, GenerationFailed,
+                        InvalidRequest, ModelLoadError, NodeClosed)
 from dgr.node import Chunk, GenerationResult, Node, SessionStream, open_node
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "GenerationResult",
-    "InvalidRequest", "ModelLoadError", "Node", "NodeClosed", "NodeConfig", "SamplingParams",
-    "SessionStream", "load_config", "open_node",
+    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "GenerationFailed",
+    "GenerationResult", "InvalidRequest", "ModelLoadError", "Node", "NodeClosed", "NodeConfig",
+    "SamplingParams", "SessionStream", "load_config", "open_node",
 ]

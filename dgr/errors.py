@@ -63,6 +63,10 @@ class AdmissionRejected(DgrError):
         self.detail = detail
 
 
+class GenerationFailed(DgrError):
+    """A session ended because the model failed (its step's llama_decode did)."""
+
+
 class InvalidRequest(DgrError, ValueError):
     """Bad sampling parameters or an unusable prompt."""
 

@@ -33,8 +33,8 @@ from dgr import _batch
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
 from dgr.detok import IncrementalDetokenizer
-from dgr.errors import (AdmissionRejected, DecodeAborted, DecodeError, DgrError, InvalidBatch,
-                        InvalidRequest, NodeClosed)
+from dgr.errors import (AdmissionRejected, DecodeAborted, DecodeError, DgrError,
+                        GenerationFailed, InvalidBatch, InvalidRequest, NodeClosed)
 from dgr.scheduler import StepPlan, plan_step
 from dgr.sequence import Phase, Session
 from dgr.stops import StopMatcher
@@ -277,7 +277,7 @@ class Node:
                         tops.append(chunk.top_logprobs)
                         lps.append(chunk.logprob)
             if chunks.finish_reason == "error":
-                raise DgrError(f"generation failed: {chunks.error}")
+                raise GenerationFailed(f"generation failed: {chunks.error}")
             return GenerationResult(
                 text="".join(texts), token_ids=ids, finish_reason=chunks.finish_reason,
                 prompt_tokens=chunks.prompt_tokens,
@@ -317,9 +317,9 @@ class Node:
             },
         }
 
-    def kv_cells_in_use(self) -> int:
-        """KV cells that hold tokens right now (asks llama.cpp)."""
-        return self._engine.cells_used()
+    async def kv_cells_in_use(self) -> int:
+        """KV cells that hold tokens right now (asks llama.cpp, between steps)."""
+        return await self._engine_thread.run(self._engine.cells_used)
 
     @property
     def active_sessions(self) -> int:

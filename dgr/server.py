@@ -22,7 +22,7 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dgr.config import NodeConfig
@@ -109,9 +109,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             # Admission happens before the 200 goes out, so a refusal is a real status code.
             stream_cm = node.stream(prompt, parsed.params)
             chunks = await stream_cm.__aenter__()
-            return StreamingResponse(_sse(request, stream_cm, chunks, builder, parsed),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _SessionEvents(_sse(request, chunks, builder, parsed),
+                                  close=lambda: stream_cm.__aexit__(None, None, None))
         texts: list[str] = []
         rows: list[Chunk] = []
         async with node.stream(prompt, parsed.params) as chunks:
@@ -131,32 +130,29 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         return JSONResponse(builder.full("".join(texts), rows, chunks.finish_reason,
                                          chunks.prompt_tokens, len(rows)))
 
-    async def _sse(request, stream_cm, chunks, builder: ResponseBuilder, parsed):
+    async def _sse(request, chunks, builder: ResponseBuilder, parsed):
         completion = 0
-        try:
-            first = True
-            async for chunk in chunks:
-                if chunk.token_id is not None:
-                    completion += 1
-                request.scope["dgr.tokens"] = completion
-                rows = [chunk] if chunk.token_id is not None else []
-                if chunk.finish_reason == "error":
-                    yield _event(error_body(f"the model failed: {chunk.error}", "server_error",
-                                            "model_failed"))
-                    break
-                if chunk.text or rows or first:
-                    yield _event(builder.delta(chunk.text, rows, None, first=first))
-                    first = False
-                if chunk.finish_reason is not None:
-                    yield _event(builder.delta("", [], chunk.finish_reason))
-            if chunks.finish_reason == "cancelled":
-                yield _event(error_body("the session was cancelled (server shutting down)",
-                                        "server_error", "cancelled"))
-            elif parsed.include_usage:
-                yield _event(builder.usage_chunk(chunks.prompt_tokens, completion))
-            yield "data: [DONE]\n\n"
-        finally:
-            await stream_cm.__aexit__(None, None, None)
+        first = True
+        async for chunk in chunks:
+            if chunk.token_id is not None:
+                completion += 1
+            request.scope["dgr.tokens"] = completion
+            rows = [chunk] if chunk.token_id is not None else []
+            if chunk.finish_reason == "error":
+                yield _event(error_body(f"the model failed: {chunk.error}", "server_error",
+                                        "model_failed"))
+                break
+            if chunk.text or rows or first:
+                yield _event(builder.delta(chunk.text, rows, None, first=first))
+                first = False
+            if chunk.finish_reason is not None:
+                yield _event(builder.delta("", [], chunk.finish_reason))
+        if chunks.finish_reason == "cancelled":
+            yield _event(error_body("the session was cancelled (server shutting down)",
+                                    "server_error", "cancelled"))
+        elif parsed.include_usage:
+            yield _event(builder.usage_chunk(chunks.prompt_tokens, completion))
+        yield "data: [DONE]\n\n"
 
     async def models(request: Request) -> Response:
         node = state.node
@@ -209,17 +205,54 @@ class _Unavailable(Exception):
     pass
 
 
+class _SessionEvents(Response):
+    """Server-sent events of one admitted session.
+
+    The session is admitted before this response exists, so a refusal is a real
+    status code. Whatever happens once the response is handed to the server
+    (the stream ends, the client disconnects, the server stops), `close`
+    releases the session: no admitted session outlives its response."""
+
+    def __init__(self, events, close):
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache")]
+        self.events = events
+        self.close = close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on_disconnect_raw, receive, nursery.cancel_scope)
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": self.raw_headers})
+                async for event in self.events:
+                    await send({"type": "http.response.body", "body": event.encode(),
+                                "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                nursery.cancel_scope.cancel()
+        except OSError:
+            pass  # the client went away while we wrote
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.events.aclose()
+                await self.close()
+
+
+async def _cancel_on_disconnect_raw(receive, scope: trio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 async def _cancel_on_disconnect(request: Request, scope: trio.CancelScope) -> None:
     """A client that goes away cancels its (non-streaming) session."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
+    await _cancel_on_disconnect_raw(request.receive, scope)
 
 
 class _ErrorMapper:

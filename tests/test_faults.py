@@ -68,7 +68,7 @@ async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
                 await trio.sleep(0)
             node._engine.inject_fault(1, code)
         assert len(failures) == 2 and all("the model failed" in f for f in failures)
-        assert node.kv_cells_in_use() == 0
+        assert await node.kv_cells_in_use() == 0
         label = str(code if code != _batch.FAULT_RAISE else -1000)
         assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",
                                                         {"code": label}) == 1

@@ -169,7 +169,7 @@ async def test_burst_of_100_is_bounded(tiny_model):
         assert outcomes["ok"] >= 6  # 2 running + 4 queued at the burst
         assert peaks["waiting"] <= 4 and peaks["active"] <= 2
         assert metric(node, "dgr_admissions_rejected_total", reason="queue_full") == outcomes["queue_full"]
-        assert node.kv_cells_in_use() == 0
+        assert await node.kv_cells_in_use() == 0
 
 
 async def test_slow_reader_is_skipped_not_buffered(tiny_model):
@@ -253,7 +253,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                             scope.cancel()
                             await trio.sleep(0)
             await wait_next_step(node)
-            assert engine.pos_max(slot) == -1
+            assert await node._engine_thread.run(engine.pos_max, slot) == -1
             assert chunks.session.finish_reason == "cancelled"
 
             # waiting phase: both slots busy with blockers, so this one queues
@@ -296,10 +296,10 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                     scope.cancel()
                     await trio.sleep(0)
             await wait_next_step(node)
-            assert engine.pos_max(slot) == -1
+            assert await node._engine_thread.run(engine.pos_max, slot) == -1
         assert survivor["ids"] == reference
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
-        assert node.kv_cells_in_use() == 0
+        assert await node.kv_cells_in_use() == 0
 
 
 async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
