@@ -269,6 +269,33 @@ def llama_cpp_python_level(llm, c, n_new):
             "itl_p50_ms": 1000 * pct(itl, 50), "itl_p99_ms": 1000 * pct(itl, 99)}
 
 
+def engine_decode_rate(model, levels, n_new, threads):
+    """dgr's engine alone, in this process: decode tokens/s with c rows per step
+    (dgr's default split KV, no repacking), to compare with batched-bench's
+    ceiling without HTTP, Python serving work or the client sharing the CPU."""
+    from dgr import _batch
+
+    engine = _batch.Engine(model, n_ctx=max(levels) * 512, n_seq_max=max(levels), n_batch=512,
+                           n_ubatch=512, n_threads=threads)
+    rates = {}
+    prompt = list(engine.tokenize(PROMPTS[0]))
+    for c in levels:
+        for slot in range(c):
+            engine.release(slot)
+            engine.step(prompt, list(range(len(prompt))), [slot] * len(prompt),
+                        [0] * (len(prompt) - 1) + [1])
+        tokens, positions = [prompt[-1]] * c, [len(prompt)] * c
+        started = time.perf_counter()
+        for _ in range(n_new):
+            sampled, *_ = engine.step(tokens, positions, list(range(c)), [1] * c)
+            tokens, positions = sampled.tolist(), [p + 1 for p in positions]
+        rates[str(c)] = c * n_new / (time.perf_counter() - started)
+        for slot in range(c):
+            engine.release(slot)
+    engine.close()
+    return rates
+
+
 def batched_bench(binary, model, levels, n_new, threads):
     out = subprocess.run([str(binary), "-m", model, "-c", str(max(levels) * 512), "-b", "512",
                           "-ub", "512", "-npp", "64", "-ntg", str(n_new),
@@ -309,6 +336,10 @@ def markdown(report) -> str:
             + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
+    lines.append("")
+    lines.append("Engine alone (in-process decode, no HTTP) vs the ceiling: " + ", ".join(
+        f"c={c}: {rate:.1f} tok/s ({rate / ceiling[c]:.2f}x)" if c in ceiling else f"c={c}: {rate:.1f}"
+        for c, rate in report["engine_decode"].items()) + ".")
     lines.append("")
     lines.append("dgr step time split, mean ms per step (schedule = Python planning and arrays; "
                  "handoff = engine-thread round trip):")
@@ -388,10 +419,12 @@ def main(argv=None) -> int:
                     "threads": args.threads, "dgr": [], "llama_server": [], "llama_cpp_python": []}
     long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                             "noting changes in rainfall, reservoir levels and demand."] * 60)
-    steps = 2 * len(levels) + len(levels) + 1 + 1 + (0 if args.skip_mixed else 2)
+    steps = 2 * len(levels) + len(levels) + 3 + (0 if args.skip_mixed else 2)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         report["batched_bench_ceiling"] = {str(k): v for k, v in batched_bench(
             peers["llama-batched-bench"], model, levels, args.new_tokens, args.threads).items()}
+        bar.update()
+        report["engine_decode"] = engine_decode_rate(model, levels, args.new_tokens, args.threads)
         bar.update()
         for c in levels:
             with dgr_server(model, c, ctx_per_slot, args.threads, free_port()) as srv:

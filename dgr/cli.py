@@ -129,11 +129,16 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             node_config, server_config = configs_from_args(args)
-            trio.run(serve, node_config, server_config)
-        except (DgrError, ValueError, OSError) as exc:
+            forced_by = trio.run(serve, node_config, server_config)
+        except BaseException as raised:
+            exc = raised
+            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]  # nurseries wrap what they raise
+            if not isinstance(exc, (DgrError, ValueError, OSError)):
+                raise
             print(f"dgr: error: {exc}", file=sys.stderr)
             return 2
-        return 0
+        return 0 if forced_by is None else 128 + forced_by
     return 2
 
 

@@ -91,10 +91,20 @@ _converter = cattrs.Converter(forbid_extra_keys=True)
 
 def load_config(data: dict) -> NodeConfig:
     """NodeConfig from a dict (e.g. a parsed TOML file); unknown keys are errors."""
+    unknown = set(data) - {f.name for f in attrs.fields(NodeConfig)}
+    if unknown:
+        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
     try:
         return _converter.structure(data, NodeConfig)
     except cattrs.BaseValidationError as exc:
-        raise ValueError("; ".join(cattrs.transform_error(exc))) from None
+        raise ValueError("; ".join(_messages(exc))) from None
+
+
+def _messages(exc: BaseException) -> list[str]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [m for inner in exc.exceptions for m in _messages(inner)]
+    note = "".join(f" ({n})" for n in getattr(exc, "__notes__", []))
+    return [f"{exc}{note}"]
 
 
 @attrs.define(frozen=True)

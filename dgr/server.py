@@ -333,12 +333,13 @@ class _Guard:
 
 async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
                 task_status=trio.TASK_STATUS_IGNORED, shutdown: Optional[trio.Event] = None,
-                handle_signals: bool = True) -> None:
+                handle_signals: bool = True) -> Optional[int]:
     """Serve until SIGINT/SIGTERM (or `shutdown` is set): then stop admitting, let
     running sessions finish for up to grace_s, and return. A second signal ends at once.
 
     task_status.started() reports the bound URLs once the node is ready. Signals are
-    handled only with handle_signals (and only Python's main thread can)."""
+    handled only with handle_signals (and only Python's main thread can). Returns the
+    number of a second signal that forced the exit, else None."""
     import hypercorn.config
     import hypercorn.trio
 
@@ -352,11 +353,14 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
     stop_http = trio.Event()
     shutdown = shutdown if shutdown is not None else trio.Event()
 
+    forced: list[int] = []
+
     async def watch_signals(cancel_scope: trio.CancelScope):
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 if shutdown.is_set():
                     log.warning("second %s: exiting now", signal.Signals(signum).name)
+                    forced.append(signum)
                     cancel_scope.cancel()
                     return
                 log.info("%s: draining (grace %.0fs)", signal.Signals(signum).name,
@@ -390,3 +394,4 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
         with trio.move_on_after(hconfig.graceful_timeout + 2):
             await http_done.wait()
         nursery.cancel_scope.cancel()
+    return forced[0] if forced else None
