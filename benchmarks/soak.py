@@ -98,12 +98,18 @@ async def soak(model: str, sessions: int, concurrency: int, seed: int = 7,
                 outcomes["completed"] += 1
             elif end == "rejected":
                 outcomes["rejected"] += 1
-                await trio.sleep(rng.uniform(0.05, 0.25))  # a client backs off, as after a 429
+                await trio.sleep(retry_after())  # a client backs off, as after a 429
             elif scope.cancelled_caught or end == "cancelled":
                 outcomes["cancelled"] += 1
                 cancelled_in[seen.get("cancelled_in", "?")] += 1
             else:
                 outcomes[f"unexpected:{end}"] += 1
+
+        def retry_after() -> float:
+            # What the server's Retry-After says (queue ahead / session drain rate), jittered.
+            rate = node.telemetry.drain_rate()
+            estimate = (node.waiting_sessions + 1) / rate if rate > 0 else 0.5
+            return min(5.0, estimate) * rng.uniform(0.5, 1.5)
 
         async def client() -> None:
             for i in next_index:
@@ -114,6 +120,7 @@ async def soak(model: str, sessions: int, concurrency: int, seed: int = 7,
         async with trio.open_nursery() as nursery:
             for _ in range(concurrency):
                 nursery.start_soon(client)
+        report["rss_after_soak"] = rss_bytes()
         report["kv_cells_in_use_after"] = await node.kv_cells_in_use()
         report["active_after"] = node.active_sessions
         report["waiting_after"] = node.waiting_sessions
@@ -133,7 +140,6 @@ async def soak(model: str, sessions: int, concurrency: int, seed: int = 7,
     report["outcomes_total"] = sum(outcomes.values())
     report["threads_left"] = threading.active_count() - threads_before
     report["tasks_left"] = count_tasks() - tasks_before
-    report["rss_after_soak"] = rss_bytes()
     report["rss_growth"] = report["rss_after_soak"] / report["rss_after_warmup"] - 1
     return report
 

@@ -16,7 +16,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.math cimport expf, logf, INFINITY
 from libc.stdint cimport int8_t, int32_t, uint32_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from dgr._llama cimport *
@@ -159,6 +159,9 @@ cdef class Engine:
     cdef int vocab_size
     cdef llama_logit_bias * eog_bias
     cdef int n_eog
+    cdef char * eog_mask        # n_vocab flags: end-of-generation tokens
+    cdef char * greedy_slot     # per slot: pure greedy, sampled by argmax in C
+    cdef char * ban_eog_slot    # per slot: ignore_eos
     cdef long long steps_done
     cdef long long fault_step
     cdef int fault_code
@@ -171,6 +174,9 @@ cdef class Engine:
         self.ctx = NULL
         self.samplers = NULL
         self.eog_bias = NULL
+        self.eog_mask = NULL
+        self.greedy_slot = NULL
+        self.ban_eog_slot = NULL
         self.batch.token = NULL
         self.n_slots = 0
         self.fault_step = -1
@@ -240,11 +246,13 @@ cdef class Engine:
         self.batch_capacity = llama_n_batch(self.ctx)
         self.batch = llama_batch_init(self.batch_capacity, 0, 1)
         self.samplers = <llama_sampler **> malloc(self.n_slots * sizeof(llama_sampler *))
+        self.greedy_slot = <char *> calloc(self.n_slots, 1)
+        self.ban_eog_slot = <char *> calloc(self.n_slots, 1)
         for slot in range(self.n_slots):
             self.samplers[slot] = NULL
+        self._collect_eog()
         for slot in range(self.n_slots):
             self.set_sampling(slot)
-        self._collect_eog()
 
         n_ctx_total = llama_n_ctx(self.ctx)
         self.info = {
@@ -291,6 +299,10 @@ cdef class Engine:
         if self.eog_bias != NULL:
             free(self.eog_bias)
             self.eog_bias = NULL
+        free(self.eog_mask)
+        free(self.greedy_slot)
+        free(self.ban_eog_slot)
+        self.eog_mask = self.greedy_slot = self.ban_eog_slot = NULL
         if self.batch.token != NULL:
             llama_batch_free(self.batch)
             self.batch.token = NULL
@@ -306,7 +318,10 @@ cdef class Engine:
             raise DecodeError("engine is closed")
 
     cdef _collect_eog(self):
-        eog = [t for t in range(self.vocab_size) if llama_vocab_is_eog(self.vocab, t)]
+        self.eog_mask = <char *> calloc(self.vocab_size, 1)
+        for t in range(self.vocab_size):
+            self.eog_mask[t] = llama_vocab_is_eog(self.vocab, t)
+        eog = [t for t in range(self.vocab_size) if self.eog_mask[t]]
         self.n_eog = len(eog)
         self.eog_bias = <llama_logit_bias *> malloc(max(1, self.n_eog) * sizeof(llama_logit_bias))
         for i, t in enumerate(eog):
@@ -458,6 +473,10 @@ cdef class Engine:
         if self.samplers[slot] != NULL:
             llama_sampler_free(self.samplers[slot])
         self.samplers[slot] = chain
+        # Greedy needs no chain: an argmax over the logits row picks the same
+        # token (the first maximum) without copying the whole vocabulary.
+        self.greedy_slot[slot] = temperature <= 0.0
+        self.ban_eog_slot[slot] = ignore_eos
 
     def release(self, int slot):
         """Free every KV cell of `slot` and reset its sampler."""
@@ -601,7 +620,14 @@ cdef class Engine:
                 for i in range(n):
                     if wnt[i] == 0:
                         continue
-                    out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
+                    if self.greedy_slot[seq[i]]:
+                        out_ids[i] = _argmax(llama_get_logits_ith(self.ctx, i), self.vocab_size,
+                                             self.eog_mask if self.ban_eog_slot[seq[i]] else NULL)
+                        if out_ids[i] < 0:
+                            bad_row = i
+                            break
+                    else:
+                        out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
                     if k > 0 and (wnt[i] & 2):
                         if not _logprobs(llama_get_logits_ith(self.ctx, i), self.vocab_size, k,
                                          out_ids[i], out_top + i * k, out_top_lp + i * k, out_lp + i):
@@ -633,6 +659,20 @@ cdef class Engine:
         for s in range(self.n_slots):
             if pos_before[s] != -2:
                 llama_memory_seq_rm(self.mem, s, pos_before[s] + 1, -1)
+
+
+cdef int _argmax(const float * logits, int n_vocab, const char * banned) noexcept nogil:
+    """Index of the first largest logit, skipping banned tokens; -1 without logits."""
+    if logits == NULL:
+        return -1
+    cdef int best = -1
+    cdef float best_value = -INFINITY
+    cdef int i
+    for i in range(n_vocab):
+        if logits[i] > best_value and (banned == NULL or not banned[i]):
+            best_value = logits[i]
+            best = i
+    return best if best >= 0 else 0
 
 
 cdef bint _logprobs(const float * logits, int n_vocab, int k, int chosen,
