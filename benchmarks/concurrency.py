@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -256,9 +255,10 @@ def llama_cpp_python_level(llm, c, n_new):
         llm.reset()
         sent = time.perf_counter()
         stamps = []
-        for _ in llm.create_completion(PROMPTS[i % len(PROMPTS)], max_tokens=n_new, temperature=0.0,
-                                       stream=True):
-            stamps.append(time.perf_counter())
+        for part in llm.create_completion(PROMPTS[i % len(PROMPTS)], max_tokens=n_new,
+                                          temperature=0.0, stream=True):
+            if part["choices"][0]["text"]:
+                stamps.append(time.perf_counter())
         generated += len(stamps)
         if stamps:
             ttft.append(stamps[0] - sent)

@@ -1,6 +1,5 @@
 """`python -m dgr run` as a process: start-up errors, SIGTERM drain, second signal."""
 
-import os
 import signal
 import socket
 import subprocess
@@ -9,7 +8,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 
 def free_port():
