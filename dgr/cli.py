@@ -30,8 +30,9 @@ NODE_FLAGS = [
      "rows come first, prefill chunks fill the rest (default: --batch)."),
     ("--prefill-chunk", "prefill_chunk", int, "Prompt tokens per prefill chunk; bounds how long a "
      "long prompt can delay decoders in one step (default 32)."),
-    ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions whose prompt chunks may "
-     "share one step; 1 keeps batched results equal to solo ones (default 1)."),
+    ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions that may prefill a chunk "
+     "in one step, each in its own llama_decode call; bounds how many chunks decoders wait for "
+     "in one step (default 4)."),
     ("--threads", "n_threads", int, "CPU threads for llama.cpp (default: all cores)."),
     ("--reply-buffer", "reply_buffer", int, "Unread tokens a client may hold before its session "
      "is skipped in steps (default 16)."),

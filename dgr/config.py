@@ -34,8 +34,9 @@ class NodeConfig:
     n_ctx: total KV cells. With kv_unified=False every slot gets n_ctx / max_running.
     max_batch_tokens: token budget of one step (rows in one llama_decode), <= n_batch.
     prefill_chunk: prompt tokens per chunk; chunk boundaries are multiples of it.
-    prefill_sessions_per_step: sessions whose prompt chunks may share one step; 1 keeps
-        batched results equal to solo ones (see dgr/scheduler.py).
+    prefill_sessions_per_step: sessions that may prefill a chunk in one step, each in a
+        llama_decode call of its own (see dgr/scheduler.py); bounds how many chunks
+        decoders can wait for in one step.
     reply_buffer: tokens a session may hold unread before it is skipped in steps.
     memory_budget_bytes: weights + KV + scratch must fit here or the node refuses to start.
     """
@@ -49,7 +50,7 @@ class NodeConfig:
     n_ubatch: int = 512
     max_batch_tokens: Optional[int] = None
     prefill_chunk: int = 32
-    prefill_sessions_per_step: int = 1
+    prefill_sessions_per_step: int = 4
     n_threads: Optional[int] = None
     kv_unified: bool = False
     weight_repack: bool = False

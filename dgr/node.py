@@ -26,6 +26,7 @@ import time
 from typing import AsyncIterator, Callable, Optional, Sequence, Union
 
 import attrs
+import numpy as np
 import outcome
 import trio
 
@@ -429,18 +430,9 @@ class Node:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 continue
-            tokens, positions, seq_ids, want, n_logprobs = plan.arrays()
+            arrays = plan.arrays()
             started = time.perf_counter()
-            try:
-                result = await self._engine_thread.run(
-                    self._engine.step, tokens, positions, seq_ids, want, n_logprobs)
-            except (DecodeError, InvalidBatch) as exc:
-                self._fail_step(plan, exc)
-                continue
-            except Exception as exc:  # an engine bug must not take the node down
-                log.exception("engine step failed")
-                self._fail_step(plan, DecodeError(f"{type(exc).__name__}: {exc}", -1000))
-                continue
+            result = await self._engine_thread.run(_run_calls, self._engine, arrays, plan.calls())
             self._dispatch(plan, result, planning, started, time.perf_counter())
 
     def _reap(self) -> None:
@@ -459,15 +451,27 @@ class Node:
                 outbox.close()
         self._admission.promote()
 
-    def _fail_step(self, plan: StepPlan, exc: DecodeError | InvalidBatch) -> None:
-        self.telemetry.step_failures.labels(str(exc.code)).inc()
+    def _fail_rows(self, plan: StepPlan, start: int, end: int, exc: Exception) -> None:
+        """End the sessions with rows in a failed llama_decode call."""
+        code = getattr(exc, "code", -1000)
+        self.telemetry.step_failures.labels(str(code)).inc()
         reason = "cancelled" if self._closing and isinstance(exc, DecodeAborted) else "error"
-        for session in {*plan.decode, *(c.session for c in plan.prefill)}:
-            session.finish(reason, None if reason == "cancelled" else f"the model failed: {exc}")
+        row = 0
+        for session in plan.decode:
+            if start <= row < end:
+                session.finish(reason, None if reason == "cancelled" else f"the model failed: {exc}")
+            row += 1
+        for chunk in plan.prefill:
+            if start <= row < end:
+                chunk.session.finish(reason,
+                                     None if reason == "cancelled" else f"the model failed: {exc}")
+            row += chunk.end - chunk.start
 
     def _dispatch(self, plan: StepPlan, result, planning: float, started: float,
                   finished: float) -> None:
-        sampled, top_ids, top_lp, chosen_lp = result
+        (sampled, top_ids, top_lp, chosen_lp), timing, failures = result
+        for start, end, exc in failures:
+            self._fail_rows(plan, start, end, exc)
         now = time.monotonic()
         for c in plan.prefill:
             c.session.n_prefilled = c.end
@@ -495,9 +499,9 @@ class Node:
             self._outboxes[session].send_nowait(event)
             if len(session.generated) >= session.max_tokens:
                 session.finish("length")
-        prefill_rows = sum(c.end - c.start for c in plan.prefill)
+        prefill_rows = sum(c.end - c.start for c in plan.prefill if c.session.error is None)
         duration_s = finished - started
-        phases = self._engine.last_step_timing  # batch_fill, decode, sample
+        phases = timing  # batch_fill, decode, sample
         phases["handoff"] = max(0.0, duration_s - sum(phases.values()))
         phases["schedule"] = started - planning
         phases["dispatch"] = time.perf_counter() - finished
@@ -528,6 +532,40 @@ class Node:
                 session.finish("cancelled")
             self.telemetry.record_finish(session.finish_reason)
         self._nursery.cancel_scope.cancel()
+
+
+def _run_calls(engine: _batch.Engine, arrays, calls: list[tuple[int, int]]):
+    """Run one step's llama_decode calls on the engine thread.
+
+    Returns the sampled results over all rows, the summed engine timing, and
+    (start, end, exception) for each call that failed: a failed call leaves
+    the KV as it was (the engine reconciles) and the other calls stand."""
+    tokens, positions, seq_ids, want, n_logprobs = arrays
+    n = len(tokens)
+    k = max(n_logprobs, 1)
+    sampled = np.full(n, -1, dtype=np.int32)
+    top_ids = np.zeros((n, k), dtype=np.int32)
+    top_lp = np.zeros((n, k), dtype=np.float32)
+    chosen_lp = np.zeros(n, dtype=np.float32)
+    timing = {"batch_fill": 0.0, "decode": 0.0, "sample": 0.0}
+    failures = []
+    for start, end in calls:
+        try:
+            out = engine.step(tokens[start:end], positions[start:end], seq_ids[start:end],
+                              want[start:end], n_logprobs)
+        except (DecodeError, InvalidBatch) as exc:
+            failures.append((start, end, exc))
+            continue
+        except Exception as exc:  # an engine bug must not take the node down
+            log.exception("engine step failed")
+            failures.append((start, end, DecodeError(f"{type(exc).__name__}: {exc}", -1000)))
+            continue
+        sampled[start:end] = out[0]
+        if n_logprobs:
+            top_ids[start:end], top_lp[start:end], chosen_lp[start:end] = out[1], out[2], out[3]
+        for phase, seconds in engine.last_step_timing.items():
+            timing[phase] += seconds
+    return (sampled, top_ids, top_lp, chosen_lp), timing, failures
 
 
 @contextlib.asynccontextmanager

@@ -14,16 +14,18 @@ Policy (re-planned every step, sessions join and leave between steps):
    sessions' chunks (strict age order, so a long prompt is never starved).
    Since decode rows come first and a chunk is at most `prefill_chunk`
    tokens, a long prompt delays decoders by at most one chunk per step.
-3. At most `prefill_sessions` sessions prefill in one step (default 1). When
-   several sequences' prompt chunks share a llama_decode, llama.cpp splits
-   them into ubatches of equal per-sequence length, so a chunk's arithmetic
-   would depend on its neighbours; measured on Gemma 3 270M this turned one
-   of 8 greedy sessions away from its solo run at a clear (non-tie) position.
-   With one prefilling session per step the bar of DESIGN.md holds.
+3. At most `prefill_sessions` sessions prefill in one step, and each
+   session's chunk gets a llama_decode of its own (`StepPlan.calls`): the
+   decode rows share the first call with the oldest chunk, every other chunk
+   runs alone. When several sequences' prompt chunks share one llama_decode,
+   llama.cpp splits them into ubatches of equal per-sequence length, so a
+   chunk's arithmetic would depend on its neighbours; measured on Gemma 3
+   270M that turned one of 8 greedy sessions away from its solo run at a
+   clear (non-tie) position. One chunk per call keeps the bar of DESIGN.md.
 
 Bounds: rows per step <= token_budget (<= n_batch); output rows per step <=
-number of running sessions (one sampled token each); prefill chunks per step
-<= prefill_sessions.
+number of running sessions (one sampled token each); prefill chunks (and
+llama_decode calls) per step <= prefill_sessions (+ 1 for the decode rows).
 
 Pure Python: no I/O, no Trio, no llama.cpp.
 """
@@ -92,6 +94,19 @@ class StepPlan:
                 n_logprobs = max(n_logprobs, chunk.session.params.logprobs)
             row += size
         return tokens, positions, seq_ids, want, n_logprobs
+
+    def calls(self) -> list[tuple[int, int]]:
+        """Row ranges [start, end) of the step's llama_decode calls: the decode
+        rows with the first chunk, then one call per further chunk."""
+        bounds, start, end = [], 0, len(self.decode)
+        for i, chunk in enumerate(self.prefill):
+            if i > 0:
+                bounds.append((start, end))
+                start = end
+            end += chunk.end - chunk.start
+        if end > start:
+            bounds.append((start, end))
+        return bounds
 
     def output_rows(self) -> list[tuple[Session, int]]:
         """(session, row) for every row that yields a sampled token, in row order."""

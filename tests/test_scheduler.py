@@ -173,7 +173,13 @@ def test_memory_budget():
         BUDGETS.check_memory(model_bytes=5000, kv_bytes=3000, scratch_bytes=2001)
 
 
-def test_one_prefilling_session_per_step_by_default_config():
-    a, b = make_session(1, 10), make_session(2, 10)
-    assert len(plan_step([a, b], 256, 16, prefill_sessions=1).prefill) == 1
-    assert len(plan_step([a, b], 256, 16).prefill) == 2
+def test_prefill_sessions_per_step_bound_and_one_call_per_chunk():
+    decoders = [make_session(i, 3, phase=Phase.DECODE) for i in range(3)]
+    prompts = [make_session(10 + i, 5 + i) for i in range(3)]
+    assert len(plan_step(prompts, 256, 16, prefill_sessions=1).prefill) == 1
+    plan = plan_step(decoders + prompts, 256, 16, prefill_sessions=4)
+    assert [c.session.id for c in plan.prefill] == [10, 11, 12]
+    # decode rows share the first call with the oldest chunk; other chunks run alone
+    assert plan.calls() == [(0, 3 + 5), (8, 8 + 6), (14, 14 + 7)]
+    assert plan_step(decoders, 256, 16).calls() == [(0, 3)]
+    assert plan_step(prompts[:1], 256, 16).calls() == [(0, 5)]
