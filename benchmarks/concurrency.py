@@ -194,7 +194,7 @@ async def run_level(url, c, n_new, is_dgr):
         prefill = (metric_value(after, "dgr_prefill_tokens_total")
                    - metric_value(before, "dgr_prefill_tokens_total"))
         split = {}
-        for phase in ("schedule", "batch_fill", "decode", "sample", "handoff", "dispatch"):
+        for phase in ("schedule", "yield", "batch_fill", "decode", "sample", "handoff", "dispatch"):
             name = f'dgr_step_phase_seconds_total{{phase="{phase}"}}'
             split[phase] = 1000 * (metric_value(after, name) - metric_value(before, name)) / max(steps, 1)
         out |= {"step_ms_split": split,
@@ -342,15 +342,16 @@ def markdown(report) -> str:
         for c, rate in report["engine_decode"].items()) + ".")
     lines.append("")
     lines.append("dgr step time split, mean ms per step (schedule = Python planning and arrays; "
+                 "yield = letting session and server tasks run before the step; "
                  "handoff = engine-thread round trip):")
     lines.append("")
-    lines.append("| c | schedule | batch_fill | decode | sample | handoff | dispatch |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| c | schedule | yield | batch_fill | decode | sample | handoff | dispatch |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for r in report["dgr"]:
         sp = r["step_ms_split"]
         lines.append(f"| {r['concurrency']} | " + " | ".join(
-            f"{sp[k]:.2f}" for k in ("schedule", "batch_fill", "decode", "sample", "handoff",
-                                     "dispatch")) + " |")
+            f"{sp[k]:.2f}" for k in ("schedule", "yield", "batch_fill", "decode", "sample",
+                                     "handoff", "dispatch")) + " |")
     lines.append("")
     lines.append(f"Saturation (doubling c adds < 10 %): dgr at c = {report['saturation']['dgr']}, "
                  f"llama-server at c = {report['saturation']['llama_server']}.")

@@ -59,8 +59,9 @@ class Telemetry:
                                        "step including sampling.", buckets=_LATENCY_BUCKETS, registry=r)
         self.step_phase_seconds = Counter(
             "dgr_step_phase_seconds", "Time spent per step phase: schedule (Python planning and "
-            "arrays), batch_fill, decode (llama_decode), sample, handoff (engine thread round trip), "
-            "dispatch (results to sessions).", ["phase"], registry=r)
+            "arrays), yield (letting session and server tasks run first), batch_fill, decode "
+            "(llama_decode), sample, handoff (engine thread round trip), dispatch (results to "
+            "sessions).", ["phase"], registry=r)
         self.ttft = Histogram("dgr_time_to_first_token_seconds", "From admission to the first "
                               "sampled token.", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("dgr_inter_token_latency_seconds", "Between consecutive sampled "
