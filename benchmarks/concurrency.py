@@ -310,12 +310,17 @@ def batched_bench(binary, model, levels, n_new, threads):
 
 
 def saturation(levels: list[dict]) -> int | None:
-    """The concurrency after which doubling adds less than 10 % throughput."""
+    """The concurrency after which every further doubling adds less than 10 %
+    throughput (None: the last measured doubling still added 10 % or more)."""
     by_c = {r["concurrency"]: r["gen_tok_s"] for r in levels}
-    for c in sorted(by_c):
-        if 2 * c in by_c and by_c[2 * c] < 1.10 * by_c[c]:
-            return c
-    return None
+    saturated = None
+    for c in sorted(by_c, reverse=True):
+        if 2 * c not in by_c:
+            continue
+        if by_c[2 * c] >= 1.10 * by_c[c]:
+            break
+        saturated = c
+    return saturated
 
 
 def markdown(report) -> str:
@@ -353,8 +358,14 @@ def markdown(report) -> str:
             f"{sp[k]:.2f}" for k in ("schedule", "yield", "batch_fill", "decode", "sample",
                                      "handoff", "dispatch")) + " |")
     lines.append("")
-    lines.append(f"Saturation (doubling c adds < 10 %): dgr at c = {report['saturation']['dgr']}, "
-                 f"llama-server at c = {report['saturation']['llama_server']}.")
+    top = max(report["levels"])
+
+    def sat(c):
+        return f"c = {c}" if c is not None else f"not reached up to c = {top}"
+
+    lines.append(f"Saturation (the c after which every doubling adds < 10 % throughput): "
+                 f"dgr {sat(report['saturation']['dgr'])}, "
+                 f"llama-server {sat(report['saturation']['llama_server'])}.")
     v = report.get("corruption")
     if v:
         lines.append(f"Corruption check (8 prompts, batch vs solo, greedy): identical {v['identical']}, "
@@ -409,7 +420,19 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
     parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
+    parser.add_argument("--render-only", action="store_true",
+                        help="re-render bench.md and bench.png from OUT/bench.json, run nothing")
     args = parser.parse_args(argv)
+    if args.render_only:
+        out = Path(args.out)
+        report = json.loads((out / "bench.json").read_text())
+        report["saturation"] = {"dgr": saturation(report["dgr"]),
+                                "llama_server": saturation(report["llama_server"])}
+        (out / "bench.json").write_text(json.dumps(report, indent=2))
+        (out / "bench.md").write_text(markdown(report))
+        plot(report, out / "bench.png")
+        print(markdown(report))
+        return 0
     from tqdm import tqdm
 
     model = resolve_model_path(args.model)
