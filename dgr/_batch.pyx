@@ -188,8 +188,8 @@ cdef class Engine:
 
         kv_unified=False gives every slot its own n_ctx / n_seq_max cells; with
         weight_repack=False the CPU backend uses the same matmul kernels for a
-        1-row and an n-row step, so batching does not change a sequence's
-        logits (see DESIGN.md, correctness bar).
+        1-row and an n-row step. Both are measured choices for batch
+        invariance (DESIGN.md, correctness bar; evidence/DGR-012).
         """
         _init_backend()
         path = os.fspath(model_path)

@@ -33,6 +33,9 @@ NODE_FLAGS = [
     ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions that may prefill a chunk "
      "in one step, each in its own llama_decode call; bounds how many chunks decoders wait for "
      "in one step (default 4)."),
+    ("--decode-rows-per-call", "decode_rows_per_call", int, "Decode rows per llama_decode call; "
+     "7 or fewer keeps each session's tokens equal to its solo run, more is faster at high "
+     "concurrency (default 7)."),
     ("--threads", "n_threads", int, "CPU threads for llama.cpp (default: all cores)."),
     ("--reply-buffer", "reply_buffer", int, "Unread tokens a client may hold before its session "
      "is skipped in steps (default 16)."),

@@ -37,6 +37,8 @@ class NodeConfig:
     prefill_sessions_per_step: sessions that may prefill a chunk in one step, each in a
         llama_decode call of its own (see dgr/scheduler.py); bounds how many chunks
         decoders can wait for in one step.
+    decode_rows_per_call: decode rows per llama_decode call; up to 7 keeps every row
+        bitwise equal to a solo decode on the CPU backend (see dgr/scheduler.py).
     reply_buffer: tokens a session may hold unread before it is skipped in steps.
     memory_budget_bytes: weights + KV + scratch must fit here or the node refuses to start.
     """
@@ -51,6 +53,7 @@ class NodeConfig:
     max_batch_tokens: Optional[int] = None
     prefill_chunk: int = 32
     prefill_sessions_per_step: int = 4
+    decode_rows_per_call: int = 7
     n_threads: Optional[int] = None
     kv_unified: bool = False
     weight_repack: bool = False
@@ -60,7 +63,7 @@ class NodeConfig:
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "n_batch", "n_ubatch", "prefill_chunk",
-                    "prefill_sessions_per_step",
+                    "prefill_sessions_per_step", "decode_rows_per_call",
                     "reply_buffer", "default_max_tokens"]
         for name in positive:
             if getattr(self, name) < 1:

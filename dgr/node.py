@@ -439,7 +439,8 @@ class Node:
             with trio.move_on_after(0.005):
                 await trio.testing.wait_all_tasks_blocked()
             started = time.perf_counter()
-            result = await self._engine_thread.run(_run_calls, self._engine, arrays, plan.calls())
+            result = await self._engine_thread.run(
+                _run_calls, self._engine, arrays, plan.calls(self.config.decode_rows_per_call))
             self._dispatch(plan, result, (planning, yielding, started, time.perf_counter()))
 
     def _reap(self) -> None:

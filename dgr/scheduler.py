@@ -15,17 +15,27 @@ Policy (re-planned every step, sessions join and leave between steps):
    Since decode rows come first and a chunk is at most `prefill_chunk`
    tokens, a long prompt delays decoders by at most one chunk per step.
 3. At most `prefill_sessions` sessions prefill in one step, and each
-   session's chunk gets a llama_decode of its own (`StepPlan.calls`): the
-   decode rows share the first call with the oldest chunk, every other chunk
-   runs alone. When several sequences' prompt chunks share one llama_decode,
-   llama.cpp splits them into ubatches of equal per-sequence length, so a
-   chunk's arithmetic would depend on its neighbours; measured on Gemma 3
-   270M that turned one of 8 greedy sessions away from its solo run at a
-   clear (non-tie) position. One chunk per call keeps the bar of DESIGN.md.
+   chunk runs in a llama_decode of its own, apart from the decode rows
+   (`StepPlan.calls`), exactly as it runs when its session is alone. When
+   rows of several sequences share one llama_decode, llama.cpp splits them
+   into ubatches of equal per-sequence length, so a chunk's arithmetic would
+   depend on its neighbours: measured on Gemma 3 270M, that turned greedy
+   sessions away from their solo runs at clear (non-tie) positions. With
+   split KV a mixed call costs two graph evaluations anyway, so separate
+   calls cost nothing extra.
+4. Decode rows go to llama_decode in groups of at most `decode_rows_per_call`
+   (default 7). Measured on this CPU build of llama.cpp 0c1e57098 (Gemma 3
+   270M): a decode call with 1 to 7 rows gives every row bitwise the logits
+   of that sequence decoded alone, whatever the other rows; from 8 rows on
+   the CPU kernels change and logits move by up to 0.37 (independent of KV
+   layout, flash attention and llamafile's sgemm). Together with rule 3 this
+   makes a session's tokens the same at every concurrency, by construction;
+   the price is one more graph evaluation per 7 decoders.
 
 Bounds: rows per step <= token_budget (<= n_batch); output rows per step <=
-number of running sessions (one sampled token each); prefill chunks (and
-llama_decode calls) per step <= prefill_sessions (+ 1 for the decode rows).
+number of running sessions (one sampled token each); prefill chunks per step
+<= prefill_sessions; llama_decode calls per step <= prefill_sessions +
+ceil(decoders / decode_rows_per_call).
 
 Pure Python: no I/O, no Trio, no llama.cpp.
 """
@@ -95,17 +105,17 @@ class StepPlan:
             row += size
         return tokens, positions, seq_ids, want, n_logprobs
 
-    def calls(self) -> list[tuple[int, int]]:
+    def calls(self, decode_rows_per_call: int) -> list[tuple[int, int]]:
         """Row ranges [start, end) of the step's llama_decode calls: the decode
-        rows with the first chunk, then one call per further chunk."""
-        bounds, start, end = [], 0, len(self.decode)
-        for i, chunk in enumerate(self.prefill):
-            if i > 0:
-                bounds.append((start, end))
-                start = end
-            end += chunk.end - chunk.start
-        if end > start:
-            bounds.append((start, end))
+        rows in groups of at most `decode_rows_per_call`, then one call per
+        prefill chunk, alone."""
+        n_decode = len(self.decode)
+        bounds = [(start, min(start + decode_rows_per_call, n_decode))
+                  for start in range(0, n_decode, decode_rows_per_call)]
+        start = n_decode
+        for chunk in self.prefill:
+            bounds.append((start, start + chunk.end - chunk.start))
+            start += chunk.end - chunk.start
         return bounds
 
     def output_rows(self) -> list[tuple[Session, int]]:

@@ -103,8 +103,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         return await _generate(request, node, parsed, ids)
 
     async def _generate(request: Request, node: Node, parsed, prompt) -> Response:
-        builder = ResponseBuilder(state.model_id, parsed.chat,
-                                  lambda t: node.token_text(t))
+        builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text)
         if parsed.stream:
             # Admission happens before the 200 goes out, so a refusal is a real status code.
             stream_cm = node.stream(prompt, parsed.params)
