@@ -88,11 +88,16 @@ class ServerProcess:
             self.proc.kill()
 
 
-def dgr_server(model, c, ctx_per_slot, threads, port):
+# dgr's throughput mode: decode rows of all sessions in one llama_decode call
+# (batched logits then differ from solo ones beyond 7 rows; see dgr/scheduler.py).
+FAST_FLAGS = ["--decode-rows-per-call", "512"]
+
+
+def dgr_server(model, c, ctx_per_slot, threads, port, extra=()):
     return ServerProcess("dgr", [sys.executable, "-m", "dgr", "run", "--model", model,
                                  "--port", str(port), "--max-running", str(c),
                                  "--max-waiting", str(4 * c), "--ctx", str(c * ctx_per_slot),
-                                 "--threads", str(threads), "--log-level", "WARNING"], port)
+                                 "--threads", str(threads), "--log-level", "WARNING", *extra], port)
 
 
 def llama_server(binary, model, c, ctx_per_slot, threads, port):
@@ -341,6 +346,21 @@ def markdown(report) -> str:
             + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
+    if report.get("dgr_fast"):
+        lines.append("")
+        lines.append(f"dgr throughput mode (`{' '.join(FAST_FLAGS)}`: all decode rows in one "
+                     "llama_decode; batch invariance not guaranteed):")
+        lines.append("")
+        lines.append("| c | dgr fast tok/s | dgr fast/server | dgr fast/ceiling | TTFT p50/p99 ms | "
+                     "ITL p50/p99 ms |")
+        lines.append("|---|---|---|---|---|---|")
+        for r in report["dgr_fast"]:
+            c = r["concurrency"]
+            s_, ceil = server[c], ceiling.get(str(c), ceiling.get(c))
+            lines.append(f"| {c} | {r['gen_tok_s']:.1f} | {r['gen_tok_s'] / s_['gen_tok_s']:.2f} | "
+                         + (f"{r['gen_tok_s'] / ceil:.2f}" if ceil else "–")
+                         + f" | {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | "
+                         f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} |")
     lines.append("")
     lines.append("Engine alone (in-process decode, no HTTP) vs the ceiling: " + ", ".join(
         f"c={c}: {rate:.1f} tok/s ({rate / ceiling[c]:.2f}x)" if c in ceiling else f"c={c}: {rate:.1f}"
@@ -365,11 +385,15 @@ def markdown(report) -> str:
 
     lines.append(f"Saturation (the c after which every doubling adds < 10 % throughput): "
                  f"dgr {sat(report['saturation']['dgr'])}, "
-                 f"llama-server {sat(report['saturation']['llama_server'])}.")
-    v = report.get("corruption")
-    if v:
-        lines.append(f"Corruption check (8 prompts, batch vs solo, greedy): identical {v['identical']}, "
-                     f"near-tie divergences {v['near_tie']}, unexplained {v['unexplained']}.")
+                 + (f"dgr throughput mode {sat(report['saturation']['dgr_fast'])}, "
+                    if "dgr_fast" in report["saturation"] else "")
+                 + f"llama-server {sat(report['saturation']['llama_server'])}.")
+    for key, label in (("corruption", "dgr"), ("corruption_fast", "dgr throughput mode")):
+        v = report.get(key)
+        if v:
+            lines.append(f"Corruption check, {label} (8 prompts at c=8, batch vs solo, greedy): "
+                         f"identical {v['identical']}, near-tie divergences {v['near_tie']}, "
+                         f"unexplained {v['unexplained']}.")
     m = report.get("mixed_load")
     if m:
         lines.append("")
@@ -391,9 +415,12 @@ def plot(report, path):
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("dgr", "dgr"), ("llama_server", "llama-server"),
+    for key, label in (("dgr", "dgr"), ("dgr_fast", "dgr throughput mode"),
+                       ("llama_server", "llama-server"),
                        ("llama_cpp_python", "llama-cpp-python Llama")):
-        rows = report[key]
+        rows = report.get(key)
+        if not rows:
+            continue
         a.plot([r["concurrency"] for r in rows], [r["gen_tok_s"] for r in rows], "o-", label=label)
         if key != "llama_cpp_python":
             b.plot([r["concurrency"] for r in rows], [r["itl_p99_ms"] for r in rows], "o-", label=label)
@@ -426,8 +453,8 @@ def main(argv=None) -> int:
     if args.render_only:
         out = Path(args.out)
         report = json.loads((out / "bench.json").read_text())
-        report["saturation"] = {"dgr": saturation(report["dgr"]),
-                                "llama_server": saturation(report["llama_server"])}
+        report["saturation"] = {key: saturation(report[key])
+                                for key in ("dgr", "dgr_fast", "llama_server") if key in report}
         (out / "bench.json").write_text(json.dumps(report, indent=2))
         (out / "bench.md").write_text(markdown(report))
         plot(report, out / "bench.png")
@@ -440,10 +467,11 @@ def main(argv=None) -> int:
     peers = ensure_peers(log=lambda m: print(m, file=sys.stderr))
     ctx_per_slot = 1024
     report: dict = {"model": model, "levels": levels, "new_tokens": args.new_tokens,
-                    "threads": args.threads, "dgr": [], "llama_server": [], "llama_cpp_python": []}
+                    "threads": args.threads, "dgr": [], "dgr_fast": [], "llama_server": [],
+                    "llama_cpp_python": []}
     long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                             "noting changes in rainfall, reservoir levels and demand."] * 60)
-    steps = 2 * len(levels) + len(levels) + 3 + (0 if args.skip_mixed else 2)
+    steps = 4 * len(levels) + 3 + (0 if args.skip_mixed else 2)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         report["batched_bench_ceiling"] = {str(k): v for k, v in batched_bench(
             peers["llama-batched-bench"], model, levels, args.new_tokens, args.threads).items()}
@@ -458,6 +486,11 @@ def main(argv=None) -> int:
                 if c == 8:
                     report["corruption"] = trio.run(corruption_check, srv.url, args.new_tokens)
                     bar.update()
+            with dgr_server(model, c, ctx_per_slot, args.threads, free_port(), FAST_FLAGS) as srv:
+                report["dgr_fast"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
+                if c == 8:
+                    report["corruption_fast"] = trio.run(corruption_check, srv.url, args.new_tokens)
+                bar.update()
             with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
                               free_port()) as srv:
                 report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
@@ -478,6 +511,7 @@ def main(argv=None) -> int:
                 report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt)
                 bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
+                            "dgr_fast": saturation(report["dgr_fast"]),
                             "llama_server": saturation(report["llama_server"])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
