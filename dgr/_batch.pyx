@@ -88,7 +88,6 @@ cdef extern from *:
     void dgr_set_flag(int * flag, int value) noexcept nogil
 
 # Flags of the `want` array passed to step().
-WANT_NONE = 0
 WANT_SAMPLE = 1
 WANT_LOGPROBS = 2
 # inject_fault code: raise a RuntimeError after llama_decode ran
@@ -492,11 +491,6 @@ cdef class Engine:
         self._check_open()
         self._check_slot(slot)
         return llama_memory_seq_pos_max(self.mem, slot)
-
-    def pos_min(self, int slot):
-        self._check_open()
-        self._check_slot(slot)
-        return llama_memory_seq_pos_min(self.mem, slot)
 
     def cells_used(self):
         """KV cells held by all slots (each slot holds a contiguous range of positions)."""

@@ -8,7 +8,7 @@ import sys
 
 import attrs
 
-from dgr.config import NodeConfig, load_config
+from dgr.config import load_config
 from dgr.errors import DgrError
 
 # (flag, NodeConfig field, type, help). Each budget is explained in a sentence.
@@ -146,5 +146,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if forced_by is None else 128 + forced_by
     return 2
 
-
-__all__ = ["main", "NodeConfig"]

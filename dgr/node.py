@@ -331,6 +331,10 @@ class Node:
     def waiting_sessions(self) -> int:
         return len(self._admission.waiting)
 
+    @property
+    def draining(self) -> bool:
+        return self._admission.draining
+
     async def drain(self, grace_s: float) -> bool:
         """Stop admitting; wait up to grace_s for sessions to end. True if all ended."""
         self._admission.draining = True

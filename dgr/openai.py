@@ -86,8 +86,7 @@ class ParsedRequest:
 
 
 def _common(body: dict, logprobs: int, chat: bool, prompt: Any) -> ParsedRequest:
-    n = _int(body, "n", 1, 1)  # one choice per request; more would multiply the KV bound
-    del n
+    _int(body, "n", 1, 1)  # one choice per request; more would multiply the KV reservation
     stream = _bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):

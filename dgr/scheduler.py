@@ -49,6 +49,8 @@ import numpy as np
 
 from dgr.sequence import Phase, Session
 
+# Engine.step's `want` flags (dgr._batch.WANT_*), repeated so that the scheduler
+# stays importable and testable without the compiled engine.
 WANT_SAMPLE = 1
 WANT_LOGPROBS = 2
 

@@ -48,7 +48,6 @@ class _State:
 
     def __init__(self) -> None:
         self.node: Optional[Node] = None
-        self.draining = False
         self.model_id = "dgr"
 
 
@@ -83,7 +82,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     def ready_node() -> Node:
         if state.node is None:
             raise _Unavailable("the model is loading")
-        if state.draining:
+        if state.node.draining:
             raise _Unavailable("the server is shutting down")
         return state.node
 
@@ -114,7 +113,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         rows: list[Chunk] = []
         async with node.stream(prompt, parsed.params) as chunks:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, request, nursery.cancel_scope)
+                nursery.start_soon(_cancel_on_disconnect, request.receive, nursery.cancel_scope)
                 async for chunk in chunks:
                     texts.append(chunk.text)
                     if chunk.token_id is not None:
@@ -177,7 +176,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     async def health(request: Request) -> Response:
         if state.node is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        if state.draining:
+        if state.node.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -223,7 +222,7 @@ class _SessionEvents(Response):
     async def __call__(self, scope, receive, send) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect_raw, receive, nursery.cancel_scope)
+                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
                 await send({"type": "http.response.start", "status": 200,
                             "headers": self.raw_headers})
                 async for event in self.events:
@@ -239,7 +238,8 @@ class _SessionEvents(Response):
                 await self.close()
 
 
-async def _cancel_on_disconnect_raw(receive, scope: trio.CancelScope) -> None:
+async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
+    """A client that goes away cancels its session (streamed or not)."""
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
@@ -247,11 +247,6 @@ async def _cancel_on_disconnect_raw(receive, scope: trio.CancelScope) -> None:
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def _cancel_on_disconnect(request: Request, scope: trio.CancelScope) -> None:
-    """A client that goes away cancels its (non-streaming) session."""
-    await _cancel_on_disconnect_raw(request.receive, scope)
 
 
 class _ErrorMapper:
@@ -386,7 +381,6 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
             log.info("serving %s (%s)", state.model_id, node.engine_info["path"])
             task_status.started(urls)
             await shutdown.wait()
-            state.draining = True
             drained = await node.drain(server_config.grace_s)
             log.info("drained" if drained else "grace period over: cancelling remaining sessions")
         stop_http.set()

@@ -1,16 +1,18 @@
 """Checks on the default model (Gemma 3 270M Q4_K_M). Select with -m default_model."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from dgr import _batch
 from dgr.consistency import Verdict
 
-pytestmark = pytest.mark.default_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PROMPTS = ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):",
-           "Once upon a time, in a small village,", "The three laws of thermodynamics are",
-           "Translate to German: good morning, my friend.", "List five prime numbers:",
-           "Water boils at"]
+from benchmarks.batch_invariance import PROMPTS, solo, together  # noqa: E402
+
+pytestmark = pytest.mark.default_model
 N_NEW = 24
 
 
@@ -19,21 +21,6 @@ def gemma(default_model):
     eng = _batch.Engine(default_model, n_ctx=4096, n_seq_max=8, n_batch=512, n_ubatch=512)
     yield eng
     eng.close()
-
-
-def solo_run(eng, prompt):
-    eng.release(0)
-    n = len(prompt)
-    want = [0] * (n - 1) + [_batch.WANT_SAMPLE | _batch.WANT_LOGPROBS]
-    sampled, _, top_lp, _ = eng.step(prompt, list(range(n)), [0] * n, want, n_logprobs=2)
-    tokens, gaps, pos = [int(sampled[-1])], [float(top_lp[-1, 0] - top_lp[-1, 1])], n
-    while len(tokens) < N_NEW:
-        sampled, _, top_lp, _ = eng.step([tokens[-1]], [pos], [0], [3], n_logprobs=2)
-        tokens.append(int(sampled[0]))
-        gaps.append(float(top_lp[0, 0] - top_lp[0, 1]))
-        pos += 1
-    eng.release(0)
-    return tokens, gaps
 
 
 def test_default_model_facts(gemma):
@@ -49,23 +36,14 @@ def test_default_model_facts(gemma):
 
 
 def test_greedy_batch_matches_solo_over_8_prompts(gemma):
+    """The raw engine against the correctness bar: each prompt prefilled in its
+    own step, then all eight decoding in one call per step (beyond the 7-row
+    groups the node keeps), so near-ties may flip but nothing else."""
     prompts = [list(gemma.tokenize(p)) for p in PROMPTS]
-    solo = [solo_run(gemma, p) for p in prompts]
-    # Each prompt prefilled whole in its own step (its boundaries depend only on
-    # itself), then all eight decode together, one row each per step.
-    outs = []
-    for slot, p in enumerate(prompts):
-        n = len(p)
-        sampled, *_ = gemma.step(p, list(range(n)), [slot] * n, [0] * (n - 1) + [1])
-        outs.append([int(sampled[-1])])
-    pos = [len(p) for p in prompts]
-    for _ in range(N_NEW - 1):
-        sampled, *_ = gemma.step([o[-1] for o in outs], pos, list(range(8)), [1] * 8)
-        for slot in range(8):
-            outs[slot].append(int(sampled[slot]))
-            pos[slot] += 1
+    reference = [solo(gemma, p, N_NEW) for p in prompts]
     verdict = Verdict()
-    for i, ((tokens, gaps), batched) in enumerate(zip(solo, outs)):
+    for i, ((tokens, gaps), batched) in enumerate(
+            zip(reference, together(gemma, prompts, N_NEW, one_step_prefill=False))):
         verdict.add(i, tokens, gaps, batched)
     print("batch vs solo:", verdict.as_dict())
     assert verdict.unexplained == 0, verdict.details

@@ -116,11 +116,9 @@ def test_second_sigterm_exits_at_once(tiny_model):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         assert proc.poll() is None  # draining: the grace period is long
-        started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(20)
-        assert time.monotonic() - started < 10
-        assert code == 128 + signal.SIGTERM
+        # Without the second signal the drain would wait the 300 s grace period.
+        assert proc.wait(60) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()

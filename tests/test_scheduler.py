@@ -185,3 +185,10 @@ def test_prefill_sessions_per_step_bound_and_one_call_per_chunk():
     many = [make_session(i, 3, phase=Phase.DECODE) for i in range(16)]
     assert plan_step(many, 256, 16).calls(7) == [(0, 7), (7, 14), (14, 16)]
     assert plan_step(prompts[:1], 256, 16).calls(7) == [(0, 5)]
+
+
+def test_want_flags_match_the_engine():
+    from dgr import _batch, scheduler
+
+    assert (scheduler.WANT_SAMPLE, scheduler.WANT_LOGPROBS) == (_batch.WANT_SAMPLE,
+                                                                _batch.WANT_LOGPROBS)
