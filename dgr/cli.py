@@ -145,4 +145,3 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0 if forced_by is None else 128 + forced_by
     return 2
-
