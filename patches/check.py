@@ -2,10 +2,10 @@
 
 Unpacks a fresh copy of the pinned tree from the sha256-checked sdist into a
 temporary directory and applies every patch named in patches/series, in
-order, with `patch -p1`. Exits non-zero on the first patch that does not apply.
+order, with `patch -p1`. Exits non-zero, naming the patch, on the first one
+that does not apply.
 """
 
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -15,27 +15,16 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import vendor_llama  # noqa: E402
 
 
-def series() -> list[str]:
-    lines = (ROOT / "patches" / "series").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-
-
 def main() -> int:
     sdist = vendor_llama.fetch_sdist(vendor_llama.read_pin())
-    patches = series()
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "llama.cpp"
         vendor_llama.extract_tree(sdist, tree)
-        for name in patches:
-            result = subprocess.run(
-                ["patch", "-p1", "--forward", "--batch", "-i", str(ROOT / "patches" / name)],
-                cwd=tree, capture_output=True, text=True,
-            )
-            if result.returncode != 0:
-                print(f"patch {name} does not apply:\n{result.stdout}{result.stderr}")
-                return 1
-            print(f"applied {name}")
-    print(f"patch stack OK: {len(patches)} patch(es) apply cleanly to {sdist.name}")
+        applied = vendor_llama.apply_series(tree)
+    for name in applied:
+        print(f"applied {name}")
+    print(f"patch stack OK: {len(applied)} patch(es) apply cleanly to {sdist.name} "
+          f"(stack digest {vendor_llama.stack_digest()[:12]})")
     return 0
 
 

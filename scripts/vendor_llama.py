@@ -1,9 +1,12 @@
-"""Materialize vendor/llama.cpp from the pinned llama-cpp-python sdist.
+"""Materialize vendor/llama.cpp (pristine) and vendor/llama.cpp-patched from the
+pinned llama-cpp-python sdist.
 
 The sdist is fetched by pip from the package registry, checked against the
 sha256 in vendor/PIN, and only its vendor/llama.cpp subtree is unpacked. The
-tree gives the headers for the Cython build and is what patches/ applies to.
-Run it again at any time: it does nothing when the tree is already in place.
+pristine tree gives the headers for the Cython build and the peers a user would
+build; the patched tree (the stack in patches/series applied) is what the
+native tests and the patched peers build. Run it again at any time: a tree
+already in place for the same pin (and patch stack) is left alone.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = ROOT / "vendor"
 TREE = VENDOR / "llama.cpp"
+PATCHED_TREE = VENDOR / "llama.cpp-patched"
 SDIST_DIR = VENDOR / "sdist"
+PATCHES = ROOT / "patches"
 
 
 def read_pin() -> dict[str, str]:
@@ -58,8 +63,45 @@ def fetch_sdist(pin: dict[str, str]) -> Path:
     return sdist
 
 
-def extract_tree(sdist: Path, dest: Path) -> None:
-    prefix = sdist.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/"
+def series() -> list[str]:
+    """The patch file names of patches/series, in order."""
+    lines = (PATCHES / "series").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def stack_digest() -> str:
+    """sha256 of what the patch stack changes: the patch names in order and each
+    patch's diff (its explanatory header is left out, so editing prose does not
+    force a rebuild)."""
+    digest = hashlib.sha256()
+    for name in series():
+        text = (PATCHES / name).read_text()
+        start = min((i for i in (text.find("\ndiff "), text.find("\n--- ")) if i >= 0), default=0)
+        digest.update(name.encode() + b"\0" + text[start:].encode() + b"\0")
+    return digest.hexdigest()
+
+
+def apply_series(tree: Path) -> list[str]:
+    """Apply patches/series to `tree` in order; a patch that does not apply stops
+    the program with one line naming it."""
+    applied = []
+    for name in series():
+        result = subprocess.run(
+            ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(PATCHES / name)],
+            cwd=tree, capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            first = (result.stdout + result.stderr).strip().splitlines()
+            raise SystemExit(f"patch {name} does not apply to the pinned llama.cpp "
+                             f"({first[-1] if first else 'patch failed'})")
+        applied.append(name)
+    return applied
+
+
+def extract_tree(sdist: Path, dest: Path, subtree: str = "vendor/llama.cpp/") -> None:
+    """Unpack `subtree` of the sdist (default: the llama.cpp tree; "" for the whole
+    package source) into `dest`."""
+    prefix = sdist.name.removesuffix(".tar.gz") + "/" + subtree
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     with tarfile.open(sdist) as tar:
@@ -73,16 +115,24 @@ def extract_tree(sdist: Path, dest: Path) -> None:
     tmp.rename(dest)
 
 
+def _materialize(dest: Path, stamp: str, patched: bool) -> None:
+    marker = dest / ".dgr-pin"
+    if (dest / "include" / "llama.h").exists() and marker.exists() and marker.read_text().strip() == stamp:
+        print(f"{dest.relative_to(ROOT)} is in place ({stamp[:12]})")
+        return
+    sdist = fetch_sdist(read_pin())
+    extract_tree(sdist, dest)
+    if patched:
+        names = apply_series(dest)
+        print(f"{dest.relative_to(ROOT)}: applied {len(names)} patch(es)")
+    marker.write_text(stamp + "\n")
+    print(f"{dest.relative_to(ROOT)} materialized from {sdist.name} (sha256 verified)")
+
+
 def main() -> None:
     pin = read_pin()
-    if (TREE / "include" / "llama.h").exists() and (TREE / ".dgr-pin").exists() \
-            and (TREE / ".dgr-pin").read_text().strip() == pin["sha256"]:
-        print(f"vendor/llama.cpp is in place (sha256 {pin['sha256'][:12]})")
-        return
-    sdist = fetch_sdist(pin)
-    extract_tree(sdist, TREE)
-    (TREE / ".dgr-pin").write_text(pin["sha256"] + "\n")
-    print(f"vendor/llama.cpp materialized from {sdist.name} (sha256 verified)")
+    _materialize(TREE, pin["sha256"], patched=False)
+    _materialize(PATCHED_TREE, pin["sha256"] + "+" + stack_digest(), patched=True)
 
 
 if __name__ == "__main__":

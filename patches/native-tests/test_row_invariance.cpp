@@ -1,0 +1,301 @@
+// Native tests of the patch stack: a row's result must not depend on the batch it is in.
+//
+//   mul_mat:    for each weight type of dgr's default model (Q4_K, Q6_K, Q5_0, Q8_0), the other
+//               tiled K-quants, F16 and F32, every column of W x X is bitwise the same whether X
+//               has 1, 2, 7, 8, 9, 16, 33 or 64 columns.
+//   flash_attn: a query row's attention output is bitwise the same alone and beside other
+//               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
+//               lengths below and above 512, with and without a sliding window.
+//
+// Usage: test-row-invariance mul_mat|flash_attn [n_threads]
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+static int n_threads = 2;
+
+struct scratch {
+    ggml_context * ctx;
+    explicit scratch(size_t bytes) {
+        ggml_init_params p = { bytes, nullptr, false };
+        ctx = ggml_init(p);
+    }
+    ~scratch() { ggml_free(ctx); }
+};
+
+static void compute(ggml_context * ctx, ggml_tensor * out) {
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    if (ggml_graph_compute_with_ctx(ctx, gf, n_threads) != GGML_STATUS_SUCCESS) {
+        fprintf(stderr, "graph compute failed\n");
+        exit(2);
+    }
+}
+
+static std::vector<float> randoms(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto & x : v) {
+        x = dist(rng);
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------------------------- mul_mat
+
+static const int MM_K = 1024;   // a multiple of 256, as K-quants need
+static const int MM_ROWS = 88;  // not a multiple of 16: ragged tiles
+static const int MM_COLS[] = { 1, 2, 7, 8, 9, 16, 33, 64 };
+static const int MM_MAX_COLS = 64;
+
+// W (MM_ROWS x MM_K, of `type`) times the first n columns of X; returns n x MM_ROWS floats
+static std::vector<float> mul_mat(ggml_type type, const std::vector<uint8_t> & w, const std::vector<float> & x, int n) {
+    scratch s((size_t) 64 << 20);
+    ggml_tensor * W = ggml_new_tensor_2d(s.ctx, type, MM_K, MM_ROWS);
+    memcpy(W->data, w.data(), ggml_nbytes(W));
+    ggml_tensor * X = ggml_new_tensor_2d(s.ctx, GGML_TYPE_F32, MM_K, n);
+    memcpy(X->data, x.data(), ggml_nbytes(X));
+    ggml_tensor * Y = ggml_mul_mat(s.ctx, W, X);
+    compute(s.ctx, Y);
+    std::vector<float> out((size_t) n * MM_ROWS);
+    memcpy(out.data(), Y->data, out.size() * sizeof(float));
+    return out;
+}
+
+static std::vector<uint8_t> make_weights(ggml_type type, uint32_t seed) {
+    std::vector<float> f = randoms((size_t) MM_K * MM_ROWS, seed, 0.05f);
+    std::vector<uint8_t> w(ggml_row_size(type, MM_K) * MM_ROWS);
+    if (type == GGML_TYPE_F32) {
+        memcpy(w.data(), f.data(), w.size());
+    } else if (type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(f.data(), (ggml_fp16_t *) w.data(), (int64_t) f.size());
+    } else {
+        ggml_quantize_chunk(type, f.data(), w.data(), 0, MM_ROWS, MM_K, nullptr);
+    }
+    return w;
+}
+
+static int test_mul_mat() {
+    const ggml_type types[] = {
+        GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0,  // dgr's default model
+        GGML_TYPE_Q5_K, GGML_TYPE_Q3_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_XS, // the other tiled formats
+        GGML_TYPE_F16, GGML_TYPE_F32,
+    };
+    int failures = 0;
+    // activations with a wide range, so that rounding differences cannot hide
+    const std::vector<float> x = randoms((size_t) MM_K * MM_MAX_COLS, 7, 3.0f);
+    for (ggml_type type : types) {
+        const std::vector<uint8_t> w = make_weights(type, 11 + (uint32_t) type);
+        // reference: each column alone
+        std::vector<std::vector<float>> solo(MM_MAX_COLS);
+        for (int j = 0; j < MM_MAX_COLS; j++) {
+            std::vector<float> xj(x.begin() + (size_t) j * MM_K, x.begin() + (size_t) (j + 1) * MM_K);
+            solo[j] = mul_mat(type, w, xj, 1);
+        }
+        for (int n : MM_COLS) {
+            const std::vector<float> y = mul_mat(type, w, x, n);
+            int bad_cols = 0;
+            float worst = 0.0f;
+            for (int j = 0; j < n; j++) {
+                if (memcmp(&y[(size_t) j * MM_ROWS], solo[j].data(), MM_ROWS * sizeof(float)) != 0) {
+                    bad_cols++;
+                    for (int i = 0; i < MM_ROWS; i++) {
+                        worst = fmaxf(worst, fabsf(y[(size_t) j * MM_ROWS + i] - solo[j][i]));
+                    }
+                }
+            }
+            printf("mul_mat %-7s %2d columns: %s", ggml_type_name(type), n, bad_cols ? "DIFFERS" : "bitwise equal to solo");
+            if (bad_cols) {
+                printf(" (%d of %d columns, max |diff| %g)", bad_cols, n, worst);
+            }
+            printf("\n");
+            failures += bad_cols != 0;
+        }
+    }
+    return failures;
+}
+
+// ------------------------------------------------------------------------------- flash_attn
+
+static const int FA_D = 256;      // head size of Gemma 3
+static const int FA_HEADS = 4;
+static const int FA_HEADS_KV = 1;
+
+static int pad256(int n) { return (n + 255) / 256 * 256; }
+
+// one sequence: its query row and its KV cells (positions 0..len-1), window = 0 for full attention
+struct fa_seq {
+    int len;
+    int window;
+    std::vector<float> q;  // FA_D * FA_HEADS
+    std::vector<float> k;  // FA_D * len * FA_HEADS_KV
+    std::vector<float> v;
+    fa_seq(int len, int window, uint32_t seed) : len(len), window(window) {
+        q = randoms((size_t) FA_D * FA_HEADS, seed);
+        k = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 1);
+        v = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 2);
+    }
+    bool visible(int cell) const { return cell < len && (window == 0 || cell >= len - window); }
+};
+
+static void put_kv(ggml_tensor * t, const std::vector<float> & src, int len, int n_kv, int64_t stream, int cell0) {
+    // t: [FA_D, n_kv, FA_HEADS_KV, n_stream] f16
+    for (int h = 0; h < FA_HEADS_KV; h++) {
+        for (int c = 0; c < len; c++) {
+            ggml_fp16_t * dst = (ggml_fp16_t *) ((char *) t->data + (cell0 + c) * t->nb[1] + h * t->nb[2] + stream * t->nb[3]);
+            ggml_fp32_to_fp16_row(&src[((size_t) h * len + c) * FA_D], dst, FA_D);
+        }
+    }
+    (void) n_kv;
+}
+
+static void fill_f16(ggml_tensor * t, uint32_t seed) {
+    std::vector<float> junk = randoms((size_t) ggml_nelements(t), seed);
+    ggml_fp32_to_fp16_row(junk.data(), (ggml_fp16_t *) t->data, ggml_nelements(t));
+}
+
+// Split KV: each sequence in a stream of its own, one query row each. Returns the output of `probe`.
+static std::vector<float> fa_split(const std::vector<const fa_seq *> & seqs, size_t probe) {
+    const int n_stream = (int) seqs.size();
+    int n_kv = 0;
+    for (auto * s : seqs) {
+        n_kv = std::max(n_kv, pad256(s->len));
+    }
+    scratch sc((size_t) 256 << 20);
+    ggml_tensor * q = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F32, FA_D, 1, FA_HEADS, n_stream);
+    ggml_tensor * k = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, n_stream);
+    ggml_tensor * v = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, n_stream);
+    ggml_tensor * m = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, n_kv, 1, 1, n_stream);
+    fill_f16(k, 99);  // cells no query may see hold junk, never zeros
+    fill_f16(v, 98);
+    for (int st = 0; st < n_stream; st++) {
+        const fa_seq & s = *seqs[st];
+        for (int h = 0; h < FA_HEADS; h++) {
+            memcpy((char *) q->data + h * q->nb[2] + st * q->nb[3], &s.q[(size_t) h * FA_D], FA_D * sizeof(float));
+        }
+        put_kv(k, s.k, s.len, n_kv, st, 0);
+        put_kv(v, s.v, s.len, n_kv, st, 0);
+        ggml_fp16_t * mask = (ggml_fp16_t *) ((char *) m->data + st * m->nb[3]);
+        for (int c = 0; c < n_kv; c++) {
+            mask[c] = ggml_fp32_to_fp16(s.visible(c) ? 0.0f : -INFINITY);
+        }
+    }
+    ggml_tensor * out = ggml_flash_attn_ext(sc.ctx, q, k, v, m, 1.0f / 16.0f, 0.0f, 0.0f);
+    compute(sc.ctx, out);
+    // out: [FA_D, FA_HEADS, 1, n_stream]
+    std::vector<float> r((size_t) FA_D * FA_HEADS);
+    memcpy(r.data(), (char *) out->data + probe * out->nb[3], r.size() * sizeof(float));
+    return r;
+}
+
+// Unified KV: all sequences in one stream, one query row each, cells laid out one sequence
+// after the other (the probe first, at cells 0..len-1, as when it was admitted first).
+static std::vector<float> fa_unified(const std::vector<const fa_seq *> & seqs) {
+    const int n_q = (int) seqs.size();
+    int used = 0;
+    std::vector<int> cell0;
+    for (auto * s : seqs) {
+        cell0.push_back(used);
+        used += s->len;
+    }
+    const int n_kv = pad256(used);
+    scratch sc((size_t) 256 << 20);
+    ggml_tensor * q = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F32, FA_D, n_q, FA_HEADS, 1);
+    ggml_tensor * k = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, 1);
+    ggml_tensor * v = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, 1);
+    ggml_tensor * m = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, n_kv, n_q, 1, 1);
+    fill_f16(k, 97);
+    fill_f16(v, 96);
+    for (int r = 0; r < n_q; r++) {
+        const fa_seq & s = *seqs[r];
+        for (int h = 0; h < FA_HEADS; h++) {
+            memcpy((char *) q->data + r * q->nb[1] + h * q->nb[2], &s.q[(size_t) h * FA_D], FA_D * sizeof(float));
+        }
+        put_kv(k, s.k, s.len, n_kv, 0, cell0[r]);
+        put_kv(v, s.v, s.len, n_kv, 0, cell0[r]);
+        ggml_fp16_t * mask = (ggml_fp16_t *) ((char *) m->data + r * m->nb[1]);
+        for (int c = 0; c < n_kv; c++) {
+            const int own = c - cell0[r];
+            mask[c] = ggml_fp32_to_fp16(own >= 0 && s.visible(own) ? 0.0f : -INFINITY);
+        }
+    }
+    ggml_tensor * out = ggml_flash_attn_ext(sc.ctx, q, k, v, m, 1.0f / 16.0f, 0.0f, 0.0f);
+    compute(sc.ctx, out);
+    // out: [FA_D, FA_HEADS, n_q, 1]; the probe is row 0
+    std::vector<float> r((size_t) FA_D * FA_HEADS);
+    memcpy(r.data(), out->data, r.size() * sizeof(float));
+    return r;
+}
+
+static int report(const char * what, int len, int window, const std::vector<float> & got, const std::vector<float> & solo) {
+    const bool same = memcmp(got.data(), solo.data(), solo.size() * sizeof(float)) == 0;
+    float worst = 0.0f;
+    for (size_t i = 0; i < solo.size(); i++) {
+        worst = fmaxf(worst, fabsf(got[i] - solo[i]));
+    }
+    printf("flash_attn kv=%4d window=%3d %-34s %s", len, window, what, same ? "bitwise equal to solo" : "DIFFERS");
+    if (!same) {
+        printf(" (max |diff| %g)", worst);
+    }
+    printf("\n");
+    return same ? 0 : 1;
+}
+
+static int test_flash_attn() {
+    int failures = 0;
+    const fa_seq other_short(37, 0, 500), other_long(2500, 0, 600), other_mid(800, 0, 700);
+    const int lens[] = { 100, 511, 600, 1100, 2100 };
+    for (int len : lens) {
+        for (int window : { 0, 512 }) {
+            if (window && len <= window) {
+                continue;
+            }
+            const fa_seq probe(len, window, 1000 + len);
+            const std::vector<float> solo = fa_split({ &probe }, 0);
+            failures += report("split KV, beside 3 sequences", len, window,
+                               fa_split({ &other_short, &other_long, &probe, &other_mid }, 2), solo);
+            failures += report("split KV, beside a short one", len, window,
+                               fa_split({ &probe, &other_short }, 0), solo);
+            failures += report("unified KV, alone", len, window, fa_unified({ &probe }), solo);
+            failures += report("unified KV, 3 rows", len, window,
+                               fa_unified({ &probe, &other_short, &other_mid }), solo);
+            std::vector<const fa_seq *> many = { &probe };
+            for (int i = 0; i < 15; i++) {
+                many.push_back(i % 2 ? &other_short : &other_mid);
+            }
+            failures += report("unified KV, 16 rows", len, window, fa_unified(many), solo);
+        }
+    }
+    return failures;
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s mul_mat|flash_attn [n_threads]\n", argv[0]);
+        return 2;
+    }
+    if (argc > 2) {
+        n_threads = atoi(argv[2]);
+    }
+    const std::string what = argv[1];
+    int failures;
+    if (what == "mul_mat") {
+        failures = test_mul_mat();
+    } else if (what == "flash_attn") {
+        failures = test_flash_attn();
+    } else {
+        fprintf(stderr, "unknown test %s\n", what.c_str());
+        return 2;
+    }
+    printf("%s: %d failure(s)\n", what.c_str(), failures);
+    return failures ? 1 : 0;
+}

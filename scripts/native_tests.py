@@ -1,0 +1,39 @@
+"""Build and run the patch stack's native tests (CTest, patches/native-tests).
+
+    python scripts/native_tests.py             # against vendor/llama.cpp-patched: must pass
+    python scripts/native_tests.py --pristine  # against vendor/llama.cpp: must fail
+
+The tests link the ggml of the chosen tree, built here with the same native CPU
+flags as the llama-cpp-python build (build/native-{patched,pristine}, reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import vendor_llama
+
+ROOT = vendor_llama.ROOT
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pristine", action="store_true",
+                        help="test the unpatched tree (the tests are expected to fail)")
+    args = parser.parse_args(argv)
+    vendor_llama.main()
+    tree = vendor_llama.TREE if args.pristine else vendor_llama.PATCHED_TREE
+    build = ROOT / "build" / ("native-pristine" if args.pristine else "native-patched")
+    subprocess.run(["cmake", "-S", str(ROOT / "patches" / "native-tests"), "-B", str(build), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_DIR={tree}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build)], check=True)
+    result = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure", "-V"])
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
