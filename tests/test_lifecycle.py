@@ -65,7 +65,7 @@ def test_bad_flag_values_exit_2(tiny_model):
 def test_sigterm_drains_in_flight_then_exits_0(tiny_model):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = run_node("--model", tiny_model, "--port", str(port), "--grace", "30", "--ctx", "8192",
+    proc = run_node("--model", tiny_model, "--port", str(port), "--grace", "30", "--ctx", "16384",
                     "--threads", "1")
     try:
         wait_healthy(url, proc)

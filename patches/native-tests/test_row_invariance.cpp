@@ -2,7 +2,7 @@
 //
 //   mul_mat:    for each weight type of dgr's default model (Q4_K, Q6_K, Q5_0, Q8_0), the other
 //               tiled K-quants, F16 and F32, every column of W x X is bitwise the same whether X
-//               has 1, 2, 7, 8, 9, 16, 33 or 64 columns.
+//               has 1, 2, 7, 8, 9, 16, 33, 64 or 512 (n_batch) columns.
 //   flash_attn: a query row's attention output is bitwise the same alone and beside other
 //               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
 //               lengths below and above 512, with and without a sliding window.
@@ -54,8 +54,8 @@ static std::vector<float> randoms(size_t n, uint32_t seed, float scale = 1.0f) {
 
 static const int MM_K = 1024;   // a multiple of 256, as K-quants need
 static const int MM_ROWS = 88;  // not a multiple of 16: ragged tiles
-static const int MM_COLS[] = { 1, 2, 7, 8, 9, 16, 33, 64 };
-static const int MM_MAX_COLS = 64;
+static const int MM_COLS[] = { 1, 2, 7, 8, 9, 16, 33, 64, 512 };
+static const int MM_MAX_COLS = 512;  // n_batch
 
 // W (MM_ROWS x MM_K, of `type`) times the first n columns of X; returns n x MM_ROWS floats
 static std::vector<float> mul_mat(ggml_type type, const std::vector<uint8_t> & w, const std::vector<float> & x, int n) {
