@@ -98,10 +98,17 @@ def dgr_server(model, c, ctx_per_slot, threads, port, extra=()):
                                  "--threads", str(threads), "--log-level", "WARNING", *extra], port)
 
 
+# Weight repacking off for the llama.cpp peers, as in dgr (weight_repack=False): on CPUs
+# with AMX the pinned build's AMX repacked matmul crashes (SIGSEGV seen here in
+# ggml_backend_amx_mul_mat), and elsewhere repacking makes 1-row and n-row steps differ.
+NO_REPACK = ["--no-repack"]
+
+
 def llama_server(binary, model, c, ctx_per_slot, threads, port):
     return ServerProcess("llama-server", [str(binary), "-m", model, "--port", str(port),
                                           "-np", str(c), "-c", str(c * ctx_per_slot),
-                                          "-t", str(threads), "-b", "512", "-ub", "512"], port)
+                                          "-t", str(threads), "-b", "512", "-ub", "512",
+                                          *NO_REPACK], port)
 
 
 async def stream_one(client, url, prompt, n_new, logprobs=0):
@@ -310,7 +317,7 @@ def batched_bench(binary, model, levels, n_new, threads):
     """{batch size: (prompt tokens/s, generated tokens/s)} from llama-batched-bench."""
     out = subprocess.run([str(binary), "-m", model, "-c", str(max(levels) * 512), "-b", "512",
                           "-ub", "512", "-npp", "64", "-ntg", str(n_new),
-                          "-npl", ",".join(map(str, levels)), "-t", str(threads)],
+                          "-npl", ",".join(map(str, levels)), "-t", str(threads), *NO_REPACK],
                          capture_output=True, text=True, check=True).stdout
     rates = {}
     for line in out.splitlines():
@@ -459,6 +466,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
     parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
+    parser.add_argument("--mixed-chunks", default="32,128,256",
+                        help="dgr prefill chunk sizes tried in the mixed-load case (the first is "
+                             "dgr's default)")
     parser.add_argument("--render-only", action="store_true",
                         help="re-render bench.md and bench.png from OUT/bench.json, run nothing")
     args = parser.parse_args(argv)
@@ -484,7 +494,8 @@ def main(argv=None) -> int:
     long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                             "noting changes in rainfall, reservoir levels and demand."] * 60)
     checked = sorted({c for c in levels if c >= 8} & {8, max(levels)})
-    steps = 3 * len(levels) + 2 + len(checked) + (0 if args.skip_mixed else 2)
+    mixed_chunks = [int(x) for x in args.mixed_chunks.split(",")]
+    steps = 3 * len(levels) + 2 + len(checked) + (0 if args.skip_mixed else 1 + len(mixed_chunks))
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         report["patch_cost"] = patch_cost(peers["llama-batched-bench"],
                                           peers["llama-batched-bench-patched"], model, levels,
@@ -515,9 +526,12 @@ def main(argv=None) -> int:
         del llm
         if not args.skip_mixed:
             report["mixed_load"] = {}
-            with dgr_server(model, 5, 2048, args.threads, free_port()) as srv:
-                report["mixed_load"]["dgr"] = trio.run(mixed_load, srv.url, long_prompt)
-                bar.update()
+            for chunk in mixed_chunks:
+                with dgr_server(model, 5, 2048, args.threads, free_port(),
+                                ["--prefill-chunk", str(chunk)]) as srv:
+                    report["mixed_load"][f"dgr, prefill chunk {chunk}"] = trio.run(
+                        mixed_load, srv.url, long_prompt)
+                    bar.update()
             with llama_server(peers["llama-server"], model, 5, 2048, args.threads, free_port()) as srv:
                 report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt)
                 bar.update()

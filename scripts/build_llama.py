@@ -37,17 +37,34 @@ def build_key(pin: dict[str, str], cmake_args: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def installed_key() -> str | None:
-    """The build key recorded in the installed llama_cpp package, if any."""
+def _package_dir() -> Path | None:
+    import importlib.util
     try:
-        import importlib.util
         spec = importlib.util.find_spec("llama_cpp")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    marker = Path(list(spec.submodule_search_locations)[0]) / MARKER
-    return marker.read_text().strip() if marker.exists() else None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _libraries_digest(package: Path) -> str:
+    digest = hashlib.sha256()
+    for lib in sorted((package / "lib").glob("lib*.so")):
+        digest.update(lib.name.encode() + b"\0" + lib.read_bytes())
+    return digest.hexdigest()
+
+
+def installed_key() -> str | None:
+    """The build key of the installed llama_cpp package: the one recorded at
+    install, if its libraries are still the ones installed then (pip leaves the
+    record behind when another build replaces the package)."""
+    package = _package_dir()
+    marker = package / MARKER if package else None
+    if marker is None or not marker.exists():
+        return None
+    key, _, libs = marker.read_text().strip().partition(" ")
+    return key if libs == _libraries_digest(package) else None
 
 
 def pip(*args: str, env: dict | None = None) -> None:
@@ -93,10 +110,8 @@ def main() -> int:
     pip("install", "--quiet", "--no-deps", "--force-reinstall", str(wheel))
     # runtime dependencies of llama-cpp-python (numpy, diskcache, jinja2, typing-extensions)
     pip("install", "--quiet", str(wheel))
-    location = subprocess.run(
-        [sys.executable, "-c", "import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))"],
-        check=True, capture_output=True, text=True).stdout.strip()
-    (Path(location) / MARKER).write_text(key + "\n")
+    package = _package_dir()
+    (package / MARKER).write_text(f"{key} {_libraries_digest(package)}\n")
     print(f"llama-cpp-python {pin['version']} installed from {wheel.name} (build {key})")
     return 0
 
