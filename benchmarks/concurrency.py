@@ -264,6 +264,26 @@ async def mixed_load(url, long_prompt, n_decoders=4):
             "gap_median_during_prefill_ms": 1000 * statistics.median(gaps) if gaps else None}
 
 
+def llama_without_repack(model, threads):
+    """llama_cpp.Llama with weight repacking off, like the other peers (NO_REPACK):
+    Llama has no parameter for it, so its model-parameter defaults are wrapped."""
+    import llama_cpp.llama_cpp as lowlevel
+    from llama_cpp import Llama
+
+    defaults = lowlevel.llama_model_default_params
+
+    def no_repack():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lowlevel.llama_model_default_params = no_repack
+    try:
+        return Llama(model_path=model, n_ctx=2048, n_threads=threads, verbose=False)
+    finally:
+        lowlevel.llama_model_default_params = defaults
+
+
 def llama_cpp_python_level(llm, c, n_new):
     """What Python users embed today: llama_cpp.Llama, one request at a time."""
     generated, ttft, itl = 0, [], []
@@ -313,10 +333,11 @@ def engine_decode_rate(model, levels, n_new, threads):
     return rates
 
 
-def batched_bench(binary, model, levels, n_new, threads):
+def batched_bench(binary, model, levels, n_new, threads, n_prompt=64):
     """{batch size: (prompt tokens/s, generated tokens/s)} from llama-batched-bench."""
-    out = subprocess.run([str(binary), "-m", model, "-c", str(max(levels) * 512), "-b", "512",
-                          "-ub", "512", "-npp", "64", "-ntg", str(n_new),
+    n_ctx = max(levels) * max(512, n_prompt + n_new)
+    out = subprocess.run([str(binary), "-m", model, "-c", str(n_ctx), "-b", "512",
+                          "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_new),
                           "-npl", ",".join(map(str, levels)), "-t", str(threads), *NO_REPACK],
                          capture_output=True, text=True, check=True).stdout
     rates = {}
@@ -327,14 +348,14 @@ def batched_bench(binary, model, levels, n_new, threads):
     return rates
 
 
-def patch_cost(pristine, patched, model, levels, n_new, threads, rounds=3):
+def patch_cost(pristine, patched, model, levels, n_new, threads, n_prompt=64, rounds=3):
     """llama-batched-bench from the pristine and the patched pin, alternating
     (the machine drifts by 10-30 % within a run): the best of `rounds` runs of
     each, per batch size."""
-    best = {"pristine": {}, "patched": {}}
+    best = {"pristine": {}, "patched": {}, "n_prompt": n_prompt, "n_new": n_new}
     for _ in range(rounds):
         for name, binary in (("pristine", pristine), ("patched", patched)):
-            for c, (pp, tg) in batched_bench(binary, model, levels, n_new, threads).items():
+            for c, (pp, tg) in batched_bench(binary, model, levels, n_new, threads, n_prompt).items():
                 old = best[name].get(str(c), (0.0, 0.0))
                 best[name][str(c)] = (max(old[0], pp), max(old[1], tg))
     return best
@@ -372,10 +393,12 @@ def markdown(report) -> str:
             + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
-    cost = report.get("patch_cost")
-    if cost:
+    for cost in (report.get("patch_cost"), report.get("patch_cost_long")):
+        if not cost:
+            continue
         lines.append("")
-        lines.append("llama-batched-bench, patched pin vs pristine pin (best of alternating runs; "
+        lines.append(f"llama-batched-bench, patched pin vs pristine pin, {cost['n_prompt']}-token "
+                     f"prompts + {cost['n_new']} new tokens (best of alternating runs; "
                      "PP = prompt processing, TG = generation, tokens/s):")
         lines.append("")
         lines.append("| batch | pristine PP | patched PP | PP ratio | pristine TG | patched TG | TG ratio |")
@@ -501,6 +524,10 @@ def main(argv=None) -> int:
                                           peers["llama-batched-bench-patched"], model, levels,
                                           args.new_tokens, args.threads)
         report["batched_bench_ceiling"] = {c: tg for c, (pp, tg) in report["patch_cost"]["pristine"].items()}
+        # contexts past 512 cells: the flash-attention patch's reduction
+        report["patch_cost_long"] = patch_cost(peers["llama-batched-bench"],
+                                               peers["llama-batched-bench-patched"], model, [1, 4],
+                                               32, args.threads, n_prompt=2048)
         bar.update()
         report["engine_decode"] = engine_decode_rate(model, levels, args.new_tokens, args.threads)
         bar.update()
@@ -517,9 +544,7 @@ def main(argv=None) -> int:
                               free_port()) as srv:
                 report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
                 bar.update()
-        from llama_cpp import Llama
-
-        llm = Llama(model_path=model, n_ctx=2048, n_threads=args.threads, verbose=False)
+        llm = llama_without_repack(model, args.threads)
         for c in levels:
             report["llama_cpp_python"].append(llama_cpp_python_level(llm, c, args.new_tokens))
             bar.update()

@@ -107,7 +107,9 @@ def extract_tree(sdist: Path, dest: Path, subtree: str = "vendor/llama.cpp/") ->
     with tarfile.open(sdist) as tar:
         members = []
         for member in tar.getmembers():
-            if member.name.startswith(prefix) and len(member.name) > len(prefix):
+            # the sdist's vendor/llama.cpp/.git names a submodule dir that is not there
+            if member.name.startswith(prefix) and len(member.name) > len(prefix) \
+                    and not member.name.endswith("/.git"):
                 member.name = member.name[len(prefix):]
                 members.append(member)
         tar.extractall(tmp, members=members, filter="data")
