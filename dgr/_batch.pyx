@@ -79,6 +79,50 @@ cdef extern from *:
         return __atomic_load_n((int *)data, __ATOMIC_RELAXED) != 0;
     }
     static void dgr_set_flag(int *flag, int value) { __atomic_store_n(flag, value, __ATOMIC_RELAXED); }
+
+    /* Greedy sampling: the index of the first largest logit (-1 when none exceeds -inf),
+       one pass over a 262k-entry row per output row, so it is vectorized where AVX2 is. */
+    static int dgr_argmax_from(const float *x, int from, int n, int best, float best_value) {
+        for (int i = from; i < n; i++) {
+            if (x[i] > best_value) { best_value = x[i]; best = i; }
+        }
+        return best;
+    }
+    #if defined(__x86_64__) && defined(__GNUC__)
+    #include <immintrin.h>
+    __attribute__((target("avx2")))
+    static int dgr_argmax_avx2(const float *x, int n) {
+        __m256 best = _mm256_set1_ps(-INFINITY);
+        __m256i best_i = _mm256_set1_epi32(-1);
+        __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i step = _mm256_set1_epi32(8);
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);  /* strict: a lane keeps its first maximum */
+            best = _mm256_blendv_ps(best, v, gt);
+            best_i = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_i),
+                                                          _mm256_castsi256_ps(idx), gt));
+            idx = _mm256_add_epi32(idx, step);
+        }
+        float vals[8];
+        int ids[8];
+        _mm256_storeu_ps(vals, best);
+        _mm256_storeu_si256((__m256i *) ids, best_i);
+        int b = -1;
+        float bv = -INFINITY;
+        for (int l = 0; l < 8; l++) {  /* the largest value; among equal ones the first index */
+            if (ids[l] >= 0 && (vals[l] > bv || (vals[l] == bv && ids[l] < b))) { bv = vals[l]; b = ids[l]; }
+        }
+        return dgr_argmax_from(x, i, n, b, bv);
+    }
+    #endif
+    static int dgr_argmax(const float *x, int n) {
+    #if defined(__x86_64__) && defined(__GNUC__)
+        if (__builtin_cpu_supports("avx2")) return dgr_argmax_avx2(x, n);
+    #endif
+        return dgr_argmax_from(x, 0, n, -1, -INFINITY);
+    }
     """
     void dgr_log_sink(ggml_log_level level, const char * text, void * user_data) noexcept nogil
     void dgr_log_clear() noexcept nogil
@@ -86,6 +130,7 @@ cdef extern from *:
     int dgr_log_echo
     bint dgr_abort_callback(void * data) noexcept nogil
     void dgr_set_flag(int * flag, int value) noexcept nogil
+    int dgr_argmax(const float * x, int n) noexcept nogil
 
 # Flags of the `want` array passed to step().
 WANT_SAMPLE = 1
@@ -158,9 +203,9 @@ cdef class Engine:
     cdef int n_slots
     cdef int batch_capacity
     cdef int vocab_size
-    cdef llama_logit_bias * eog_bias
+    cdef llama_logit_bias * eog_bias   # end-of-generation tokens, bias -inf
     cdef int n_eog
-    cdef char * eog_mask        # n_vocab flags: end-of-generation tokens
+    cdef float * eog_saved      # their logits while a greedy row that bans them is sampled
     cdef char * greedy_slot     # per slot: pure greedy, sampled by argmax in C
     cdef char * ban_eog_slot    # per slot: ignore_eos
     cdef long long steps_done
@@ -175,7 +220,7 @@ cdef class Engine:
         self.ctx = NULL
         self.samplers = NULL
         self.eog_bias = NULL
-        self.eog_mask = NULL
+        self.eog_saved = NULL
         self.greedy_slot = NULL
         self.ban_eog_slot = NULL
         self.batch.token = NULL
@@ -300,10 +345,11 @@ cdef class Engine:
         if self.eog_bias != NULL:
             free(self.eog_bias)
             self.eog_bias = NULL
-        free(self.eog_mask)
+        free(self.eog_saved)
         free(self.greedy_slot)
         free(self.ban_eog_slot)
-        self.eog_mask = self.greedy_slot = self.ban_eog_slot = NULL
+        self.eog_saved = NULL
+        self.greedy_slot = self.ban_eog_slot = NULL
         if self.batch.token != NULL:
             llama_batch_free(self.batch)
             self.batch.token = NULL
@@ -319,12 +365,10 @@ cdef class Engine:
             raise DecodeError("engine is closed")
 
     cdef _collect_eog(self):
-        self.eog_mask = <char *> calloc(self.vocab_size, 1)
-        for t in range(self.vocab_size):
-            self.eog_mask[t] = llama_vocab_is_eog(self.vocab, t)
-        eog = [t for t in range(self.vocab_size) if self.eog_mask[t]]
+        eog = [t for t in range(self.vocab_size) if llama_vocab_is_eog(self.vocab, t)]
         self.n_eog = len(eog)
         self.eog_bias = <llama_logit_bias *> malloc(max(1, self.n_eog) * sizeof(llama_logit_bias))
+        self.eog_saved = <float *> malloc(max(1, self.n_eog) * sizeof(float))
         for i, t in enumerate(eog):
             self.eog_bias[i].token = t
             self.eog_bias[i].bias = -INFINITY
@@ -618,7 +662,8 @@ cdef class Engine:
                         continue
                     if self.greedy_slot[seq[i]]:
                         out_ids[i] = _argmax(llama_get_logits_ith(self.ctx, i), self.vocab_size,
-                                             self.eog_mask if self.ban_eog_slot[seq[i]] else NULL)
+                                             self.eog_bias, self.n_eog if self.ban_eog_slot[seq[i]] else 0,
+                                             self.eog_saved)
                         if out_ids[i] < 0:
                             bad_row = i
                             break
@@ -657,17 +702,20 @@ cdef class Engine:
                 llama_memory_seq_rm(self.mem, s, pos_before[s] + 1, -1)
 
 
-cdef int _argmax(const float * logits, int n_vocab, const char * banned) noexcept nogil:
-    """Index of the first largest logit, skipping banned tokens; -1 without logits."""
+cdef int _argmax(float * logits, int n_vocab, const llama_logit_bias * banned, int n_banned,
+                 float * saved) noexcept nogil:
+    """Index of the first largest logit, skipping the n_banned tokens of `banned`
+    (their logits are set aside in `saved` for the search and put back); -1
+    without logits."""
     if logits == NULL:
         return -1
-    cdef int best = -1
-    cdef float best_value = -INFINITY
-    cdef int i
-    for i in range(n_vocab):
-        if logits[i] > best_value and (banned == NULL or not banned[i]):
-            best_value = logits[i]
-            best = i
+    cdef int j
+    for j in range(n_banned):
+        saved[j] = logits[banned[j].token]
+        logits[banned[j].token] = -INFINITY
+    cdef int best = dgr_argmax(logits, n_vocab)
+    for j in range(n_banned):
+        logits[banned[j].token] = saved[j]
     return best if best >= 0 else 0
 
 

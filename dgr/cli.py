@@ -30,7 +30,7 @@ NODE_FLAGS = [
     ("--max-batch-tokens", "max_batch_tokens", int, "Token budget of one step, <= --batch; decode "
      "rows come first, prefill chunks fill the rest (default: --batch)."),
     ("--prefill-chunk", "prefill_chunk", int, "Prompt tokens per prefill chunk; bounds how long a "
-     "long prompt can delay decoders in one step (default 32)."),
+     "long prompt can delay decoders in one step (default 256)."),
     ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions that may prefill a chunk "
      "in one step, each in its own llama_decode call; bounds how many chunks decoders wait for "
      "in one step (default 4)."),

@@ -50,7 +50,7 @@ class NodeConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     max_batch_tokens: Optional[int] = None
-    prefill_chunk: int = 32
+    prefill_chunk: int = 256
     prefill_sessions_per_step: int = 4
     n_threads: Optional[int] = None
     kv_unified: bool = False
