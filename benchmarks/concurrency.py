@@ -490,8 +490,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
     parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
     parser.add_argument("--mixed-chunks", default="32,128,256",
-                        help="dgr prefill chunk sizes tried in the mixed-load case (the first is "
-                             "dgr's default)")
+                        help="dgr prefill chunk sizes tried in the mixed-load case (dgr's default "
+                             "is 256)")
     parser.add_argument("--render-only", action="store_true",
                         help="re-render bench.md and bench.png from OUT/bench.json, run nothing")
     args = parser.parse_args(argv)

@@ -250,6 +250,11 @@ cdef class Engine:
             raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
         if n_seq_max < 1 or n_batch < 1 or n_ubatch < 1 or n_ctx < 1:
             raise ContextError("n_ctx, n_seq_max, n_batch and n_ubatch must be positive")
+        if weight_repack and "AMX_INT8 = 1" in system_info():
+            # Seen on the CI machine type (evidence/DGR-013): the pinned llama.cpp's AMX
+            # repacked matmul dies with SIGSEGV; refuse rather than crash the process.
+            raise ContextError("weight_repack is not supported on this CPU: llama.cpp's AMX "
+                               "repacked matmul crashes here; leave weight repacking off")
 
         cdef llama_model_params mparams = llama_model_default_params()
         mparams.n_gpu_layers = 0

@@ -184,6 +184,19 @@ def test_bad_context_parameters(tiny_model):
         _batch.Engine(tiny_model, n_seq_max=0)
 
 
+def test_weight_repack_is_refused_where_amx_would_crash_and_works_elsewhere(tiny_model):
+    """On CPUs with AMX the pinned llama.cpp's repacked AMX matmul dies with
+    SIGSEGV: the engine refuses weight_repack there with a clear error."""
+    if "AMX_INT8 = 1" in _batch.system_info():
+        with pytest.raises(ContextError, match="weight_repack is not supported on this CPU"):
+            _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
+    else:
+        eng = _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
+        sampled, *_ = eng.step([1, 2, 3], [0, 1, 2], [0, 0, 0], [0, 0, 1])
+        assert sampled[-1] >= 0
+        eng.close()
+
+
 def test_decreasing_positions_are_rejected(engine):
     engine.release(2)
     with pytest.raises(InvalidBatch, match="does not continue"):
