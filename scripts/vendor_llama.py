@@ -120,7 +120,8 @@ def extract_tree(sdist: Path, dest: Path, subtree: str = "vendor/llama.cpp/") ->
 def _materialize(dest: Path, stamp: str, patched: bool) -> None:
     marker = dest / ".dgr-pin"
     if (dest / "include" / "llama.h").exists() and marker.exists() and marker.read_text().strip() == stamp:
-        print(f"{dest.relative_to(ROOT)} is in place ({stamp[:12]})")
+        short = "+".join(part[:12] for part in stamp.split("+"))
+        print(f"{dest.relative_to(ROOT)} is in place (pin{'+stack' if patched else ''} {short})")
         return
     sdist = fetch_sdist(read_pin())
     extract_tree(sdist, dest)
