@@ -22,8 +22,9 @@ Policy (re-planned every step, sessions join and leave between steps):
    (`StepPlan.calls`), exactly as it runs when its session is alone: a chunk
    of 64 rows or more takes llama.cpp's tiled flash attention, a reduction of
    its own that the patch stack leaves as it is, so neither a chunk's
-   boundaries nor its company may depend on other sessions. With split KV a mixed call costs two
-   graph evaluations anyway, so separate calls cost nothing extra.
+   boundaries nor its company may depend on other sessions. With split KV a
+   mixed call costs two graph evaluations anyway, so separate calls cost
+   nothing extra.
 
 Bounds: rows per step <= token_budget (<= n_batch); output rows per step <=
 number of running sessions (one sampled token each); prefill chunks per step

@@ -37,8 +37,8 @@ def main(argv=None) -> int:
         print(log.read_text()[-8000:])
         print(f"native tests: the build failed (whole log: {log})")
         return built.returncode
-    print(f"built {build.relative_to(ROOT)} from {tree.relative_to(ROOT)} (compiler output: {log.relative_to(ROOT)})",
-          flush=True)
+    print(f"built {build.relative_to(ROOT)} from {tree.relative_to(ROOT)} "
+          f"(compiler output: {log.relative_to(ROOT)})", flush=True)
     result = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure", "-V"])
     return result.returncode
 
