@@ -146,8 +146,11 @@ async def stream_one(client, url, prompt, n_new, logprobs=0):
             "tokens": tokens, "gaps": gaps, "logprobs": logprobs}
 
 
-async def scrape(client, url, stats, stop):
-    """Poll dgr's /metrics for peaks of occupancy, KV pressure and queue depth."""
+async def scrape(client, url, stats, stop, interval=0.5):
+    """Poll dgr's /metrics for peaks of occupancy, KV pressure and queue depth.
+    Rarely: rendering and parsing the metrics costs CPU on the 2 cores the
+    servers share, and llama-server is not polled (every 50 ms cost dgr ~10 %
+    at c=1 here)."""
     names = {"dgr_batch_occupancy_ratio": "occupancy", "dgr_kv_pressure_ratio": "kv_pressure",
              "dgr_queue_sessions": "queue_depth"}
     while not stop.is_set():
@@ -160,7 +163,7 @@ async def scrape(client, url, stats, stop):
             if name in names:
                 key = names[name]
                 stats[key] = max(stats.get(key, 0.0), float(value))
-        await trio.sleep(0.05)
+        await trio.sleep(interval)
 
 
 def metric_value(text, name):

@@ -3,9 +3,10 @@
 Policy (re-planned every step, sessions join and leave between steps):
 
 1. Decode first. Every running session that has a token to decode and whose
-   reader can take one more token gets exactly one row. A session whose reply
-   channel is full (slow reader) is skipped, so backpressure reaches the model
-   step instead of memory.
+   reader can take one more token gets exactly one row, in ascending slot
+   order (llama.cpp evaluates out-of-order sequence ids in several ubatches).
+   A session whose reply channel is full (slow reader) is skipped, so
+   backpressure reaches the model step instead of memory.
 2. Prefill fills what the step's token budget leaves, oldest session first,
    in chunks of `prefill_chunk` tokens. Chunk boundaries are multiples of
    `prefill_chunk` from position 0, a function of the session alone, never of
@@ -129,8 +130,13 @@ def _want(session: Session) -> int:
 def plan_step(running: Sequence[Session], token_budget: int, prefill_chunk: int,
               prefill_sessions: int = 1 << 30) -> StepPlan:
     """Plan the next step over `running` (in arrival order)."""
-    decode = [s for s in running
-              if s.phase is Phase.DECODE and not s.done and s.reader_ready()]
+    # Rows in ascending slot (sequence id) order: with split KV, llama.cpp splits a
+    # batch whose sequence ids are out of order into several ubatches, one graph
+    # evaluation each (measured, 16 decode rows: 72 ms ascending, 183 ms shuffled,
+    # 347 ms descending). Slots come back in any order as sessions finish.
+    decode = sorted((s for s in running
+                     if s.phase is Phase.DECODE and not s.done and s.reader_ready()),
+                    key=lambda s: s.slot)
     left = token_budget - len(decode)
     prefill = []
     for session in running:

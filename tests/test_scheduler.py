@@ -77,6 +77,19 @@ def test_slow_reader_is_skipped_others_continue():
     assert plan.decode == (fast,)
 
 
+def test_decode_rows_are_in_ascending_slot_order():
+    """Sessions reuse slots in any order as others finish; llama.cpp evaluates a
+    batch whose sequence ids are out of order in several ubatches (4.8x slower
+    at 16 rows, measured), so the plan orders decode rows by slot."""
+    running = [make_session(i, 3, phase=Phase.DECODE, slot=slot)
+               for i, slot in enumerate([5, 2, 7, 0, 3])]
+    plan = plan_step(running, 256, 16)
+    assert [s.slot for s in plan.decode] == [0, 2, 3, 5, 7]
+    _, _, seq_ids, _, _ = plan.arrays()
+    assert list(seq_ids) == [0, 2, 3, 5, 7]
+    assert [row for _, row in plan.output_rows()] == [0, 1, 2, 3, 4]
+
+
 def test_decode_rows_feed_back_the_last_token_at_the_next_position():
     s = make_session(3, 10, phase=Phase.DECODE, slot=5)
     s.generated = [11, 12, 13]
