@@ -378,6 +378,19 @@ def saturation(levels: list[dict]) -> int | None:
     return saturated
 
 
+def markdown_patch_cost(cost, rounds) -> list[str]:
+    lines = ["", f"llama-batched-bench, patched pin vs pristine pin, {cost['n_prompt']}-token "
+             f"prompts + {cost['n_new']} new tokens (best of {rounds} alternating runs; "
+             "PP = prompt processing, TG = generation, tokens/s):", "",
+             "| batch | pristine PP | patched PP | PP ratio | pristine TG | patched TG | TG ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for c in sorted((k for k in cost["pristine"]), key=int):
+        (pp0, tg0), (pp1, tg1) = cost["pristine"][c], cost["patched"][c]
+        lines.append(f"| {c} | {pp0:.1f} | {pp1:.1f} | {pp1 / pp0:.3f} | {tg0:.1f} | {tg1:.1f} | "
+                     f"{tg1 / tg0:.3f} |")
+    return lines
+
+
 def markdown(report) -> str:
     lines = ["| c | dgr tok/s | llama-server tok/s | dgr/server | Llama tok/s | dgr/Llama | "
              "batched-bench ceiling | dgr/ceiling | dgr TTFT p50/p99 ms | dgr ITL p50/p99 ms | "
@@ -397,19 +410,8 @@ def markdown(report) -> str:
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
     for cost in (report.get("patch_cost"), report.get("patch_cost_long")):
-        if not cost:
-            continue
-        lines.append("")
-        lines.append(f"llama-batched-bench, patched pin vs pristine pin, {cost['n_prompt']}-token "
-                     f"prompts + {cost['n_new']} new tokens (best of alternating runs; "
-                     "PP = prompt processing, TG = generation, tokens/s):")
-        lines.append("")
-        lines.append("| batch | pristine PP | patched PP | PP ratio | pristine TG | patched TG | TG ratio |")
-        lines.append("|---|---|---|---|---|---|---|")
-        for c in sorted(cost["pristine"], key=int):
-            (pp0, tg0), (pp1, tg1) = cost["pristine"][c], cost["patched"][c]
-            lines.append(f"| {c} | {pp0:.1f} | {pp1:.1f} | {pp1 / pp0:.3f} | {tg0:.1f} | {tg1:.1f} | "
-                         f"{tg1 / tg0:.3f} |")
+        if cost:
+            lines.extend(markdown_patch_cost(cost, 3))
     lines.append("")
     lines.append("Engine alone (in-process decode, no HTTP) vs the ceiling: " + ", ".join(
         f"c={c}: {rate:.1f} tok/s ({rate / ceiling[c]:.2f}x)" if c in ceiling else f"c={c}: {rate:.1f}"
