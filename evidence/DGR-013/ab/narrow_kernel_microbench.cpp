@@ -14,7 +14,7 @@ int main(int argc, char**argv){
     ggml_tensor*X=ggml_new_tensor_2d(ctx,GGML_TYPE_F32,K,N); for(int i=0;i<K*N;i++)((float*)X->data)[i]=d(rng)*20;
     ggml_cgraph*gf=ggml_new_graph(ctx);
     ggml_tensor*Y=nullptr;
-    for(int l=0;l<18;l++){ Y=ggml_mul_mat(ctx,W,X); ggml_build_forward_expand(gf,Y);}  
+    for(int l=0;l<18;l++){ Y=ggml_mul_mat(ctx,W,X); ggml_build_forward_expand(gf,Y);}
     ggml_graph_compute_with_ctx(ctx,gf,th);
     auto t0=std::chrono::steady_clock::now(); int it=200;
     for(int i=0;i<it;i++) ggml_graph_compute_with_ctx(ctx,gf,th);
