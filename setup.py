@@ -1,4 +1,5 @@
-"""Builds the Cython engine dgr._batch against the pinned llama.cpp.
+"""Builds the Cython engine dgr._batch (against the pinned llama.cpp) and its
+scheduler dgr._scheduler (pure C).
 
 Headers come from vendor/llama.cpp (materialized by scripts/vendor_llama.py
 from the sha256-pinned llama-cpp-python sdist). The extension links the
@@ -47,4 +48,7 @@ extension = Extension(
     extra_compile_args=["-O3"],
 )
 
-setup(ext_modules=cythonize([extension], compiler_directives={"language_level": 3}))
+# The scheduler is pure C: no llama.cpp, so its tests need no model.
+scheduler = Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"])
+
+setup(ext_modules=cythonize([scheduler, extension], compiler_directives={"language_level": 3}))

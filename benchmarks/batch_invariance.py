@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dgr import _batch  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
-from dgr.node import resolve_model_path  # noqa: E402
+from dgr.engine import resolve_model_path  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):",
            "Once upon a time, in a small village,", "The three laws of thermodynamics are",

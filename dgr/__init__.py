@@ -10,12 +10,15 @@ bounded admission:
 from dgr.config import NodeConfig, SamplingParams, load_config
 from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, GenerationFailed,
                         InvalidRequest, ModelLoadError, NodeClosed)
-from dgr.node import Chunk, GenerationResult, Node, SessionStream, open_node
+from dgr.node import Node, open_node
+from dgr.sequence import FinishReason
+from dgr.stream import Chunk, GenerationResult, SessionStream
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "GenerationFailed",
+    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "FinishReason",
+    "GenerationFailed",
     "GenerationResult", "InvalidRequest", "ModelLoadError", "Node", "NodeClosed", "NodeConfig",
     "SamplingParams", "SessionStream", "load_config", "open_node",
 ]

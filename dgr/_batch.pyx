@@ -15,15 +15,33 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport expf, logf, INFINITY
-from libc.stdint cimport int8_t, int32_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from posix.unistd cimport write
 
 from dgr._llama cimport *
+from dgr._scheduler cimport (EV_FINISH, EV_STEP, FINISH_CANCELLED, MAX_LOGPROBS, Event, Scheduler,
+                             StepFigures, event_tuple)
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
                         InvalidBatch, KVSlotUnavailable, ModelLoadError)
 
 cnp.import_array()
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t * mutex, void * attr)
+    int pthread_mutex_destroy(pthread_mutex_t * mutex)
+    int pthread_mutex_lock(pthread_mutex_t * mutex)
+    int pthread_mutex_unlock(pthread_mutex_t * mutex)
+    int pthread_cond_init(pthread_cond_t * cond, void * attr)
+    int pthread_cond_destroy(pthread_cond_t * cond)
+    int pthread_cond_wait(pthread_cond_t * cond, pthread_mutex_t * mutex)
+    int pthread_cond_signal(pthread_cond_t * cond)
 
 cdef extern from *:
     """
@@ -136,7 +154,13 @@ cdef extern from *:
 WANT_SAMPLE = 1
 WANT_LOGPROBS = 2
 # inject_fault code: raise a RuntimeError after llama_decode ran
-FAULT_RAISE = 1000
+cdef enum:
+    WANT_SAMPLE_C = 1
+    WANT_LOGPROBS_C = 2
+    FAULT_RAISE_C = 1000
+    ENGINE_FAULT_C = -1000   # a batch loop's code for a call that raised (FAULT_RAISE)
+FAULT_RAISE = FAULT_RAISE_C
+ENGINE_FAULT = ENGINE_FAULT_C
 
 cdef bint _backend_ready = False
 
@@ -631,59 +655,16 @@ cdef class Engine:
         cdef cnp.ndarray[int32_t, ndim=2] top_ids = np.zeros((n, max(k, 1)), dtype=np.int32)
         cdef cnp.ndarray[float, ndim=2] top_lp = np.zeros((n, max(k, 1)), dtype=np.float32)
         cdef cnp.ndarray[float, ndim=1] sampled_lp = np.zeros(n, dtype=np.float32)
-        cdef int32_t * out_ids = <int32_t *> sampled.data
-        cdef int32_t * out_top = <int32_t *> top_ids.data
-        cdef float * out_top_lp = <float *> top_lp.data
-        cdef float * out_lp = <float *> sampled_lp.data
-        cdef int rc = 0
-        cdef int injected = 0
+        cdef int rc
         cdef int bad_row = -1
-        if self.fault_step >= 0 and self.steps_done == self.fault_step:
-            injected = self.fault_code
-            self.fault_step = -1
-        self.steps_done += 1
-
-        cdef double t0, t1, t2
+        cdef double times[3]
         with nogil:
-            t0 = _now()
-            for i in range(n):
-                self.batch.token[i] = tok[i]
-                self.batch.pos[i] = pos[i]
-                self.batch.n_seq_id[i] = 1
-                self.batch.seq_id[i][0] = seq[i]
-                self.batch.logits[i] = 1 if wnt[i] != 0 else 0
-            self.batch.n_tokens = n
-            t1 = _now()
-            if injected == 1 or injected == -1:
-                rc = injected
-            else:
-                rc = llama_decode(self.ctx, self.batch)
-                if rc == 0 and injected != 0:
-                    rc = injected
-            t2 = _now()
-            if rc == 0:
-                for i in range(n):
-                    if wnt[i] == 0:
-                        continue
-                    if self.greedy_slot[seq[i]]:
-                        out_ids[i] = _argmax(llama_get_logits_ith(self.ctx, i), self.vocab_size,
-                                             self.eog_bias, self.n_eog if self.ban_eog_slot[seq[i]] else 0,
-                                             self.eog_saved)
-                        if out_ids[i] < 0:
-                            bad_row = i
-                            break
-                    else:
-                        out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
-                    if k > 0 and (wnt[i] & 2):
-                        if not _logprobs(llama_get_logits_ith(self.ctx, i), self.vocab_size, k,
-                                         out_ids[i], out_top + i * k, out_top_lp + i * k, out_lp + i):
-                            bad_row = i
-                            break
-            self.t_fill = t1 - t0
-            self.t_decode = t2 - t1
-            self.t_sample = _now() - t2
+            rc = self._run_call(n, &tok[0], &pos[0], &seq[0], &wnt[0], k,
+                                <int32_t *> sampled.data, <float *> sampled_lp.data,
+                                <int32_t *> top_ids.data, <float *> top_lp.data, &bad_row, times)
+        self.t_fill, self.t_decode, self.t_sample = times[0], times[1], times[2]
 
-        if rc == FAULT_RAISE:
+        if rc == FAULT_RAISE_C:
             raise RuntimeError("injected engine fault after llama_decode")
         if rc != 0:
             self._reconcile(pos_before)
@@ -693,6 +674,60 @@ cdef class Engine:
         if k == 0:
             return sampled, None, None, None
         return sampled, top_ids, top_lp, sampled_lp
+
+    cdef int _run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
+                       const int8_t * want, int k, int32_t * out_ids, float * out_lp,
+                       int32_t * out_top, float * out_top_lp, int * bad_row,
+                       double * times) noexcept nogil:
+        """One llama_decode over n rows, then every row with want != 0 sampled with
+        its slot's sampler (and, with WANT_LOGPROBS, its top-k log-probabilities, k
+        apart in out_top*). Returns llama_decode's code (or an injected fault's);
+        a row without logits ends sampling with its index in bad_row. times:
+        batch fill, decode and sampling seconds. Shared by step() and BatchLoop."""
+        cdef int i, rc, injected = 0
+        cdef double t0 = _now(), t1, t2
+        if self.fault_step >= 0 and self.steps_done == self.fault_step:
+            injected = self.fault_code
+            self.fault_step = -1
+        self.steps_done += 1
+        for i in range(n):
+            self.batch.token[i] = tok[i]
+            self.batch.pos[i] = pos[i]
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = seq[i]
+            self.batch.logits[i] = 1 if want[i] != 0 else 0
+        self.batch.n_tokens = n
+        t1 = _now()
+        if injected == 1 or injected == -1:
+            rc = injected
+        else:
+            rc = llama_decode(self.ctx, self.batch)
+            if rc == 0 and injected != 0:
+                rc = injected
+        t2 = _now()
+        if rc == 0:
+            for i in range(n):
+                if want[i] == 0:
+                    continue
+                if self.greedy_slot[seq[i]]:
+                    out_ids[i] = _argmax(llama_get_logits_ith(self.ctx, i), self.vocab_size,
+                                         self.eog_bias, self.n_eog if self.ban_eog_slot[seq[i]] else 0,
+                                         self.eog_saved)
+                    if out_ids[i] < 0:
+                        bad_row[0] = i
+                        break
+                else:
+                    out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
+                if k > 0 and (want[i] & 2):
+                    if not _logprobs(llama_get_logits_ith(self.ctx, i), self.vocab_size, k,
+                                     out_ids[i], out_top + i * k, out_top_lp + i * k, out_lp + i):
+                        out_ids[i] = -1
+                        bad_row[0] = i
+                        break
+        times[0] = t1 - t0
+        times[1] = t2 - t1
+        times[2] = _now() - t2
+        return rc
 
     @property
     def last_step_timing(self):
@@ -705,6 +740,306 @@ cdef class Engine:
         for s in range(self.n_slots):
             if pos_before[s] != -2:
                 llama_memory_seq_rm(self.mem, s, pos_before[s] + 1, -1)
+
+
+cdef class BatchLoop:
+    """The batch-assembly loop: steps every session of a node, on the engine
+    thread, without the GIL and without waiting for Trio between steps.
+
+    The node talks to it through a mailbox and an event ring, both under one
+    mutex held only for microseconds:
+
+    - the node's requests (`start`, `credit`, `request_finish`, `stop`) change
+      the slot table and wake the loop when it idles;
+    - each step (module doc of dgr._scheduler: plan, one llama_decode for the
+      decode rows and one per prefill chunk, sampling, post-step update)
+      appends its events to a bounded ring and writes to `wake_fd` (an
+      eventfd the node's Trio task waits on); `drain` takes them.
+
+    The loop keeps stepping while it has rows to run and room in the ring for
+    one more step's events; a full ring (the node fell behind) stops it until
+    the node drains, so nothing between the two grows without bound. Ended
+    slots' KV cells are freed before their EV_FINISH is published.
+    """
+
+    cdef Engine engine
+    cdef readonly Scheduler scheduler
+    cdef pthread_mutex_t lock
+    cdef pthread_cond_t wake
+    cdef bint stopping
+    cdef bint sync_ready
+    cdef int wake_fd
+    cdef Event * ring
+    cdef int ring_cap, ring_head, ring_len
+    cdef Event * scratch
+    cdef int step_cap
+    cdef int32_t * row_tok
+    cdef int32_t * row_pos
+    cdef int32_t * row_seq
+    cdef int8_t * row_want
+    cdef int32_t * sampled
+    cdef float * chosen_lp
+    cdef int32_t * top_ids
+    cdef float * top_lp
+    cdef int * call_rc
+    cdef int64_t steps
+    cdef double mark
+    cdef int cells_used_now
+    cdef int * pos_max_now
+
+    def __cinit__(self):
+        self.sync_ready = False
+        self.ring = self.scratch = NULL
+        self.row_tok = self.row_pos = self.row_seq = self.sampled = self.top_ids = NULL
+        self.row_want = NULL
+        self.chosen_lp = self.top_lp = NULL
+        self.call_rc = self.pos_max_now = NULL
+
+    def __init__(self, Engine engine, Scheduler scheduler, int wake_fd, int ring_steps=32):
+        engine._check_open()
+        if scheduler.n_slots != engine.n_slots or scheduler.token_budget > engine.batch_capacity:
+            raise ValueError("the scheduler's slots and token budget must fit the engine's "
+                             f"({engine.n_slots} slots, n_batch {engine.batch_capacity})")
+        self.engine = engine
+        self.scheduler = scheduler
+        self.wake_fd = wake_fd
+        self.step_cap = scheduler.max_step_events()
+        self.ring_cap = ring_steps * self.step_cap
+        cdef int rows = scheduler.token_budget
+        self.ring = <Event *> calloc(self.ring_cap, sizeof(Event))
+        self.scratch = <Event *> calloc(self.step_cap, sizeof(Event))
+        self.row_tok = <int32_t *> calloc(rows, sizeof(int32_t))
+        self.row_pos = <int32_t *> calloc(rows, sizeof(int32_t))
+        self.row_seq = <int32_t *> calloc(rows, sizeof(int32_t))
+        self.row_want = <int8_t *> calloc(rows, sizeof(int8_t))
+        self.sampled = <int32_t *> calloc(rows, sizeof(int32_t))
+        self.chosen_lp = <float *> calloc(rows, sizeof(float))
+        self.top_ids = <int32_t *> calloc(rows * MAX_LOGPROBS, sizeof(int32_t))
+        self.top_lp = <float *> calloc(rows * MAX_LOGPROBS, sizeof(float))
+        self.call_rc = <int *> calloc(1 + scheduler.n_slots, sizeof(int))
+        self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
+        if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
+                or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
+                or self.sampled == NULL or self.chosen_lp == NULL or self.top_ids == NULL
+                or self.top_lp == NULL or self.call_rc == NULL or self.pos_max_now == NULL):
+            raise MemoryError()
+        for s in range(scheduler.n_slots):
+            self.pos_max_now[s] = -1
+        pthread_mutex_init(&self.lock, NULL)
+        pthread_cond_init(&self.wake, NULL)
+        self.sync_ready = True
+
+    def __dealloc__(self):
+        if self.sync_ready:
+            pthread_cond_destroy(&self.wake)
+            pthread_mutex_destroy(&self.lock)
+        free(self.ring); free(self.scratch)
+        free(self.row_tok); free(self.row_pos); free(self.row_seq); free(self.row_want)
+        free(self.sampled); free(self.chosen_lp); free(self.top_ids); free(self.top_lp)
+        free(self.call_rc); free(self.pos_max_now)
+
+    # ------------------------------------------------------------ the node's side (GIL held)
+
+    def start(self, int slot, prompt, int max_tokens, *, int n_logprobs=0, bint ignore_eos=False,
+              int credits=1, double temperature=0.0, int top_k=0, double top_p=1.0,
+              double min_p=0.0, seed=0):
+        """Run a session on a free slot (one whose EV_FINISH the node has seen)."""
+        # The loop leaves a free slot's sampler alone, so it is set outside the lock.
+        self.engine.set_sampling(slot, temperature, top_k, top_p, min_p, seed, ignore_eos)
+        pthread_mutex_lock(&self.lock)
+        try:
+            self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits)
+            pthread_cond_signal(&self.wake)
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    def credit(self, int slot, int n=1):
+        """The slot's reader took n tokens; it may be sent n more."""
+        pthread_mutex_lock(&self.lock)
+        try:
+            self.scheduler.credit(slot, n)
+            pthread_cond_signal(&self.wake)
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    def request_finish(self, int slot, int reason=FINISH_CANCELLED):
+        """End the slot before its next row; an EV_FINISH follows."""
+        pthread_mutex_lock(&self.lock)
+        try:
+            self.scheduler.request_finish(slot, reason)
+            pthread_cond_signal(&self.wake)
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    def stop(self):
+        """Make run() return: after the step in flight, which the abort flag cuts short."""
+        self.engine.request_abort()
+        pthread_mutex_lock(&self.lock)
+        self.stopping = True
+        pthread_cond_signal(&self.wake)
+        pthread_mutex_unlock(&self.lock)
+
+    def drain(self):
+        """The events published since the last drain, oldest first (as tuples, see
+        dgr._scheduler.event_tuple)."""
+        cdef int n, i, first
+        cdef Event * taken
+        pthread_mutex_lock(&self.lock)
+        n = self.ring_len
+        taken = <Event *> malloc(max(n, 1) * sizeof(Event))
+        if taken != NULL:
+            for i in range(n):
+                memcpy(&taken[i], &self.ring[(self.ring_head + i) % self.ring_cap], sizeof(Event))
+            self.ring_head = (self.ring_head + n) % self.ring_cap
+            self.ring_len = 0
+            pthread_cond_signal(&self.wake)
+        pthread_mutex_unlock(&self.lock)
+        if taken == NULL:
+            raise MemoryError()
+        try:
+            return [event_tuple(&taken[i]) for i in range(n)]
+        finally:
+            free(taken)
+
+    @property
+    def cells_used(self):
+        """KV cells holding tokens after the last published step."""
+        return self.cells_used_now
+
+    def pos_max(self, int slot):
+        """The slot's largest KV position after the last published step (-1: none)."""
+        if not 0 <= slot < self.scheduler.n_slots:
+            raise ValueError(f"slot {slot} out of range")
+        return self.pos_max_now[slot]
+
+    def run(self):
+        """Step until stop(); call it on the engine thread (the GIL is released throughout)."""
+        with nogil:
+            self._run()
+
+    # ------------------------------------------------------------ the loop (nogil)
+
+    cdef void _run(self) noexcept nogil:
+        cdef int n_events, rows
+        pthread_mutex_lock(&self.lock)
+        self.mark = _now()
+        while not self.stopping:
+            if self.ring_cap - self.ring_len < self.step_cap:
+                pthread_cond_wait(&self.wake, &self.lock)  # until the node drains
+                self.mark = _now()
+                continue
+            n_events = self.scheduler.take_finish_requests(self.scratch)
+            rows = self.scheduler.plan()
+            if rows > 0:
+                self._step(n_events)
+                continue
+            if n_events:
+                self._release_finished(n_events)
+                self._publish(n_events)
+                continue
+            pthread_cond_wait(&self.wake, &self.lock)
+            self.mark = _now()
+        pthread_mutex_unlock(&self.lock)
+
+    cdef void _step(self, int n_events) noexcept nogil:
+        """Run the planned step; entered and left with the lock held, which is
+        released while llama.cpp runs."""
+        cdef StepFigures figures
+        cdef double times[3]
+        cdef double started = self.mark, unlocked, relocked, ended
+        cdef double fill_s = 0.0, decode_s = 0.0, sample_s = 0.0
+        cdef int rows = self.scheduler.plan_rows(), call, start, end, bad_row, rc, n_calls = 0
+        memset(&figures, 0, sizeof(StepFigures))
+        self._fill_rows()
+        unlocked = _now()
+        pthread_mutex_unlock(&self.lock)
+        # Call 0: the decode rows (when there are any); call 1 + c: chunk c, alone.
+        for call in range(1 + self.scheduler.n_chunks):
+            start = 0 if call == 0 else self.scheduler.chunk_offset(call - 1)
+            end = self.scheduler.n_decode if call == 0 else self.scheduler.chunk_offset(call)
+            if end == start:
+                continue
+            bad_row = -1
+            rc = self.engine._run_call(
+                end - start, self.row_tok + start, self.row_pos + start, self.row_seq + start,
+                self.row_want + start, MAX_LOGPROBS, self.sampled + start, self.chosen_lp + start,
+                self.top_ids + start * MAX_LOGPROBS, self.top_lp + start * MAX_LOGPROBS,
+                &bad_row, times)
+            if rc == FAULT_RAISE_C:
+                rc = ENGINE_FAULT_C
+            elif rc == 0 and bad_row >= 0:
+                self.sampled[start + bad_row] = -1  # the scheduler ends that session
+            self.call_rc[call] = rc
+            n_calls += 1
+            fill_s += times[0]
+            decode_s += times[1]
+            sample_s += times[2]
+        pthread_mutex_lock(&self.lock)
+        relocked = _now()
+        n_events += self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
+                              self.top_lp, self.scratch + n_events, &figures)
+        self._release_finished(n_events)
+        self.steps += 1
+        figures.index = self.steps
+        figures.rows = rows
+        figures.calls = n_calls
+        figures.plan_s = unlocked - started + fill_s
+        figures.decode_s = decode_s
+        figures.sample_s = sample_s
+        ended = _now()
+        figures.update_s = ended - relocked
+        figures.total_s = ended - started
+        figures.ended_at = ended
+        self.scratch[n_events].kind = EV_STEP
+        self.scratch[n_events].step = figures
+        self._publish(n_events + 1)
+
+    cdef void _fill_rows(self) noexcept nogil:
+        """The plan's rows from the slot table: decode rows, then each chunk."""
+        cdef int i, c, s, row = 0, p
+        for i in range(self.scheduler.n_decode):
+            s = self.scheduler.decode_slots[i]
+            self.row_tok[row] = self.scheduler.slots[s].last_token
+            self.row_pos[row] = self.scheduler.slots[s].n_prefilled + self.scheduler.slots[s].n_generated - 1
+            self.row_seq[row] = s
+            self.row_want[row] = WANT_SAMPLE_C | (WANT_LOGPROBS_C if self.scheduler.slots[s].n_logprobs else 0)
+            row += 1
+        for c in range(self.scheduler.n_chunks):
+            s = self.scheduler.chunk_slot[c]
+            for p in range(self.scheduler.chunk_start[c], self.scheduler.chunk_end[c]):
+                self.row_tok[row] = self.scheduler.slots[s].prompt[p]
+                self.row_pos[row] = p
+                self.row_seq[row] = s
+                self.row_want[row] = 0
+                row += 1
+            if self.scheduler.chunk_end[c] == self.scheduler.slots[s].n_prompt:
+                self.row_want[row - 1] = WANT_SAMPLE_C | (
+                    WANT_LOGPROBS_C if self.scheduler.slots[s].n_logprobs else 0)
+
+    cdef void _release_finished(self, int n_events) noexcept nogil:
+        cdef int i, s
+        for i in range(n_events):
+            if self.scratch[i].kind == EV_FINISH:
+                s = self.scratch[i].slot
+                llama_memory_seq_rm(self.engine.mem, s, -1, -1)
+                llama_sampler_reset(self.engine.samplers[s])
+
+    cdef void _publish(self, int n_events) noexcept nogil:
+        """Append the scratch events to the ring, note the KV now held, wake the node."""
+        cdef int i, s, hi, total = 0
+        cdef uint64_t one = 1
+        for i in range(n_events):
+            memcpy(&self.ring[(self.ring_head + self.ring_len) % self.ring_cap], &self.scratch[i],
+                   sizeof(Event))
+            self.ring_len += 1
+        for s in range(self.scheduler.n_slots):
+            hi = llama_memory_seq_pos_max(self.engine.mem, s)
+            self.pos_max_now[s] = hi
+            if hi >= 0:
+                total += hi - llama_memory_seq_pos_min(self.engine.mem, s) + 1
+        self.cells_used_now = total
+        write(self.wake_fd, &one, sizeof(one))
+        self.mark = _now()
 
 
 cdef int _argmax(float * logits, int n_vocab, const llama_logit_bias * banned, int n_banned,

@@ -20,8 +20,6 @@ No I/O and no llama.cpp here.
 from __future__ import annotations
 
 import collections
-from typing import Iterable
-
 import attrs
 
 from dgr.errors import AdmissionRejected, BudgetError
@@ -52,6 +50,19 @@ class Budgets:
                               f"= {need} bytes exceed the memory budget of {self.memory_bytes} bytes")
 
 
+@attrs.frozen
+class Load:
+    """Admission's state at one moment (what telemetry and a coordinator see)."""
+
+    active: int
+    waiting: int
+    waiting_tokens: int
+    reserved_cells: int
+    free_cells: int
+    free_slots: int
+    draining: bool
+
+
 class Admission:
     """Tracks waiting and running sessions and the KV cells they reserve."""
 
@@ -59,11 +70,25 @@ class Admission:
         self.budgets = budgets
         self.waiting: collections.deque[Session] = collections.deque()
         self.running: list[Session] = []
-        self.waiting_tokens = 0
-        self.reserved_cells = 0
-        self.free_slots = list(range(budgets.slots - 1, -1, -1))
-        self.draining = False
-        self._started: list[Session] = []
+        self._waiting_tokens = 0
+        self._reserved_cells = 0
+        self._free_slots = list(range(budgets.slots - 1, -1, -1))
+        self._draining = False
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Refuse every new session from now on (reason "draining")."""
+        self._draining = True
+
+    def load(self) -> Load:
+        b = self.budgets
+        return Load(active=len(self.running), waiting=len(self.waiting),
+                    waiting_tokens=self._waiting_tokens, reserved_cells=self._reserved_cells,
+                    free_cells=b.kv_cells_total - self._reserved_cells,
+                    free_slots=len(self._free_slots), draining=self._draining)
 
     def max_new_tokens(self, prompt_len: int, requested: int | None, default: int) -> int:
         """max_tokens for a session: as requested, else what its context leaves (capped)."""
@@ -71,10 +96,11 @@ class Admission:
             return requested
         return max(1, min(default, self.budgets.kv_cells_per_session - prompt_len))
 
-    def submit(self, session: Session) -> None:
-        """Queue `session` or raise AdmissionRejected; never blocks."""
+    def submit(self, session: Session) -> list[Session]:
+        """Queue `session` or raise AdmissionRejected; never blocks. Returns the
+        sessions that got a slot (see promote)."""
         b = self.budgets
-        if self.draining:
+        if self._draining:
             raise AdmissionRejected("draining", "the node is shutting down")
         if session.reserved_cells > b.kv_cells_per_session:
             raise AdmissionRejected(
@@ -85,47 +111,39 @@ class Admission:
         if not can_start_now:
             if len(self.waiting) >= b.max_waiting:
                 raise AdmissionRejected("queue_full", f"{len(self.waiting)} sessions already wait")
-            if self.waiting_tokens + len(session.prompt) > b.max_waiting_tokens:
+            if self._waiting_tokens + len(session.prompt) > b.max_waiting_tokens:
                 raise AdmissionRejected(
                     "queue_tokens_full",
-                    f"{self.waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
-        session.phase = Phase.WAITING
+                    f"{self._waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
         self.waiting.append(session)
-        self.waiting_tokens += len(session.prompt)
-        if can_start_now:
-            self.promote()
+        self._waiting_tokens += len(session.prompt)
+        return self.promote() if can_start_now else []
 
     def _fits(self, session: Session) -> bool:
-        return (bool(self.free_slots)
-                and self.reserved_cells + session.reserved_cells <= self.budgets.kv_cells_total)
+        return (bool(self._free_slots)
+                and self._reserved_cells + session.reserved_cells <= self.budgets.kv_cells_total)
 
-    def promote(self) -> None:
-        """Move waiting sessions to running, oldest first, while they fit."""
+    def promote(self) -> list[Session]:
+        """Give waiting sessions a slot, oldest first, while they fit; returns them."""
+        started = []
         while self.waiting and self._fits(self.waiting[0]):
             session = self.waiting.popleft()
-            self.waiting_tokens -= len(session.prompt)
-            session.slot = self.free_slots.pop()
-            session.phase = Phase.PREFILL
-            self.reserved_cells += session.reserved_cells
+            self._waiting_tokens -= len(session.prompt)
+            self._reserved_cells += session.reserved_cells
+            session.start(self._free_slots.pop())
             self.running.append(session)
-            self._started.append(session)
-
-    def take_started(self) -> list[Session]:
-        """Sessions that got a slot since the last call (their sampler needs setting)."""
-        started, self._started = self._started, []
+            started.append(session)
         return started
 
-    def release(self, session: Session) -> None:
-        """Forget a finished session: free its queue place or its slot and KV."""
+    def release(self, session: Session) -> list[Session]:
+        """Forget a finished session: free its queue place or its slot and KV
+        (the batch loop has freed the cells). Returns the sessions promoted."""
         if session.phase is Phase.WAITING:
             self.waiting.remove(session)
-            self.waiting_tokens -= len(session.prompt)
+            self._waiting_tokens -= len(session.prompt)
         elif session in self.running:
             self.running.remove(session)
-            self.reserved_cells -= session.reserved_cells
-            self.free_slots.append(session.slot)
-        session.phase = Phase.FINISHED
-
-    def finished(self) -> Iterable[Session]:
-        """Sessions marked done that still hold a queue place or a slot."""
-        return [s for s in (*self.waiting, *self.running) if s.done]
+            self._reserved_cells -= session.reserved_cells
+            self._free_slots.append(session.slot)
+        session.release()
+        return self.promote()

@@ -16,7 +16,7 @@ import attrs
 
 from dgr.config import SamplingParams
 from dgr.errors import InvalidRequest
-from dgr.node import Chunk, TopLogprobs
+from dgr.stream import Chunk, TopLogprobs
 
 MAX_STOP = 8
 

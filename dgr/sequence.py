@@ -1,66 +1,116 @@
-"""A session's state as the admission, scheduler and batch loop see it."""
+"""A session and every change of its state.
+
+Phases: WAITING (queued, no slot) -> PREFILL (a slot and a KV reservation;
+the batch loop decodes its prompt in chunks) -> DECODE (one row per step) ->
+FINISHED (slot and KV released). Admission moves a session into PREFILL and
+out to FINISHED; the node's step loop records prefill progress and tokens
+from the batch loop's events; anyone may `finish` it (first reason wins),
+after which the slot is released before another session gets it.
+"""
 
 from __future__ import annotations
 
 import enum
-from typing import Callable, Optional
+from typing import Optional
 
 import attrs
 
 from dgr.config import SamplingParams
 
 
+class FinishReason(str, enum.Enum):
+    """Why a session ended. Compares equal to its string (OpenAI's finish_reason);
+    `code` is its number in the batch loop (dgr/_scheduler.pxd, FinishCode)."""
+
+    STOP = "stop"            # an end-of-generation token or a stop string
+    LENGTH = "length"        # max_tokens reached
+    CANCELLED = "cancelled"  # the caller left, or the node shut down
+    ERROR = "error"          # the model failed (see the session's error)
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def code(self) -> int:
+        return _CODES[self]
+
+    @classmethod
+    def from_code(cls, code: int) -> "FinishReason":
+        return _REASONS[code]
+
+
+_CODES = {FinishReason.STOP: 1, FinishReason.LENGTH: 2, FinishReason.CANCELLED: 3,
+          FinishReason.ERROR: 4}
+_REASONS = {code: reason for reason, code in _CODES.items()}
+
+
 class Phase(enum.Enum):
-    WAITING = "waiting"    # admitted to the queue, no slot yet
-    PREFILL = "prefill"    # has a slot and KV reservation; prompt chunks being decoded
-    DECODE = "decode"      # generating, one row per step
-    FINISHED = "finished"  # done; its slot and KV are released before the next step
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
 
 
 @attrs.define(eq=False)
 class Session:
-    """One generation request. Only the batch loop's task mutates it, except
-    `finish_reason`/`stop_requested`, which a cancelled or stopped session sets
-    so that the loop releases it before the next step."""
+    """One generation request, as admission and the node's step loop see it.
+    The fields change only through the methods below."""
 
     id: int
     prompt: list[int]
     params: SamplingParams
     max_tokens: int
+    arrived_at: float = 0.0
     phase: Phase = Phase.WAITING
     slot: Optional[int] = None
     n_prefilled: int = 0
     generated: list[int] = attrs.field(factory=list)
-    finish_reason: Optional[str] = None
+    finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
-    # True when the reader can take one more token now; the scheduler skips the
-    # session otherwise (backpressure instead of buffering).
-    reader_ready: Callable[[], bool] = lambda: True
-    arrived_at: float = 0.0
     first_token_at: Optional[float] = None
     last_token_at: Optional[float] = None
 
     @property
     def reserved_cells(self) -> int:
-        """KV cells reserved at admission: the whole prompt plus every new token."""
+        """KV cells reserved while running: the whole prompt plus every new token."""
         return len(self.prompt) + self.max_tokens
 
     @property
     def n_past(self) -> int:
-        """Positions already in (or being written to) this session's KV."""
+        """Positions in this session's KV (the last token is not fed back yet)."""
         return self.n_prefilled + max(0, len(self.generated) - 1)
-
-    @property
-    def pending_token(self) -> int:
-        """The last sampled token, which the next decode row feeds back."""
-        return self.generated[-1]
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def finish(self, reason: str, error: Optional[str] = None) -> None:
-        """Mark the session finished (first reason wins)."""
-        if self.finish_reason is None:
-            self.finish_reason = reason
-            self.error = error
+    def start(self, slot: int) -> None:
+        """Admission gave the session a slot."""
+        self.slot = slot
+        self.phase = Phase.PREFILL
+
+    def record_prefill(self, end: int) -> None:
+        self.n_prefilled = end
+
+    def record_token(self, token: int, now: float) -> float:
+        """Append a sampled token; returns the time since admission (first token)
+        or since the previous token."""
+        since = self.arrived_at if self.first_token_at is None else self.last_token_at
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.generated.append(token)
+        self.phase = Phase.DECODE
+        return now - since
+
+    def finish(self, reason: FinishReason, error: Optional[str] = None) -> bool:
+        """Mark the session finished; True when this call decided the reason."""
+        if self.finish_reason is not None:
+            return False
+        self.finish_reason = FinishReason(reason)
+        self.error = error
+        return True
+
+    def release(self) -> None:
+        """Its queue place or slot is gone."""
+        self.phase = Phase.FINISHED

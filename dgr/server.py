@@ -27,7 +27,8 @@ from starlette.routing import Route
 
 from dgr.config import NodeConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
-from dgr.node import Chunk, Node, open_node
+from dgr.node import Node, open_node
+from dgr.stream import Chunk
 from dgr.openai import BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion
 
 log = logging.getLogger("dgr.server")

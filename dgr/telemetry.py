@@ -18,6 +18,7 @@ from dgr.admission import REASONS
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                     1.5, 2.5, 5.0, 10.0, 30.0)
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+STEP_PHASES = ("plan", "decode", "sample", "update")
 
 
 class Telemetry:
@@ -55,13 +56,15 @@ class Telemetry:
         self.admitted = Counter("dgr_admissions", "Sessions accepted by admission.", registry=r)
         self.finished = Counter("dgr_sessions_finished", "Sessions ended, by finish reason.",
                                 ["reason"], registry=r)
-        self.step_duration = Histogram("dgr_step_duration_seconds", "Wall time of one llama_decode "
-                                       "step including sampling.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_duration = Histogram("dgr_step_duration_seconds", "Wall time of one step of the "
+                                       "batch loop, from the end of the previous one (or its "
+                                       "wake-up) to its events being published.",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.step_phase_seconds = Counter(
-            "dgr_step_phase_seconds", "Time spent per step phase: schedule (Python planning and "
-            "arrays), yield (letting session and server tasks run first), batch_fill, decode "
-            "(llama_decode), sample, handoff (engine thread round trip), dispatch (results to "
-            "sessions).", ["phase"], registry=r)
+            "dgr_step_phase_seconds", "Time spent per step phase: plan (mailbox, finish requests, "
+            "policy, batch fill), decode (inside llama_decode), sample (sampling and "
+            "log-probabilities), update (post-step update, KV release, publishing). Everything "
+            "but decode is the loop's overhead.", ["phase"], registry=r)
         self.ttft = Histogram("dgr_time_to_first_token_seconds", "From admission to the first "
                               "sampled token.", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("dgr_inter_token_latency_seconds", "Between consecutive sampled "
@@ -74,10 +77,12 @@ class Telemetry:
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
         self._finishes: collections.deque[float] = collections.deque()
 
-    def record_step(self, prefill_rows: int, decode_rows: int, generated: int, budget: int,
-                    duration_s: float, phases: dict[str, float]) -> None:
-        for phase, seconds in phases.items():
-            self.step_phase_seconds.labels(phase).inc(seconds)
+    def record_step(self, figures: dict, budget: int) -> None:
+        """One step of the batch loop (dgr/_scheduler.pxd, StepFigures)."""
+        for phase in STEP_PHASES:
+            self.step_phase_seconds.labels(phase).inc(figures[f"{phase}_s"])
+        prefill_rows, decode_rows = figures["prefill_rows"], figures["decode_rows"]
+        generated, duration_s = figures["generated"], figures["total_s"]
         self.steps.inc()
         self.batch_rows.observe(prefill_rows + decode_rows)
         self.batch_occupancy.set((prefill_rows + decode_rows) / budget)

@@ -97,14 +97,16 @@ def test_sigterm_drains_in_flight_then_exits_0(tiny_model):
 def test_second_sigterm_exits_at_once(tiny_model):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = run_node("--model", tiny_model, "--port", str(port), "--grace", "300", "--threads", "1")
+    # 16,000 tokens of the tiny model take seconds: the session outlives both signals.
+    proc = run_node("--model", tiny_model, "--port", str(port), "--grace", "300", "--threads", "1",
+                    "--ctx", "262144")
     try:
         wait_healthy(url, proc)
 
         def endless():
             try:
                 httpx.post(url + "/v1/completions", timeout=60, json={
-                    "prompt": "never done", "max_tokens": 1000, "temperature": 0,
+                    "prompt": "never done", "max_tokens": 16000, "temperature": 0,
                     "ignore_eos": True, "stream": True})
             except httpx.HTTPError:
                 pass

@@ -232,7 +232,6 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
     params = dgr.SamplingParams(max_tokens=40, ignore_eos=True)
     async with dgr.open_node(cfg) as node:
         reference = (await node.generate(PROMPTS[0], params)).token_ids
-        engine = node._engine
 
         async with trio.open_nursery() as nursery:
             survivor = {}
@@ -253,7 +252,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                             scope.cancel()
                             await trio.sleep(0)
             await wait_next_step(node)
-            assert await node._engine_thread.run(engine.pos_max, slot) == -1
+            assert node._loop.batch.pos_max(slot) == -1  # as llama.cpp reported after the last step
             assert chunks.session.finish_reason == "cancelled"
 
             # waiting phase: both slots busy with blockers, so this one queues
@@ -296,7 +295,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                     scope.cancel()
                     await trio.sleep(0)
             await wait_next_step(node)
-            assert await node._engine_thread.run(engine.pos_max, slot) == -1
+            assert node._loop.batch.pos_max(slot) == -1  # as llama.cpp reported after the last step
         assert survivor["ids"] == reference
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
         assert await node.kv_cells_in_use() == 0

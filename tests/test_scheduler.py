@@ -1,100 +1,187 @@
-"""The scheduler and admission in isolation: pure Python, no engine."""
+"""The batch loop's scheduler (policy and post-step update) and admission in
+isolation: no llama.cpp, no model."""
 
 import pytest
 
+from dgr import _scheduler
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.errors import AdmissionRejected, BudgetError
-from dgr.scheduler import plan_step
-from dgr.sequence import Phase, Session
+from dgr.sequence import FinishReason, Phase, Session
 
 
-def make_session(sid, prompt_len, max_tokens=8, phase=Phase.PREFILL, slot=None):
-    s = Session(id=sid, prompt=list(range(1, prompt_len + 1)), params=SamplingParams(),
-                max_tokens=max_tokens)
-    s.phase = phase
-    s.slot = sid if slot is None else slot
-    if phase is Phase.DECODE:
-        s.n_prefilled = prompt_len
-        s.generated = [7]
-    return s
+EOG = 99
+FINISH = {reason.code: reason for reason in FinishReason}
+E = _scheduler
 
 
-def advance(plan):
-    """What the node does with a step's result."""
-    for c in plan.prefill:
-        c.session.n_prefilled = c.end
-        if c.last:
-            c.session.generated.append(7)
-            c.session.phase = Phase.DECODE
-    for s in plan.decode:
-        s.generated.append(7)
+def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4):
+    return _scheduler.Scheduler(n_slots, token_budget, prefill_chunk, prefill_sessions,
+                                n_vocab=100, eog_tokens=[EOG])
+
+
+def decoding(sched, slots, prompt_len=3, max_tokens=1000, credits=1000, **kw):
+    """Start sessions on `slots` and step until all of them decode."""
+    for slot in slots:
+        sched.start(slot, list(range(1, prompt_len + 1)), max_tokens, credits=credits, **kw)
+    while any(sched.slot_state(slot)[0] != 2 for slot in slots):  # SLOT_DECODE
+        _, decode, chunks = sched.plan_step()
+        sched.apply(tokens_for(sched, decode, chunks))
+
+
+def tokens_for(sched, decode, chunks, token=7):
+    """One sampled token per row of the plan (-1 for rows without output)."""
+    rows = [token] * len(decode)
+    for slot, start, end in chunks:
+        rows += [-1] * (end - start - 1) + [token]
+    return rows
+
+
+def kinds(events, kind):
+    return [e for e in events if e[0] == kind]
 
 
 def test_long_prefill_never_starves_decoders():
-    decoders = [make_session(i, 5, phase=Phase.DECODE) for i in range(4)]
-    long = make_session(9, 1000)
-    running = decoders + [long]
+    sched = scheduler(prefill_chunk=64)
+    decoding(sched, range(4))
+    sched.start(6, list(range(1000)), 10)
     steps = 0
-    while long.phase is Phase.PREFILL:
-        plan = plan_step(running, token_budget=256, prefill_chunk=64)
-        assert set(plan.decode) == set(decoders)  # every decoder, every step
-        assert plan.n_rows <= 256
-        for c in plan.prefill:
-            assert c.start % 64 == 0 and (c.end % 64 == 0 or c.last)
-        advance(plan)
+    while sched.slot_state(6)[0] == 1:
+        _, decode, chunks = sched.plan_step()
+        assert decode == [0, 1, 2, 3]  # every decoder, every step
+        assert len(decode) + sum(e - s for _, s, e in chunks) <= 256
+        for slot, start, end in chunks:
+            assert start % 64 == 0 and (end % 64 == 0 or end == 1000)
+        sched.apply(tokens_for(sched, decode, chunks))
         steps += 1
     assert steps == -(-1000 // 64)  # one chunk per step: ceil(1000 / 64)
 
 
 def test_prefill_chunks_are_oldest_first_and_never_cut_to_fit():
-    a, b = make_session(1, 100), make_session(2, 100)
-    decoders = [make_session(10 + i, 3, phase=Phase.DECODE) for i in range(30)]
-    plan = plan_step(decoders + [a, b], token_budget=90, prefill_chunk=64)
-    # 30 decode rows leave 60: the 64-token chunk waits whole; b may not jump ahead
-    assert len(plan.decode) == 30 and plan.prefill == ()
-    plan = plan_step(decoders[:10] + [a, b], token_budget=90, prefill_chunk=64)
-    assert [(c.session.id, c.start, c.end) for c in plan.prefill] == [(1, 0, 64)]
+    sched = scheduler(n_slots=40, token_budget=90, prefill_chunk=64)
+    decoding(sched, range(30))
+    sched.start(35, list(range(100)), 10)  # older
+    sched.start(31, list(range(100)), 10)  # younger, on a lower slot
+    _, decode, chunks = sched.plan_step()
+    # 30 decode rows leave 60: the 64-token chunk waits whole; the younger may not jump ahead
+    assert len(decode) == 30 and chunks == []
+    for slot in range(10, 30):
+        sched.request_finish(slot, FinishReason.CANCELLED.code)
+    finished, decode, chunks = sched.plan_step()
+    assert len(finished) == 20 and len(decode) == 10
+    assert chunks == [(35, 0, 64)]
 
 
-def test_final_chunk_is_the_remainder_and_samples():
-    s = make_session(1, 70)
-    s.n_prefilled = 64
-    plan = plan_step([s], token_budget=256, prefill_chunk=64)
-    (chunk,) = plan.prefill
-    assert (chunk.start, chunk.end, chunk.last) == (64, 70, True)
-    tokens, positions, seq_ids, want, _ = plan.arrays()
-    assert positions.tolist() == list(range(64, 70))
-    assert want.tolist() == [0, 0, 0, 0, 0, 1]
-    assert plan.output_rows() == [(s, 5)]
+def test_final_chunk_is_the_remainder_and_yields_the_first_token():
+    sched = scheduler(prefill_chunk=64)
+    sched.start(2, list(range(70)), 5)
+    _, _, chunks = sched.plan_step()
+    assert chunks == [(2, 0, 64)]
+    assert sched.apply([-1] * 64) == [(E.EVENT_PREFILL, 2, 0, 64)]
+    _, _, chunks = sched.plan_step()
+    assert chunks == [(2, 64, 70)]
+    events = sched.apply([-1] * 5 + [42])
+    assert events == [(E.EVENT_PREFILL, 2, 64, 70), (E.EVENT_TOKEN, 2, 42, None, None)]
+    assert sched.slot_state(2) == (2, 70, 1, 0)  # decoding, prefilled, one token, credit spent
 
 
 def test_slow_reader_is_skipped_others_continue():
-    fast = make_session(1, 4, phase=Phase.DECODE)
-    slow = make_session(2, 4, phase=Phase.DECODE)
-    slow.reader_ready = lambda: False
-    plan = plan_step([fast, slow], token_budget=64, prefill_chunk=16)
-    assert plan.decode == (fast,)
+    sched = scheduler()
+    decoding(sched, [0], credits=16)
+    decoding(sched, [1], credits=2)   # its first token took one credit
+    _, decode, _ = sched.plan_step()
+    assert decode == [0, 1]
+    sched.apply([7, 7])
+    _, decode, _ = sched.plan_step()
+    assert decode == [0]            # slot 1's reader holds everything it may
+    sched.apply([7])
+    sched.credit(1)                 # its task took a token
+    assert sched.plan_step()[1] == [0, 1]
 
 
 def test_decode_rows_are_in_ascending_slot_order():
     """Sessions reuse slots in any order as others finish; llama.cpp evaluates a
     batch whose sequence ids are out of order in several ubatches (4.8x slower
     at 16 rows, measured), so the plan orders decode rows by slot."""
-    running = [make_session(i, 3, phase=Phase.DECODE, slot=slot)
-               for i, slot in enumerate([5, 2, 7, 0, 3])]
-    plan = plan_step(running, 256, 16)
-    assert [s.slot for s in plan.decode] == [0, 2, 3, 5, 7]
-    _, _, seq_ids, _, _ = plan.arrays()
-    assert list(seq_ids) == [0, 2, 3, 5, 7]
-    assert [row for _, row in plan.output_rows()] == [0, 1, 2, 3, 4]
+    sched = scheduler()
+    decoding(sched, [5, 2, 7, 0, 3])
+    assert sched.plan_step()[1] == [0, 2, 3, 5, 7]
 
 
-def test_decode_rows_feed_back_the_last_token_at_the_next_position():
-    s = make_session(3, 10, phase=Phase.DECODE, slot=5)
-    s.generated = [11, 12, 13]
-    tokens, positions, seq_ids, want, n_logprobs = plan_step([s], 8, 4).arrays()
-    assert (tokens.tolist(), positions.tolist(), seq_ids.tolist()) == ([13], [12], [5])
+def test_post_step_update_ends_sessions_on_length_eog_and_request():
+    sched = scheduler()
+    for slot in range(4):
+        sched.start(slot, [1, 2, 3], 3 if slot == 0 else 100, ignore_eos=slot == 2, credits=9)
+    _, decode, chunks = sched.plan_step()
+    sched.apply(tokens_for(sched, decode, chunks))  # each session's first token
+    sched.request_finish(3, FinishReason.STOP.code)  # a stop string, seen by the node
+    finished, decode, _ = sched.plan_step()
+    assert finished == [(E.EVENT_FINISH, 3, FinishReason.STOP.code, 0)] and decode == [0, 1, 2]
+    events = sched.apply([7, EOG, EOG])
+    assert kinds(events, E.EVENT_TOKEN) == [(E.EVENT_TOKEN, 0, 7, None, None),
+                                            (E.EVENT_TOKEN, 2, EOG, None, None)]
+    assert kinds(events, E.EVENT_FINISH) == [(E.EVENT_FINISH, 1, FinishReason.STOP.code, 0)]
+    _, decode, _ = sched.plan_step()
+    events = sched.apply([8, 8])
+    assert events[2:] == [(E.EVENT_TOKEN, 0, 8, None, None),  # its third: max_tokens
+                          (E.EVENT_FINISH, 0, FinishReason.LENGTH.code, 0),
+                          (E.EVENT_TOKEN, 2, 8, None, None)]
+    assert sched.slot_state(0)[0] == 0 and sched.slot_state(2)[2] == 3 and sched.slot_state(2)[3] == 6
+
+
+def test_a_finish_requested_during_the_step_wins_over_its_token():
+    sched = scheduler()
+    decoding(sched, [0])
+    _, decode, _ = sched.plan_step()
+    sched.request_finish(0, FinishReason.CANCELLED.code)  # the caller left mid-step
+    assert kinds(sched.apply([7]), E.EVENT_FINISH) == [
+        (E.EVENT_FINISH, 0, FinishReason.CANCELLED.code, 0)]
+    assert sched.plan_step() == ([], [], [])
+
+
+def test_a_failed_call_ends_only_its_sessions():
+    sched = scheduler(prefill_chunk=16)
+    decoding(sched, [0, 1])
+    sched.start(4, list(range(10)), 5, credits=4)
+    _, decode, chunks = sched.plan_step()
+    assert decode == [0, 1] and chunks == [(4, 0, 10)]
+    events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3, 0])
+    assert kinds(events, E.EVENT_FAILURE) == [(E.EVENT_FAILURE, -3)]
+    assert kinds(events, E.EVENT_FINISH) == [(E.EVENT_FINISH, 0, FinishReason.ERROR.code, -3),
+                                             (E.EVENT_FINISH, 1, FinishReason.ERROR.code, -3)]
+    assert kinds(events, E.EVENT_TOKEN) == [(E.EVENT_TOKEN, 4, 7, None, None)]
+    _, decode, chunks = sched.plan_step()
+    assert decode == [4] and chunks == []
+
+
+def test_a_row_without_logits_ends_its_session_with_an_error():
+    sched = scheduler()
+    decoding(sched, [0])
+    sched.plan_step()
+    assert sched.apply([-1]) == [(E.EVENT_DECODE, 0),
+                                 (E.EVENT_FINISH, 0, FinishReason.ERROR.code, E.NO_LOGITS_CODE)]
+
+
+def test_prefill_sessions_per_step_bound():
+    sched = scheduler(prefill_chunk=16, prefill_sessions=1)
+    for slot in (3, 1, 2):
+        sched.start(slot, list(range(5 + slot)), 4)
+    assert sched.plan_step()[2] == [(3, 0, 8)]  # one chunk, the oldest session's
+    sched = scheduler(prefill_chunk=16, prefill_sessions=4)
+    decoding(sched, range(3))
+    for slot in (6, 4, 5):
+        sched.start(slot, list(range(5 + slot)), 4)
+    assert sched.plan_step()[2] == [(6, 0, 11), (4, 0, 9), (5, 0, 10)]
+
+
+def test_a_slot_is_reused_only_after_it_finished():
+    sched = scheduler()
+    decoding(sched, [0])
+    with pytest.raises(ValueError, match="in use"):
+        sched.start(0, [1, 2], 4)
+    sched.request_finish(0, FinishReason.CANCELLED.code)
+    sched.plan_step()
+    sched.start(0, [1, 2], 4)
 
 
 BUDGETS = Budgets(kv_cells_total=1000, kv_cells_per_session=500, slots=2, max_waiting=2,
@@ -102,7 +189,8 @@ BUDGETS = Budgets(kv_cells_total=1000, kv_cells_per_session=500, slots=2, max_wa
 
 
 def waiting(sid, prompt_len, max_tokens=10):
-    return make_session(sid, prompt_len, max_tokens=max_tokens, phase=Phase.WAITING, slot=-1)
+    return Session(id=sid, prompt=list(range(1, prompt_len + 1)), params=SamplingParams(),
+                   max_tokens=max_tokens)
 
 
 def test_admission_never_fits_is_rejected_at_once():
@@ -120,10 +208,10 @@ def test_admission_runs_what_fits_then_queues_within_bounds():
         adm.submit(waiting(sid, 100))
     assert [s.id for s in adm.running] == [1, 2] and not adm.waiting
     assert sorted(s.slot for s in adm.running) == [0, 1]
-    assert adm.reserved_cells == 220
-    adm.submit(waiting(3, 100))
+    assert adm.load().reserved_cells == 220
+    assert adm.submit(waiting(3, 100)) == []
     adm.submit(waiting(4, 150))
-    assert [s.id for s in adm.waiting] == [3, 4] and adm.waiting_tokens == 250
+    assert [s.id for s in adm.waiting] == [3, 4] and adm.load().waiting_tokens == 250
     with pytest.raises(AdmissionRejected) as exc:
         adm.submit(waiting(5, 10))
     assert exc.value.reason == "queue_full"
@@ -144,19 +232,17 @@ def test_kv_reservation_gates_promotion_fifo():
                       max_waiting_tokens=2000, step_tokens=256, step_outputs=4, memory_bytes=1)
     adm = Admission(budgets)
     big = waiting(1, 400, max_tokens=50)
-    adm.submit(big)
+    assert adm.submit(big) == [big]
     second = waiting(2, 300, max_tokens=50)   # 450 + 350 > 600: waits despite free slots
     small = waiting(3, 10, max_tokens=10)     # would fit, but FIFO keeps it behind
     adm.submit(second)
     adm.submit(small)
-    adm.promote()
+    assert adm.promote() == []
     assert [s.id for s in adm.running] == [1]
-    big.finish("length")
-    adm.release(big)
-    adm.promote()
-    assert [s.id for s in adm.running] == [2, 3]
-    assert adm.reserved_cells == 350 + 20
-    assert [s.id for s in adm.take_started()] == [1, 2, 3]
+    big.finish(FinishReason.LENGTH)
+    assert adm.release(big) == [second, small]
+    assert [s.id for s in adm.running] == [2, 3] and big.phase is Phase.FINISHED
+    assert adm.load().reserved_cells == 350 + 20
 
 
 def test_cancelled_waiting_session_leaves_the_queue():
@@ -164,15 +250,14 @@ def test_cancelled_waiting_session_leaves_the_queue():
     for sid in (1, 2, 3):
         adm.submit(waiting(sid, 100))
     queued = adm.waiting[0]
-    queued.finish("cancelled")
-    assert list(adm.finished()) == [queued]
-    adm.release(queued)
-    assert not adm.waiting and adm.waiting_tokens == 0
+    queued.finish(FinishReason.CANCELLED)
+    assert adm.release(queued) == []
+    assert not adm.waiting and adm.load().waiting_tokens == 0
 
 
 def test_draining_rejects():
     adm = Admission(BUDGETS)
-    adm.draining = True
+    adm.start_draining()
     with pytest.raises(AdmissionRejected) as exc:
         adm.submit(waiting(1, 10))
     assert exc.value.reason == "draining"
@@ -184,23 +269,3 @@ def test_memory_budget():
         BUDGETS.check_memory(model_bytes=20_000, kv_bytes=0, scratch_bytes=0)
     with pytest.raises(BudgetError, match="exceed"):
         BUDGETS.check_memory(model_bytes=5000, kv_bytes=3000, scratch_bytes=2001)
-
-
-def test_prefill_sessions_per_step_bound_and_one_call_per_chunk():
-    decoders = [make_session(i, 3, phase=Phase.DECODE) for i in range(3)]
-    prompts = [make_session(10 + i, 5 + i) for i in range(3)]
-    assert len(plan_step(prompts, 256, 16, prefill_sessions=1).prefill) == 1
-    plan = plan_step(decoders + prompts, 256, 16, prefill_sessions=4)
-    assert [c.session.id for c in plan.prefill] == [10, 11, 12]
-    # all decode rows in one call, every chunk alone in its own call
-    assert plan.calls() == [(0, 3), (3, 3 + 5), (8, 8 + 6), (14, 14 + 7)]
-    many = [make_session(i, 3, phase=Phase.DECODE) for i in range(16)]
-    assert plan_step(many, 256, 16).calls() == [(0, 16)]
-    assert plan_step(prompts[:1], 256, 16).calls() == [(0, 5)]
-
-
-def test_want_flags_match_the_engine():
-    from dgr import _batch, scheduler
-
-    assert (scheduler.WANT_SAMPLE, scheduler.WANT_LOGPROBS) == (_batch.WANT_SAMPLE,
-                                                                _batch.WANT_LOGPROBS)

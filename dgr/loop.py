@@ -1,0 +1,241 @@
+"""The Trio side of the batch loop.
+
+Data flows one way round:
+
+    session tasks, admission --requests (bounded channel)--> feeder task
+    feeder task --start / credit / finish--> BatchLoop (dgr/_batch.pyx, engine thread, no GIL)
+    BatchLoop --events (bounded ring) + eventfd--> pump task
+    pump task --> session state (dgr.sequence), telemetry, each session's token channel
+
+The BatchLoop plans, decodes, samples and updates the slot table step after
+step without waiting for Trio (dgr/_scheduler.pyx has the policy and the
+post-step update). Trio sees each step's events as they come and never sits
+between two steps: a reader's readiness travels as credits (one per token it
+took), so a slow reader's slot is skipped in C, not buffered in Python.
+
+A slot belongs to the BatchLoop from its start until the pump has seen its
+EV_FINISH, whose KV cells are free by then; only then does admission hand
+the slot to another session.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import time
+
+import attrs
+import trio
+
+from dgr import _batch, _scheduler
+from dgr.admission import Admission
+from dgr.engine import EngineThread
+from dgr.sequence import FinishReason, Phase, Session
+from dgr.stream import TokenEvent
+from dgr.telemetry import Telemetry
+
+
+@attrs.frozen
+class StepSettings:
+    """How the batch loop fills a step (dgr/_scheduler.pyx, Policy); built once."""
+
+    token_budget: int        # rows per step (<= n_batch)
+    prefill_chunk: int       # prompt tokens per chunk; boundaries are its multiples
+    prefill_sessions: int    # chunks per step, each in a llama_decode call of its own
+    reply_buffer: int        # tokens a reader may hold unread (its credits)
+
+
+@attrs.frozen
+class StepRecord:
+    """What one step did (kept for tests and diagnostics, bounded)."""
+
+    index: int
+    decode: tuple[int, ...]                    # session ids with a decode row
+    prefill: tuple[tuple[int, int, int], ...]  # (session id, start, end)
+    rows: int
+    budget: int
+    duration_s: float
+
+
+_START, _CREDIT, _FINISH = range(3)
+_EV = _scheduler
+
+
+def failure_message(code: int) -> str:
+    if code == _batch.ENGINE_FAULT:
+        return "the model failed: the engine raised during a step (code -1000)"
+    if code == _scheduler.NO_LOGITS_CODE:
+        return "the model failed: llama.cpp gave no logits for an output row"
+    return f"the model failed: {_batch._decode_error(code)}"
+
+
+class StepLoop:
+    """Runs admitted sessions through a BatchLoop and reports back to them."""
+
+    def __init__(self, engine: _batch.Engine, settings: StepSettings, admission: Admission,
+                 telemetry: Telemetry, max_sessions: int):
+        self.settings = settings
+        self.steps: collections.deque[StepRecord] = collections.deque(maxlen=4096)
+        self._admission = admission
+        self._telemetry = telemetry
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        eog = [t for t in range(engine.n_vocab) if engine.is_eog(t)]
+        scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
+                                         settings.prefill_chunk, settings.prefill_sessions,
+                                         engine.n_vocab, eog)
+        self.batch = _batch.BatchLoop(engine, scheduler, self._wake_fd)
+        # Bounded by construction: per session one start, one finish and at most
+        # reply_buffer credits (each stands for a token its task took) are in flight.
+        self._requests, self._incoming = trio.open_memory_channel(
+            max_sessions * (settings.reply_buffer + 2))
+        self._by_slot: dict[int, Session] = {}
+        self._outboxes: dict[Session, trio.MemorySendChannel] = {}
+        self._closing = False
+        self._step_decode: list[int] = []
+        self._step_prefill: list[tuple[int, int, int]] = []
+
+    # ------------------------------------------------------------ requests (any Trio task)
+
+    def admit(self, session: Session, outbox: trio.MemorySendChannel,
+              started: list[Session]) -> None:
+        """A session passed admission; `started` got slots with it."""
+        self._outboxes[session] = outbox
+        self._start(started)
+
+    def credit(self, session: Session) -> None:
+        """The session's task took a token: its reader may be sent one more."""
+        self._requests.send_nowait((_CREDIT, session))
+
+    def end(self, session: Session, reason: FinishReason) -> None:
+        """Finish the session (first reason wins) and free its queue place or slot."""
+        if session.finish(reason):
+            self._requests.send_nowait((_FINISH, session))
+
+    def stop(self) -> None:
+        """Shutdown: stop the BatchLoop after (an aborted) step in flight."""
+        self._closing = True
+        self.batch.stop()
+
+    def _start(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            self._requests.send_nowait((_START, session))
+
+    # ------------------------------------------------------------ tasks
+
+    async def run(self, engine_thread: EngineThread) -> None:
+        """The feeder and pump tasks, and the BatchLoop on the engine thread."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._feed)
+                nursery.start_soon(self._pump)
+                await engine_thread.run(self.batch.run)
+                nursery.cancel_scope.cancel()
+        finally:
+            os.close(self._wake_fd)
+
+    async def _feed(self) -> None:
+        """Requests into the BatchLoop's mailbox, a burst at a time."""
+        batch = self.batch
+        async for kind, session in self._incoming:
+            while True:
+                slot = session.slot
+                owned = slot is not None and self._by_slot.get(slot) is session
+                if kind == _CREDIT:
+                    if owned:
+                        batch.credit(slot)
+                elif kind == _START:
+                    if session.done:  # cancelled before its first step: no work for it
+                        self._retire(session)
+                    else:
+                        self._by_slot[slot] = session
+                        p = session.params
+                        batch.start(slot, session.prompt, session.max_tokens,
+                                    n_logprobs=p.logprobs, ignore_eos=p.ignore_eos,
+                                    credits=self.settings.reply_buffer, temperature=p.temperature,
+                                    top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=p.seed or 0)
+                elif owned:
+                    batch.request_finish(slot, session.finish_reason.code)
+                elif session.phase is Phase.WAITING:
+                    self._retire(session)
+                try:
+                    kind, session = self._incoming.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            self.update_gauges()
+
+    async def _pump(self) -> None:
+        """The BatchLoop's events into sessions, telemetry and token channels."""
+        while True:
+            await trio.lowlevel.wait_readable(self._wake_fd)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_fd, 8)
+            events = self.batch.drain()
+            now = time.monotonic()
+            for event in events:
+                self._apply(event, now)
+            self.update_gauges()
+
+    # ------------------------------------------------------------ events
+
+    def _apply(self, event: tuple, now: float) -> None:
+        kind, slot = event[0], event[1]
+        if kind == _EV.EVENT_TOKEN:
+            session = self._by_slot[slot]
+            latency = session.record_token(event[2], now)
+            (self._telemetry.ttft if len(session.generated) == 1 else self._telemetry.itl
+             ).observe(latency)
+            if not session.done:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._outboxes[session].send_nowait(TokenEvent(event[2], event[3], event[4]))
+        elif kind == _EV.EVENT_DECODE:
+            self._step_decode.append(self._by_slot[slot].id)
+        elif kind == _EV.EVENT_PREFILL:
+            session = self._by_slot[slot]
+            session.record_prefill(event[3])
+            self._step_prefill.append((session.id, event[2], event[3]))
+        elif kind == _EV.EVENT_FINISH:
+            session = self._by_slot.pop(slot)
+            reason, code = FinishReason.from_code(event[2]), event[3]
+            if reason is FinishReason.ERROR:
+                if self._closing and code == 2:
+                    session.finish(FinishReason.CANCELLED)
+                else:
+                    session.finish(reason, failure_message(code))
+            else:
+                session.finish(reason)
+            self._retire(session)
+        elif kind == _EV.EVENT_FAILURE:
+            self._telemetry.step_failures.labels(str(slot)).inc()  # event[1] is the code
+        else:
+            self._record_step(slot)  # event[1] holds the step's figures
+
+    def _record_step(self, figures: dict) -> None:
+        budget = self.settings.token_budget
+        self._telemetry.record_step(figures, budget)
+        self.steps.append(StepRecord(figures["index"], tuple(self._step_decode),
+                                     tuple(self._step_prefill), figures["rows"], budget,
+                                     figures["total_s"]))
+        self._step_decode, self._step_prefill = [], []
+
+    def _retire(self, session: Session) -> None:
+        """A finished session leaves: its place goes to the next ones, its reader
+        gets the end."""
+        self._start(self._admission.release(session))
+        self._telemetry.record_finish(session.finish_reason)
+        outbox = self._outboxes.pop(session, None)
+        if outbox is not None:
+            with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError,
+                                     trio.ClosedResourceError):
+                outbox.send_nowait(TokenEvent(finish_reason=session.finish_reason,
+                                              error=session.error))
+            outbox.close()
+
+    def update_gauges(self) -> None:
+        t, load = self._telemetry, self._admission.load()
+        t.sessions_active.set(load.active)
+        t.queue_sessions.set(load.waiting)
+        t.queue_tokens.set(load.waiting_tokens)
+        t.kv_cells_reserved.set(load.reserved_cells)
+        t.kv_pressure.set(load.reserved_cells / self._admission.budgets.kv_cells_total)
+        t.kv_cells_used.set(self.batch.cells_used)

@@ -1,0 +1,82 @@
+"""What a session's caller receives: chunks while it streams, a result at its end.
+
+Below the node: the HTTP layer and library users import these without it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+import trio
+
+from dgr.sequence import FinishReason, Session
+
+TopLogprobs = list[tuple[int, float]]
+
+
+@attrs.frozen
+class Chunk:
+    """One streamed piece. `text` holds only whole UTF-8 characters. The last
+    chunk of a stream has finish_reason set (and may carry text or a token)."""
+
+    token_id: Optional[int]
+    text: str
+    logprob: Optional[float] = None
+    top_logprobs: Optional[TopLogprobs] = None
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+
+
+@attrs.frozen
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    logprobs: Optional[list[TopLogprobs]] = None
+    token_logprobs: Optional[list[float]] = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@attrs.frozen
+class TokenEvent:
+    """A sampled token (or the end) on its way from the step loop to the session's task."""
+
+    token: int = -1
+    logprob: Optional[float] = None
+    top: Optional[TopLogprobs] = None
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+
+
+class SessionStream:
+    """Async iterator over a session's chunks; see Node.stream."""
+
+    def __init__(self, session: Session, chunks: trio.MemoryReceiveChannel):
+        self.session = session
+        self._chunks = chunks
+        self.finish_reason: Optional[FinishReason] = None
+        self.error: Optional[str] = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.session.prompt)
+
+    def __aiter__(self) -> "SessionStream":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self.finish_reason is not None:
+            raise StopAsyncIteration
+        try:
+            chunk = await self._chunks.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            self.finish_reason = self.session.finish_reason or FinishReason.CANCELLED
+            raise StopAsyncIteration from None
+        if chunk.finish_reason is not None:
+            self.finish_reason, self.error = chunk.finish_reason, chunk.error
+        return chunk
