@@ -108,28 +108,39 @@ cdef extern from *:
     }
     #if defined(__x86_64__) && defined(__GNUC__)
     #include <immintrin.h>
+    /* Four independent (value, index) accumulators: one blend chain per
+       accumulator would otherwise bound the loop by its latency, not by memory. */
     __attribute__((target("avx2")))
     static int dgr_argmax_avx2(const float *x, int n) {
-        __m256 best = _mm256_set1_ps(-INFINITY);
-        __m256i best_i = _mm256_set1_epi32(-1);
-        __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256i step = _mm256_set1_epi32(8);
-        int i = 0;
-        for (; i + 8 <= n; i += 8) {
-            const __m256 v = _mm256_loadu_ps(x + i);
-            const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);  /* strict: a lane keeps its first maximum */
-            best = _mm256_blendv_ps(best, v, gt);
-            best_i = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_i),
-                                                          _mm256_castsi256_ps(idx), gt));
-            idx = _mm256_add_epi32(idx, step);
+        __m256 best[4];
+        __m256i best_i[4], idx[4];
+        for (int a = 0; a < 4; a++) {
+            best[a] = _mm256_set1_ps(-INFINITY);
+            best_i[a] = _mm256_set1_epi32(-1);
+            idx[a] = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                      _mm256_set1_epi32(8 * a));
         }
-        float vals[8];
-        int ids[8];
-        _mm256_storeu_ps(vals, best);
-        _mm256_storeu_si256((__m256i *) ids, best_i);
+        const __m256i step = _mm256_set1_epi32(32);
+        int i = 0;
+        for (; i + 32 <= n; i += 32) {
+            for (int a = 0; a < 4; a++) {
+                const __m256 v = _mm256_loadu_ps(x + i + 8 * a);
+                const __m256 gt = _mm256_cmp_ps(v, best[a], _CMP_GT_OQ);  /* strict: a lane keeps its first maximum */
+                best[a] = _mm256_blendv_ps(best[a], v, gt);
+                best_i[a] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_i[a]),
+                                                                 _mm256_castsi256_ps(idx[a]), gt));
+                idx[a] = _mm256_add_epi32(idx[a], step);
+            }
+        }
+        float vals[32];
+        int ids[32];
+        for (int a = 0; a < 4; a++) {
+            _mm256_storeu_ps(vals + 8 * a, best[a]);
+            _mm256_storeu_si256((__m256i *) (ids + 8 * a), best_i[a]);
+        }
         int b = -1;
         float bv = -INFINITY;
-        for (int l = 0; l < 8; l++) {  /* the largest value; among equal ones the first index */
+        for (int l = 0; l < 32; l++) {  /* the largest value; among equal ones the first index */
             if (ids[l] >= 0 && (vals[l] > bv || (vals[l] == bv && ids[l] < b))) { bv = vals[l]; b = ids[l]; }
         }
         return dgr_argmax_from(x, i, n, b, bv);
@@ -974,8 +985,8 @@ cdef class BatchLoop:
             fill_s += times[0]
             decode_s += times[1]
             sample_s += times[2]
-        pthread_mutex_lock(&self.lock)
         relocked = _now()
+        pthread_mutex_lock(&self.lock)
         n_events += self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
                               self.top_lp, self.scratch + n_events, &figures)
         self._release_finished(n_events)
