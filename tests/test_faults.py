@@ -7,7 +7,7 @@ import trio
 import dgr
 from dgr import _batch
 from dgr.errors import DecodeAborted, DgrError, FatalDecodeError, InvalidBatch, KVSlotUnavailable
-from dgr.server import ServerConfig
+from dgr.config import ServerConfig
 
 
 @pytest.fixture(scope="module")

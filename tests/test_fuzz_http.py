@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dgr
-from dgr.server import ServerConfig, serve
+from dgr.config import ServerConfig
+from dgr.server import serve
 
 FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
           "logprobs", "stream", "n", "ignore_eos", "stream_options", "echo", "unknown_field",

@@ -301,6 +301,22 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
         assert await node.kv_cells_in_use() == 0
 
 
+async def test_a_session_cancelled_at_once_costs_no_engine_work(tiny_model):
+    params = dgr.SamplingParams(max_tokens=8, ignore_eos=True)
+    async with dgr.open_node(config(tiny_model)) as node:
+        await node.generate("warm up", params)
+        with trio.move_on_after(0):
+            await node.generate("cancelled before its first checkpoint", params)
+        after = await node.generate("after", params)
+        assert after.finish_reason == "length"
+        cancelled_id = 2  # ids count sessions in arrival order
+        assert not [r for r in node.steps if any(sid == cancelled_id for sid, _, _ in r.prefill)]
+        assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 1
+        assert metric(node, "dgr_prefill_tokens_total") == sum(
+            len(node.tokenize(p)) for p in ("warm up", "after"))
+        assert node.waiting_sessions == node.active_sessions == 0
+
+
 async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
     reasons = []
     async with trio.open_nursery() as outer:

@@ -7,7 +7,8 @@ import pytest
 import trio
 
 import dgr
-from dgr.server import ServerConfig, serve
+from dgr.config import ServerConfig
+from dgr.server import serve
 
 
 def node_config(tiny_model, **overrides):

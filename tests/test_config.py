@@ -1,0 +1,39 @@
+"""Configs: one place for a field, its default, its TOML key and its flag."""
+
+import attrs
+import pytest
+
+from dgr.cli import build_parser, configs_from_args
+from dgr.config import NodeConfig, ServerConfig, load_configs
+
+
+@pytest.mark.parametrize("cls", [NodeConfig, ServerConfig])
+def test_every_field_has_a_flag_whose_help_shows_its_default(cls):
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    by_dest = {action.dest: action for action in run._actions}
+    for field in attrs.fields(cls):
+        action = by_dest[field.name]
+        assert action.option_strings == [field.metadata["flag"]]
+        shown = field.metadata["default_text"] or field.default
+        assert action.help.endswith(f"(default: {shown})".replace("%", "%%"))
+
+
+def test_toml_data_and_flags_load_through_one_path(tmp_path):
+    toml = tmp_path / "node.toml"
+    toml.write_text('max_running = 4\nn_ctx = 8192\n[server]\nport = 9000\ngrace_s = 5\n')
+    args = build_parser().parse_args(["run", "--config", str(toml), "--max-running", "2",
+                                      "--host", "0.0.0.0", "--kv-unified"])
+    node, server = configs_from_args(args)
+    assert (node.max_running, node.n_ctx, node.kv_unified) == (2, 8192, True)  # flags win
+    assert (server.port, server.grace_s, server.host) == (9000, 5.0, "0.0.0.0")
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"max_runing": 4}, "unknown config keys: max_runing"),
+    ({"server": {"prot": 1}}, "unknown [server] keys: prot"),
+    ({"server": {"port": 70000}}, "port must be within"),
+    ({"max_running": "many"}, "invalid literal"),
+])
+def test_bad_config_data_is_a_clear_error(data, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_configs(data)
