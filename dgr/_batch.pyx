@@ -442,6 +442,11 @@ cdef class Engine:
     def n_batch(self):
         return self.batch_capacity
 
+    @property
+    def eog_tokens(self):
+        """The vocabulary's end-of-generation tokens."""
+        return [self.eog_bias[i].token for i in range(self.n_eog)]
+
     def is_eog(self, int token):
         return bool(llama_vocab_is_eog(self.vocab, token))
 

@@ -59,7 +59,6 @@ class StepRecord:
 
 
 _START, _CREDIT, _FINISH = range(3)
-_EV = _scheduler
 
 
 def failure_message(code: int) -> str:
@@ -80,10 +79,9 @@ class StepLoop:
         self._admission = admission
         self._telemetry = telemetry
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        eog = [t for t in range(engine.n_vocab) if engine.is_eog(t)]
         scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
                                          settings.prefill_chunk, settings.prefill_sessions,
-                                         engine.n_vocab, eog)
+                                         engine.n_vocab, engine.eog_tokens)
         self.batch = _batch.BatchLoop(engine, scheduler, self._wake_fd)
         # Bounded by construction: per session one start, one finish and at most
         # reply_buffer credits (each stands for a token its task took) are in flight.
@@ -180,7 +178,7 @@ class StepLoop:
 
     def _apply(self, event: tuple, now: float) -> None:
         kind, slot = event[0], event[1]
-        if kind == _EV.EVENT_TOKEN:
+        if kind == _scheduler.EVENT_TOKEN:
             session = self._by_slot[slot]
             latency = session.record_token(event[2], now)
             (self._telemetry.ttft if len(session.generated) == 1 else self._telemetry.itl
@@ -188,13 +186,13 @@ class StepLoop:
             if not session.done:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     self._outboxes[session].send_nowait(TokenEvent(event[2], event[3], event[4]))
-        elif kind == _EV.EVENT_DECODE:
+        elif kind == _scheduler.EVENT_DECODE:
             self._step_decode.append(self._by_slot[slot].id)
-        elif kind == _EV.EVENT_PREFILL:
+        elif kind == _scheduler.EVENT_PREFILL:
             session = self._by_slot[slot]
             session.record_prefill(event[3])
             self._step_prefill.append((session.id, event[2], event[3]))
-        elif kind == _EV.EVENT_FINISH:
+        elif kind == _scheduler.EVENT_FINISH:
             session = self._by_slot.pop(slot)
             reason, code = FinishReason.from_code(event[2]), event[3]
             if reason is FinishReason.ERROR:
@@ -205,10 +203,12 @@ class StepLoop:
             else:
                 session.finish(reason)
             self._retire(session)
-        elif kind == _EV.EVENT_FAILURE:
-            self._telemetry.step_failures.labels(str(slot)).inc()  # event[1] is the code
+        elif kind == _scheduler.EVENT_FAILURE:
+            code = event[1]
+            self._telemetry.step_failures.labels(str(code)).inc()
         else:
-            self._record_step(slot)  # event[1] holds the step's figures
+            figures = event[1]
+            self._record_step(figures)
 
     def _record_step(self, figures: dict) -> None:
         budget = self.settings.token_budget
