@@ -248,7 +248,6 @@ cdef class Engine:
     cdef int fault_code
     cdef readonly dict info
     cdef readonly str model_path
-    cdef double t_fill, t_decode, t_sample
 
     def __cinit__(self):
         self.model = NULL
@@ -446,9 +445,6 @@ cdef class Engine:
     def eog_tokens(self):
         """The vocabulary's end-of-generation tokens."""
         return [self.eog_bias[i].token for i in range(self.n_eog)]
-
-    def is_eog(self, int token):
-        return bool(llama_vocab_is_eog(self.vocab, token))
 
     def chat_template(self):
         """The model's chat template from its GGUF metadata, or None."""
@@ -678,7 +674,6 @@ cdef class Engine:
             rc = self._run_call(n, &tok[0], &pos[0], &seq[0], &wnt[0], k,
                                 <int32_t *> sampled.data, <float *> sampled_lp.data,
                                 <int32_t *> top_ids.data, <float *> top_lp.data, &bad_row, times)
-        self.t_fill, self.t_decode, self.t_sample = times[0], times[1], times[2]
 
         if rc == FAULT_RAISE_C:
             raise RuntimeError("injected engine fault after llama_decode")
@@ -744,11 +739,6 @@ cdef class Engine:
         times[1] = t2 - t1
         times[2] = _now() - t2
         return rc
-
-    @property
-    def last_step_timing(self):
-        """Seconds the last step spent filling the batch, in llama_decode, and sampling."""
-        return {"batch_fill": self.t_fill, "decode": self.t_decode, "sample": self.t_sample}
 
     cdef _reconcile(self, cnp.ndarray[int32_t, ndim=1] pos_before):
         # llama.cpp keeps the ubatches it processed before an abort or a fatal

@@ -101,6 +101,11 @@ class StepLoop:
         self._outboxes[session] = outbox
         self._start(started)
 
+    def abandon(self, session: Session) -> None:
+        """A session cancelled before it was handed over leaves without engine work."""
+        session.finish(FinishReason.CANCELLED)
+        self._retire(session)
+
     def credit(self, session: Session) -> None:
         """The session's task took a token: its reader may be sent one more."""
         self._requests.send_nowait((_CREDIT, session))

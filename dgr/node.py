@@ -218,15 +218,15 @@ class Node:
         self.telemetry.admitted.inc()
         # One place more than the reader's credits: the finish event always fits.
         token_send, token_recv = trio.open_memory_channel(self.config.reply_buffer + 1)
-        self._loop.admit(session, token_send, started)
         chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer)
         try:
             scope = await self._nursery.start(self._session_task, session, token_recv, chunk_send)
-        except BaseException:  # cancelled before the stream began: the loop does no work for it
-            self._loop.end(session, FinishReason.CANCELLED)
+        except BaseException:  # cancelled before the stream began: it never reaches the loop
+            self._loop.abandon(session)
             raise
         finally:
             self._loop.update_gauges()
+        self._loop.admit(session, token_send, started)
         return session, chunk_recv, scope
 
     async def _session_task(self, session: Session, tokens: trio.MemoryReceiveChannel,
