@@ -161,15 +161,13 @@ cdef extern from *:
     void dgr_set_flag(int * flag, int value) noexcept nogil
     int dgr_argmax(const float * x, int n) noexcept nogil
 
-# Flags of the `want` array passed to step().
-WANT_SAMPLE = 1
-WANT_LOGPROBS = 2
-# inject_fault code: raise a RuntimeError after llama_decode ran
 cdef enum:
-    WANT_SAMPLE_C = 1
+    WANT_SAMPLE_C = 1        # flags of the `want` array passed to step()
     WANT_LOGPROBS_C = 2
-    FAULT_RAISE_C = 1000
+    FAULT_RAISE_C = 1000     # inject_fault code: raise a RuntimeError after llama_decode ran
     ENGINE_FAULT_C = -1000   # a batch loop's code for a call that raised (FAULT_RAISE)
+WANT_SAMPLE = WANT_SAMPLE_C
+WANT_LOGPROBS = WANT_LOGPROBS_C
 FAULT_RAISE = FAULT_RAISE_C
 ENGINE_FAULT = ENGINE_FAULT_C
 

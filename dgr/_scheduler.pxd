@@ -11,7 +11,7 @@ cdef enum SlotPhase:
     SLOT_PREFILL = 1
     SLOT_DECODE = 2
 
-# Numbered as dgr.sequence.FinishReason's codes.
+# dgr.sequence.FinishReason reads these through dgr._scheduler.FINISH_CODES.
 cdef enum FinishCode:
     FINISH_NONE = 0
     FINISH_STOP = 1            # an end-of-generation token (or a stop string, seen by the node)

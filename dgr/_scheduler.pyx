@@ -44,6 +44,9 @@ EVENT_FINISH = EV_FINISH
 EVENT_FAILURE = EV_FAILURE
 EVENT_STEP = EV_STEP
 NO_LOGITS_CODE = NO_LOGITS
+# The FinishCode of each finish reason (dgr.sequence.FinishReason reads them here).
+FINISH_CODES = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "cancelled": FINISH_CANCELLED,
+                "error": FINISH_ERROR}
 
 
 cdef tuple event_tuple(const Event * e):

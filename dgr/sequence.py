@@ -15,6 +15,7 @@ from typing import Optional
 
 import attrs
 
+from dgr import _scheduler
 from dgr.config import SamplingParams
 
 
@@ -39,8 +40,7 @@ class FinishReason(str, enum.Enum):
         return _REASONS[code]
 
 
-_CODES = {FinishReason.STOP: 1, FinishReason.LENGTH: 2, FinishReason.CANCELLED: 3,
-          FinishReason.ERROR: 4}
+_CODES = {reason: _scheduler.FINISH_CODES[reason.value] for reason in FinishReason}
 _REASONS = {code: reason for reason, code in _CODES.items()}
 
 

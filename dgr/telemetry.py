@@ -14,10 +14,10 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from dgr.admission import REASONS
+from dgr.sequence import FinishReason
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                     1.5, 2.5, 5.0, 10.0, 30.0)
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
 STEP_PHASES = ("plan", "decode", "sample", "update")
 
 
@@ -71,7 +71,7 @@ class Telemetry:
                              "tokens of one session.", buckets=_LATENCY_BUCKETS, registry=r)
         for reason in REASONS:
             self.rejected.labels(reason)
-        for reason in FINISH_REASONS:
+        for reason in FinishReason:
             self.finished.labels(reason)
         self._window = rate_window_s
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()

@@ -11,7 +11,6 @@ from dgr.sequence import FinishReason, Phase, Session
 
 
 EOG = 99
-FINISH = {reason.code: reason for reason in FinishReason}
 E = _scheduler
 
 
