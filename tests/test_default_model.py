@@ -125,3 +125,44 @@ async def test_node_batching_matches_solo_past_512_and_2048_tokens(default_model
     greedy = dgr.SamplingParams(max_tokens=16, logprobs=2, ignore_eos=True)
     alone, together = await _solo_and_together(config, prompts, greedy, stagger_s=0.2)
     _assert_bitwise(alone, together, f"c={concurrency}, ~{context} tokens")
+
+
+async def test_sessions_starting_in_freed_cells_match_solo(default_model, gemma):
+    """One KV pool, 4 running and 6 waiting sessions of different lengths: each
+    waiting session starts in cells that finished ones freed among the running
+    sessions' cells. Every session is still bitwise equal to its solo run."""
+    import trio
+
+    import dgr
+
+    prompts = long_prompts(gemma, 10, 300)
+    params = [dgr.SamplingParams(max_tokens=4 + 5 * (i % 4), logprobs=2, ignore_eos=True)
+              for i in range(len(prompts))]
+    config = dgr.NodeConfig(model_path=default_model, max_running=4, n_ctx=8192)
+    assert config.kv_unified
+    async with dgr.open_node(config) as node:
+        alone = [await node.generate(p, q) for p, q in zip(prompts, params)]
+        together = [None] * len(prompts)
+
+        async def run(i):
+            together[i] = await node.generate(prompts[i], params[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(prompts)):
+                nursery.start_soon(run, i)
+                await trio.sleep(0.05)
+    _assert_bitwise(alone, together, "freed cells")
+
+
+async def test_a_6000_token_prompt_runs_with_the_defaults(default_model, gemma):
+    """The pool is the model's training context and one session may use all of it."""
+    import dgr
+
+    prompt = long_prompts(gemma, 1, 6000)[0]
+    async with dgr.open_node(dgr.NodeConfig(model_path=default_model)) as node:
+        kv = node.capabilities()["budgets"]["kv"]
+        assert kv["cells_total"] == gemma.info["n_ctx_train"] == 32768
+        assert kv["cells_per_session"] == kv["cells_total"]
+        result = await node.generate(prompt, dgr.SamplingParams(max_tokens=8, ignore_eos=True))
+    assert result.prompt_tokens >= 6000
+    assert len(result.token_ids) == 8

@@ -105,6 +105,33 @@ async def test_sampling_is_seeded_per_session(tiny_model):
     assert a.token_ids == b.token_ids
 
 
+async def test_per_session_cap_is_the_pool_or_what_is_configured(tiny_model):
+    """Unified KV: one session may reserve the whole pool, or --session-ctx cells;
+    split KV: a fixed ctx/max-running share. Beyond it: never_fits, with the numbers."""
+    long_prompt = "x" * 1000  # about 1000 tokens of the tiny model's byte vocabulary
+    cases = [(config(tiny_model), None),
+             (config(tiny_model, session_ctx=600), 600),
+             (config(tiny_model, kv_unified=False), 512)]
+    for cfg, cap in cases:
+        async with dgr.open_node(cfg) as node:
+            per_session = node.capabilities()["budgets"]["kv"]["cells_per_session"]
+            assert per_session == (cap or 4096)
+            if cap is None:
+                result = await node.generate(long_prompt, dgr.SamplingParams(max_tokens=2))
+                assert len(result.token_ids) == 2
+            else:
+                with pytest.raises(AdmissionRejected, match=f"context of {cap} tokens") as exc:
+                    await node.generate(long_prompt, dgr.SamplingParams(max_tokens=2))
+                assert exc.value.reason == "never_fits"
+            assert (await node.generate("still fine", dgr.SamplingParams(max_tokens=2))).token_ids
+
+
+def test_unified_kv_caps_max_running_below_the_attention_tile():
+    with pytest.raises(ValueError, match="at most 63"):
+        dgr.NodeConfig(max_running=64)
+    assert dgr.NodeConfig(max_running=64, kv_unified=False).max_running == 64
+
+
 async def test_bad_requests_get_clear_errors(tiny_model):
     with pytest.raises(InvalidRequest, match="temperature"):
         dgr.SamplingParams(temperature=-1)
@@ -119,10 +146,11 @@ async def test_bad_requests_get_clear_errors(tiny_model):
             await node.generate([1, 10_000])
         with pytest.raises(InvalidRequest, match="empty"):
             await node.generate([])
-        # a prompt that can never fit the per-session context (4096 / 8 = 512)
+        # a prompt that can never fit: one session may use the whole pool (4096 cells), no more
         with pytest.raises(AdmissionRejected) as exc:
-            await node.generate("x" * 600, dgr.SamplingParams(max_tokens=1))
+            await node.generate("x" * 4100, dgr.SamplingParams(max_tokens=1))
         assert exc.value.reason == "never_fits"
+        assert "4096" in str(exc.value)
         assert metric(node, "dgr_admissions_rejected_total", reason="never_fits") == 1
         # the node still serves
         assert (await node.generate("still fine", dgr.SamplingParams(max_tokens=3))).token_ids
@@ -364,7 +392,8 @@ async def test_telemetry_counts_a_known_workload(tiny_model):
         assert metric(node, "dgr_kv_cells_total") == 4096
         caps = node.capabilities()
         assert caps["model"]["architecture"] == "llama"
-        assert caps["budgets"]["kv"]["cells_per_session"] == 512
+        assert caps["budgets"]["kv"]["cells_per_session"] == 4096  # the pool (unified KV)
+        assert caps["model"]["context_per_session"] == 4096
         assert caps["budgets"]["queue"]["max_waiting"] == 16
         assert caps["load"]["active"] == 0 and caps["load"]["kv_cells_free"] == 4096
         assert caps["load"]["decode_tokens_per_s"] > 0

@@ -122,7 +122,7 @@ async def test_chat_models_metrics_capabilities_health(start_server):
     (json.dumps({"prompt": "x", "n": 2}).encode(), 400),
     (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400),
     (json.dumps({"prompt": [1, 99999]}).encode(), 400),
-    (json.dumps({"prompt": "x" * 2000, "max_tokens": 1}).encode(), 400),  # can never fit
+    (json.dumps({"prompt": "x" * 5000, "max_tokens": 1}).encode(), 400),  # can never fit
     (b"[" * 100_000 + b"]" * 100_000, 400),
     (json.dumps({"prompt": "x" * 2_000_000}).encode(), 413),
 ])

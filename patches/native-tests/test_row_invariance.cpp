@@ -5,7 +5,9 @@
 //               has 1, 2, 7, 8, 9, 16, 33, 64 or 512 (n_batch) columns.
 //   flash_attn: a query row's attention output is bitwise the same alone and beside other
 //               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
-//               lengths below and above 512, with and without a sliding window.
+//               lengths below and above 512, with and without a sliding window; in a unified
+//               stream also when the sequence's cells lie among other sequences' cells (in
+//               position order), for decode rows and for a prompt chunk of 96 rows (tiled path).
 //
 // Usage: test-row-invariance mul_mat|flash_attn [n_threads]
 
@@ -250,6 +252,125 @@ static int report(const char * what, int len, int window, const std::vector<floa
     return same ? 0 : 1;
 }
 
+// A sequence in a unified stream: cells at positions 0..len-1 and n_rows query rows at the
+// last n_rows positions (1 for a decode row, more for a prompt chunk), causal.
+struct fa_rows {
+    int len;
+    int window;
+    int n_rows;
+    std::vector<float> q;  // FA_D * FA_HEADS * n_rows
+    std::vector<float> k;  // FA_D * len * FA_HEADS_KV
+    std::vector<float> v;
+    fa_rows(int len, int window, int n_rows, uint32_t seed) : len(len), window(window), n_rows(n_rows) {
+        q = randoms((size_t) FA_D * FA_HEADS * n_rows, seed);
+        k = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 1);
+        v = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 2);
+    }
+    bool visible(int row, int pos) const {
+        const int qpos = len - n_rows + row;
+        return pos <= qpos && (window == 0 || pos > qpos - window);
+    }
+};
+
+// cells first, first + stride, ... for len positions
+static std::vector<int> strided(int len, int first, int stride) {
+    std::vector<int> cells(len);
+    for (int i = 0; i < len; i++) {
+        cells[i] = first + i * stride;
+    }
+    return cells;
+}
+
+// One unified stream holding each sequence at the given cells (in position order); the output
+// rows of the first sequence.
+static std::vector<float> fa_placed(const std::vector<std::pair<const fa_rows *, std::vector<int>>> & seqs) {
+    int n_q = 0;
+    int used = 0;
+    for (auto & [s, cells] : seqs) {
+        n_q += s->n_rows;
+        used = std::max(used, cells.back() + 1);
+    }
+    const int n_kv = pad256(used);
+    scratch sc((size_t) 512 << 20);
+    ggml_tensor * q = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F32, FA_D, n_q, FA_HEADS, 1);
+    ggml_tensor * k = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, 1);
+    ggml_tensor * v = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, 1);
+    ggml_tensor * m = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, n_kv, n_q, 1, 1);
+    fill_f16(k, 95);  // cells no query may see hold junk, never zeros
+    fill_f16(v, 94);
+    std::vector<ggml_fp16_t> masked(n_kv, ggml_fp32_to_fp16(-INFINITY));
+    int row0 = 0;
+    for (auto & [s, cells] : seqs) {
+        for (int h = 0; h < FA_HEADS_KV; h++) {
+            for (int p = 0; p < s->len; p++) {
+                const size_t at = ((size_t) h * s->len + p) * FA_D;
+                ggml_fp32_to_fp16_row(&s->k[at], (ggml_fp16_t *) ((char *) k->data + cells[p] * k->nb[1] + h * k->nb[2]), FA_D);
+                ggml_fp32_to_fp16_row(&s->v[at], (ggml_fp16_t *) ((char *) v->data + cells[p] * v->nb[1] + h * v->nb[2]), FA_D);
+            }
+        }
+        for (int r = 0; r < s->n_rows; r++) {
+            for (int h = 0; h < FA_HEADS; h++) {
+                memcpy((char *) q->data + (row0 + r) * q->nb[1] + h * q->nb[2],
+                       &s->q[((size_t) r * FA_HEADS + h) * FA_D], FA_D * sizeof(float));
+            }
+            ggml_fp16_t * mask = (ggml_fp16_t *) ((char *) m->data + (row0 + r) * m->nb[1]);
+            memcpy(mask, masked.data(), n_kv * sizeof(ggml_fp16_t));
+            for (int p = 0; p < s->len; p++) {
+                if (s->visible(r, p)) {
+                    mask[cells[p]] = ggml_fp32_to_fp16(0.0f);
+                }
+            }
+        }
+        row0 += s->n_rows;
+    }
+    ggml_tensor * out = ggml_flash_attn_ext(sc.ctx, q, k, v, m, 1.0f / 16.0f, 0.0f, 0.0f);
+    compute(sc.ctx, out);
+    // out: [FA_D, FA_HEADS, n_q, 1]; the first sequence's rows come first
+    std::vector<float> r((size_t) FA_D * FA_HEADS * seqs[0].first->n_rows);
+    memcpy(r.data(), out->data, r.size() * sizeof(float));
+    return r;
+}
+
+// Unified KV with a sequence's cells among other sequences' cells, as a shared pool leaves
+// them: a decode row beside 15 others, and a prompt chunk of 96 rows (tiled path) alone in
+// its call, each against the same sequence alone at cells 0..len-1.
+static int test_flash_attn_spread_cells() {
+    int failures = 0;
+    for (int len : { 100, 600, 1100, 2100 }) {
+        for (int window : { 0, 512 }) {
+            if (window && len <= window) {
+                continue;
+            }
+            const fa_rows probe(len, window, 1, 3000 + len);
+            const std::vector<float> solo = fa_placed({ { &probe, strided(len, 0, 1) } });
+            // the probe at every third cell from 7, the others in between and after
+            std::vector<std::pair<const fa_rows *, std::vector<int>>> pool = { { &probe, strided(len, 7, 3) } };
+            std::vector<fa_rows> others;
+            others.reserve(15);
+            for (int i = 0; i < 15; i++) {
+                others.emplace_back(i % 2 ? 40 : 300, 0, 1, 4000 + i);
+            }
+            int next = 3 * len + 8;
+            for (int i = 0; i < 15; i++) {
+                const fa_rows & o = others[i];
+                pool.push_back({ &o, i < 2 ? strided(o.len, 8 + i, 3) : strided(o.len, next, 1) });
+                if (i >= 2) {
+                    next += o.len;
+                }
+            }
+            failures += report("unified KV, spread cells, 16 rows", len, window, fa_placed(pool), solo);
+
+            const fa_rows chunk(len, window, 96, 5000 + len);
+            const std::vector<float> chunk_solo = fa_placed({ { &chunk, strided(len, 0, 1) } });
+            const fa_rows neighbour(len, 0, 0, 6000 + len);
+            failures += report("unified KV, spread cells, 96-row chunk", len, window,
+                               fa_placed({ { &chunk, strided(len, 1, 2) }, { &neighbour, strided(len, 0, 2) } }),
+                               chunk_solo);
+        }
+    }
+    return failures;
+}
+
 static int test_flash_attn() {
     int failures = 0;
     const fa_seq other_short(37, 0, 500), other_long(2500, 0, 600), other_mid(800, 0, 700);
@@ -275,7 +396,7 @@ static int test_flash_attn() {
             failures += report("unified KV, 16 rows", len, window, fa_unified(many), solo);
         }
     }
-    return failures;
+    return failures + test_flash_attn_spread_cells();
 }
 
 int main(int argc, char ** argv) {
