@@ -121,6 +121,9 @@ async def soak(model: str, sessions: int, concurrency: int, seed: int = 7,
             for _ in range(concurrency):
                 nursery.start_soon(client)
         report["rss_after_soak"] = rss_bytes()
+        report["kv_cells_cached_after"] = node.capabilities()["load"]["kv_cells_cached"]
+        report["kv_cells_in_use_cached"] = await node.kv_cells_in_use()
+        await node.flush_prefix_cache()
         report["kv_cells_in_use_after"] = await node.kv_cells_in_use()
         report["active_after"] = node.active_sessions
         report["waiting_after"] = node.waiting_sessions

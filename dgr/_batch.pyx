@@ -776,7 +776,12 @@ cdef class BatchLoop:
     The loop keeps stepping while it has rows to run and room in the ring for
     one more step's events; a full ring (the node fell behind) stops it until
     the node drains, so nothing between the two grows without bound. Ended
-    slots' KV cells are freed before their EV_FINISH is published.
+    slots' KV cells are freed before their EV_FINISH is published, but for
+    the whole prompt chunks a slot was told to keep (a prefix cache entry).
+
+    KV changes the node asks for (a start that reuses cells of another slot's
+    sequence, an eviction) are queued and applied by the loop between steps,
+    in order, since llama.cpp's KV cache may only change on its thread.
     """
 
     cdef Engine engine
@@ -803,6 +808,12 @@ cdef class BatchLoop:
     cdef double mark
     cdef int cells_used_now
     cdef int * pos_max_now
+    cdef int * keep_cells          # per slot: prompt cells kept when it ends (whole chunks)
+    cdef int * op_slot             # queued KV changes: see _apply_kv_ops
+    cdef int * op_src
+    cdef int * op_keep
+    cdef int n_ops, ops_cap
+    cdef int64_t ops_queued, ops_done
 
     def __cinit__(self):
         self.sync_ready = False
@@ -811,6 +822,7 @@ cdef class BatchLoop:
         self.row_want = NULL
         self.chosen_lp = self.top_lp = NULL
         self.call_rc = self.pos_max_now = NULL
+        self.keep_cells = self.op_slot = self.op_src = self.op_keep = NULL
 
     def __init__(self, Engine engine, Scheduler scheduler, int wake_fd, int ring_steps=32):
         engine._check_open()
@@ -835,6 +847,15 @@ cdef class BatchLoop:
         self.top_lp = <float *> calloc(rows * MAX_LOGPROBS, sizeof(float))
         self.call_rc = <int *> calloc(1 + scheduler.n_slots, sizeof(int))
         self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
+        self.keep_cells = <int *> calloc(scheduler.n_slots, sizeof(int))
+        # at most a start and an eviction per slot wait between two loop iterations
+        self.ops_cap = 2 * scheduler.n_slots + 1
+        self.op_slot = <int *> calloc(self.ops_cap, sizeof(int))
+        self.op_src = <int *> calloc(self.ops_cap, sizeof(int))
+        self.op_keep = <int *> calloc(self.ops_cap, sizeof(int))
+        if (self.keep_cells == NULL or self.op_slot == NULL or self.op_src == NULL
+                or self.op_keep == NULL):
+            raise MemoryError()
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
                 or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
                 or self.sampled == NULL or self.chosen_lp == NULL or self.top_ids == NULL
@@ -854,21 +875,63 @@ cdef class BatchLoop:
         free(self.row_tok); free(self.row_pos); free(self.row_seq); free(self.row_want)
         free(self.sampled); free(self.chosen_lp); free(self.top_ids); free(self.top_lp)
         free(self.call_rc); free(self.pos_max_now)
+        free(self.keep_cells); free(self.op_slot); free(self.op_src); free(self.op_keep)
 
     # ------------------------------------------------------------ the node's side (GIL held)
 
     def start(self, int slot, prompt, int max_tokens, *, int n_logprobs=0, bint ignore_eos=False,
               int credits=1, double temperature=0.0, int top_k=0, double top_p=1.0,
-              double min_p=0.0, seed=0):
-        """Run a session on a free slot (one whose EV_FINISH the node has seen)."""
+              double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, int keep=0):
+        """Run a session on a free slot (one whose EV_FINISH the node has seen).
+
+        The slot's sequence first drops what it holds (a cache entry), but for
+        the KV of prompt positions [0, n_reused) taken from slot `reuse_from`'s
+        sequence (its own when reuse_from == slot): whole chunks of a shared
+        prefix, which the session then does not prefill. When the session
+        ends, its sequence keeps the KV of its first `keep` prompt positions
+        (rounded down to the whole chunks it prefilled)."""
+        if n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
+            raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
         self.engine.set_sampling(slot, temperature, top_k, top_p, min_p, seed, ignore_eos)
         pthread_mutex_lock(&self.lock)
         try:
-            self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits)
+            self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits, n_reused)
+            self._queue_kv_op(slot, reuse_from if n_reused else -1, n_reused)
+            self.keep_cells[slot] = keep
             pthread_cond_signal(&self.wake)
         finally:
             pthread_mutex_unlock(&self.lock)
+
+    def evict(self, int slot):
+        """Drop what a free slot's sequence holds (a prefix cache entry)."""
+        if not 0 <= slot < self.scheduler.n_slots:
+            raise ValueError(f"slot {slot} out of range")
+        pthread_mutex_lock(&self.lock)
+        try:
+            self._queue_kv_op(slot, -1, 0)
+            pthread_cond_signal(&self.wake)
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    cdef void _queue_kv_op(self, int slot, int src, int keep) except *:
+        if self.n_ops == self.ops_cap:
+            raise RuntimeError("too many KV changes queued")
+        self.op_slot[self.n_ops] = slot
+        self.op_src[self.n_ops] = src
+        self.op_keep[self.n_ops] = keep
+        self.n_ops += 1
+        self.ops_queued += 1
+
+    @property
+    def kv_ops_queued(self):
+        """KV changes asked for so far (starts and evictions)."""
+        return self.ops_queued
+
+    @property
+    def kv_ops_published(self):
+        """KV changes applied by the loop and published (cells_used, pos_max show them)."""
+        return self.ops_done
 
     def credit(self, int slot, int n=1):
         """The slot's reader took n tokens; it may be sent n more."""
@@ -937,7 +1000,7 @@ cdef class BatchLoop:
     # ------------------------------------------------------------ the loop (nogil)
 
     cdef void _run(self) noexcept nogil:
-        cdef int n_events, rows
+        cdef int n_events, rows, n_ops
         pthread_mutex_lock(&self.lock)
         self.mark = _now()
         while not self.stopping:
@@ -945,13 +1008,16 @@ cdef class BatchLoop:
                 pthread_cond_wait(&self.wake, &self.lock)  # until the node drains
                 self.mark = _now()
                 continue
+            n_ops = self._apply_kv_ops()
             n_events = self.scheduler.take_finish_requests(self.scratch)
             rows = self.scheduler.plan()
             if rows > 0:
                 self._step(n_events)
+                self.ops_done += n_ops
                 continue
-            if n_events:
+            if n_events or n_ops:
                 self._release_finished(n_events)
+                self.ops_done += n_ops
                 self._publish(n_events)
                 continue
             pthread_cond_wait(&self.wake, &self.lock)
@@ -1033,12 +1099,31 @@ cdef class BatchLoop:
                 self.row_want[row - 1] = WANT_SAMPLE_C | (
                     WANT_LOGPROBS_C if self.scheduler.slots[s].n_logprobs else 0)
 
+    cdef int _apply_kv_ops(self) noexcept nogil:
+        """The queued KV changes, in order: a slot's sequence keeps positions
+        [0, keep) of its own (src == slot), of another slot's (src: copied, which
+        in a unified cache only adds the sequence to those cells) or nothing
+        (src == -1, keep == 0: an eviction)."""
+        cdef int i, s, src, keep, n
+        for i in range(self.n_ops):
+            s, src, keep = self.op_slot[i], self.op_src[i], self.op_keep[i]
+            if src >= 0 and src != s:
+                llama_memory_seq_rm(self.engine.mem, s, -1, -1)
+                llama_memory_seq_cp(self.engine.mem, src, s, 0, keep)
+            else:
+                llama_memory_seq_rm(self.engine.mem, s, keep, -1)
+        n, self.n_ops = self.n_ops, 0
+        return n
+
     cdef void _release_finished(self, int n_events) noexcept nogil:
-        cdef int i, s
+        """Ended slots: their samplers reset, their KV freed but for the whole
+        prefilled prompt chunks they were told to keep."""
+        cdef int i, s, keep, chunk = self.scheduler.prefill_chunk
         for i in range(n_events):
             if self.scratch[i].kind == EV_FINISH:
                 s = self.scratch[i].slot
-                llama_memory_seq_rm(self.engine.mem, s, -1, -1)
+                keep = min(self.keep_cells[s], self.scheduler.slots[s].n_prefilled // chunk * chunk)
+                llama_memory_seq_rm(self.engine.mem, s, keep, -1)
                 llama_sampler_reset(self.engine.samplers[s])
 
     cdef void _publish(self, int n_events) noexcept nogil:

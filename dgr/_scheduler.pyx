@@ -118,8 +118,10 @@ cdef class Scheduler:
     # ------------------------------------------------------------ the node's side
 
     def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
-              int credits=1):
-        """Give a free slot a session: prefill `prompt`, then generate up to max_tokens."""
+              int credits=1, int n_reused=0):
+        """Give a free slot a session: prefill `prompt` from position n_reused (the
+        KV of the positions before it is already in the slot's sequence: whole
+        chunks of a shared prefix), then generate up to max_tokens."""
         self._check(slot)
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
@@ -127,6 +129,9 @@ cdef class Scheduler:
         if n < 1 or max_tokens < 1 or credits < 1 or not 0 <= n_logprobs <= MAX_LOGPROBS:
             raise ValueError("a session needs a prompt, max_tokens >= 1, credits >= 1 and "
                              f"0..{MAX_LOGPROBS} logprobs")
+        if not 0 <= n_reused < n or n_reused % self.prefill_chunk:
+            raise ValueError(f"n_reused ({n_reused}) must be whole chunks before the prompt's "
+                             "last token")
         cdef int32_t * copy = <int32_t *> malloc(n * sizeof(int32_t))
         if copy == NULL:
             raise MemoryError()
@@ -135,7 +140,7 @@ cdef class Scheduler:
         cdef Slot * sl = &self.slots[slot]
         sl.prompt = copy
         sl.n_prompt = n
-        sl.n_prefilled = 0
+        sl.n_prefilled = n_reused
         sl.n_generated = 0
         sl.max_tokens = max_tokens
         sl.last_token = -1

@@ -11,6 +11,11 @@ Budgets (see DESIGN.md):
   wait for a slot. Beyond that a new session is rejected at once
   (`queue_full`, `queue_tokens_full`), never parked.
 - weights and scratch are checked once, when the node starts (see Budgets.check_memory).
+- prefix cache (dgr.prefix_cache): a session starts on the slot that holds the
+  longest whole-chunk prefix of its prompt when that slot is free, copies it
+  from a running slot otherwise; free slots' prefixes are evictable: they are
+  evicted (least recently used first) when a starting session's reservation
+  needs their cells, never counted against admission.
 
 The waiting queue is strict FIFO: a session that does not fit blocks younger
 ones, so a large request is never starved by a stream of small ones.
@@ -23,6 +28,7 @@ import collections
 import attrs
 
 from dgr.errors import AdmissionRejected, BudgetError
+from dgr.prefix_cache import PrefixCache
 from dgr.sequence import Phase, Session
 
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining")
@@ -61,13 +67,16 @@ class Load:
     free_cells: int
     free_slots: int
     draining: bool
+    cached_cells: int = 0
 
 
 class Admission:
     """Tracks waiting and running sessions and the KV cells they reserve."""
 
-    def __init__(self, budgets: Budgets):
+    def __init__(self, budgets: Budgets, prefix_cache: PrefixCache | None = None):
         self.budgets = budgets
+        self.prefix_cache = prefix_cache
+        self._evicted: list[int] = []
         self.waiting: collections.deque[Session] = collections.deque()
         self.running: list[Session] = []
         self._waiting_tokens = 0
@@ -88,7 +97,14 @@ class Admission:
         return Load(active=len(self.running), waiting=len(self.waiting),
                     waiting_tokens=self._waiting_tokens, reserved_cells=self._reserved_cells,
                     free_cells=b.kv_cells_total - self._reserved_cells,
-                    free_slots=len(self._free_slots), draining=self._draining)
+                    free_slots=len(self._free_slots), draining=self._draining,
+                    cached_cells=self.prefix_cache.cached_cells if self.prefix_cache else 0)
+
+    def take_evictions(self) -> list[int]:
+        """Free slots whose cached prefix was evicted since the last call, in order:
+        their sequences must be emptied before the sessions started meanwhile run."""
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
     def max_new_tokens(self, prompt_len: int, requested: int | None, default: int) -> int:
         """max_tokens for a session: as requested, else what its context leaves (capped)."""
@@ -107,6 +123,8 @@ class Admission:
                 "never_fits",
                 f"prompt ({len(session.prompt)} tokens) + max_tokens ({session.max_tokens}) "
                 f"exceeds the per-session context of {b.kv_cells_per_session} tokens")
+        if self.prefix_cache is not None:
+            session.prefix_keys = self.prefix_cache.keys_for(session.prompt)
         can_start_now = not self.waiting and self._fits(session)
         if not can_start_now:
             if len(self.waiting) >= b.max_waiting:
@@ -130,10 +148,39 @@ class Admission:
             session = self.waiting.popleft()
             self._waiting_tokens -= len(session.prompt)
             self._reserved_cells += session.reserved_cells
-            session.start(self._free_slots.pop())
+            self._place(session)
             self.running.append(session)
             started.append(session)
         return started
+
+    def _place(self, session: Session) -> None:
+        """Give `session` a free slot and, with a prefix cache, a shared prefix; evict
+        cached prefixes until the reservations and the cache fit the pool."""
+        cache = self.prefix_cache
+        if cache is None:
+            session.start(self._free_slots.pop())
+            return
+        holder, n_reused = cache.match(session.prefix_keys)
+        if holder in self._free_slots:
+            slot = holder
+        else:
+            # a free slot holding nothing, else the least recently used cache entry
+            empty = [s for s in self._free_slots if not cache.cells(s)]
+            slot = empty[-1] if empty else cache.cached_slots[0]
+        self._free_slots.remove(slot)
+        cache.assign(slot, session.prefix_keys[:n_reused // cache.chunk])
+        while self._reserved_cells + cache.cached_cells > self.budgets.kv_cells_total:
+            victim = cache.cached_slots[0]
+            cache.drop(victim)
+            self._evicted.append(victim)
+        session.start(slot, holder if n_reused else None, n_reused)
+
+    def flush_cache(self) -> None:
+        """Evict every cached prefix."""
+        if self.prefix_cache is not None:
+            for slot in self.prefix_cache.cached_slots:
+                self.prefix_cache.drop(slot)
+                self._evicted.append(slot)
 
     def release(self, session: Session) -> list[Session]:
         """Forget a finished session: free its queue place or its slot and KV
@@ -145,5 +192,7 @@ class Admission:
             self.running.remove(session)
             self._reserved_cells -= session.reserved_cells
             self._free_slots.append(session.slot)
+            if self.prefix_cache is not None:
+                self.prefix_cache.keep(session.slot)
         session.release()
         return self.promote()

@@ -87,7 +87,9 @@ class StepLoop:
         # reply_buffer credits (each stands for a token its task took) are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
             max_sessions * (settings.reply_buffer + 2))
+        self._cache = admission.prefix_cache
         self._by_slot: dict[int, Session] = {}
+        self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
         self._outboxes: dict[Session, trio.MemorySendChannel] = {}
         self._closing = False
         self._step_decode: list[int] = []
@@ -121,8 +123,22 @@ class StepLoop:
         self.batch.stop()
 
     def _start(self, sessions: list[Session]) -> None:
+        # evictions first: the BatchLoop applies KV changes in the order it gets them
+        for slot in self._admission.take_evictions():
+            self.batch.evict(slot)
+            self._telemetry.prefix_evictions.inc()
         for session in sessions:
             self._requests.send_nowait((_START, session))
+
+    async def flush_cache(self) -> None:
+        """Evict every cached prefix (running sessions keep what they share); returns
+        once the BatchLoop has published the KV without them."""
+        self._admission.flush_cache()
+        self._start([])
+        target = self.batch.kv_ops_queued
+        while self.batch.kv_ops_published < target:
+            await trio.sleep(0.001)
+        self.update_gauges()
 
     # ------------------------------------------------------------ tasks
 
@@ -152,11 +168,18 @@ class StepLoop:
                         self._retire(session)
                     else:
                         self._by_slot[slot] = session
+                        self._on_engine.add(session.id)
                         p = session.params
                         batch.start(slot, session.prompt, session.max_tokens,
                                     n_logprobs=p.logprobs, ignore_eos=p.ignore_eos,
                                     credits=self.settings.reply_buffer, temperature=p.temperature,
-                                    top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=p.seed or 0)
+                                    top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=p.seed or 0,
+                                    reuse_from=-1 if session.reuse_from is None else session.reuse_from,
+                                    n_reused=session.n_reused,
+                                    keep=len(session.prefix_keys) * self.settings.prefill_chunk)
+                        if session.n_reused:
+                            self._telemetry.prefix_hits.inc()
+                            self._telemetry.prefix_tokens_reused.inc(session.n_reused)
                 elif owned:
                     batch.request_finish(slot, session.finish_reason.code)
                 elif session.phase is Phase.WAITING:
@@ -196,6 +219,8 @@ class StepLoop:
         elif kind == _scheduler.EVENT_PREFILL:
             session = self._by_slot[slot]
             session.record_prefill(event[3])
+            if self._cache is not None:
+                self._cache.hold(slot, session.prefix_keys[:event[3] // self._cache.chunk])
             self._step_prefill.append((session.id, event[2], event[3]))
         elif kind == _scheduler.EVENT_FINISH:
             session = self._by_slot.pop(slot)
@@ -226,6 +251,12 @@ class StepLoop:
     def _retire(self, session: Session) -> None:
         """A finished session leaves: its place goes to the next ones, its reader
         gets the end."""
+        if (self._cache is not None and session.phase is Phase.PREFILL
+                and session.id not in self._on_engine):
+            # admission counted on a prefix in its slot that the BatchLoop never set up
+            self._cache.drop(session.slot)
+            self.batch.evict(session.slot)
+        self._on_engine.discard(session.id)
         self._start(self._admission.release(session))
         self._telemetry.record_finish(session.finish_reason)
         outbox = self._outboxes.pop(session, None)
@@ -244,3 +275,4 @@ class StepLoop:
         t.kv_cells_reserved.set(load.reserved_cells)
         t.kv_pressure.set(load.reserved_cells / self._admission.budgets.kv_cells_total)
         t.kv_cells_used.set(self.batch.cells_used)
+        t.kv_cells_cached.set(load.cached_cells)

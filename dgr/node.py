@@ -30,6 +30,7 @@ from dgr.detok import IncrementalDetokenizer
 from dgr.engine import EngineThread, load_engine
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
 from dgr.loop import StepLoop, StepSettings
+from dgr.prefix_cache import PrefixCache
 from dgr.sequence import FinishReason, Session
 from dgr.stops import StopMatcher
 from dgr.stream import Chunk, GenerationResult, SessionStream
@@ -50,7 +51,9 @@ class Node:
         self.telemetry = Telemetry()
         self._engine = engine
         self._nursery = nursery
-        self._admission = Admission(budgets)
+        cache = (PrefixCache(config.prefill_chunk)
+                 if config.prefix_cache and config.kv_unified else None)
+        self._admission = Admission(budgets, cache)
         settings = StepSettings(token_budget=budgets.step_tokens,
                                 prefill_chunk=config.prefill_chunk,
                                 prefill_sessions=config.prefill_sessions_per_step,
@@ -158,11 +161,16 @@ class Node:
                 "kv_cells_reserved": load.reserved_cells,
                 "kv_cells_free": load.free_cells,
                 "kv_cells_used": self._loop.batch.cells_used,
+                "kv_cells_cached": load.cached_cells,
                 "slots_free": load.free_slots,
                 "draining": load.draining,
                 **self.telemetry.recent_rates(),
             },
         }
+
+    async def flush_prefix_cache(self) -> None:
+        """Evict every cached prompt prefix (running sessions keep what they use)."""
+        await self._loop.flush_cache()
 
     async def kv_cells_in_use(self) -> int:
         """KV cells holding tokens after the batch loop's last published step

@@ -63,6 +63,9 @@ class Session:
     arrived_at: float = 0.0
     phase: Phase = Phase.WAITING
     slot: Optional[int] = None
+    prefix_keys: list = attrs.field(factory=list)  # shareable prompt chunks (dgr.prefix_cache)
+    reuse_from: Optional[int] = None  # the slot whose sequence holds its first n_reused positions
+    n_reused: int = 0
     n_prefilled: int = 0
     generated: list[int] = attrs.field(factory=list)
     finish_reason: Optional[FinishReason] = None
@@ -84,9 +87,12 @@ class Session:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def start(self, slot: int) -> None:
-        """Admission gave the session a slot."""
+    def start(self, slot: int, reuse_from: Optional[int] = None, n_reused: int = 0) -> None:
+        """Admission gave the session a slot, and maybe a shared prefix of n_reused
+        prompt positions whose KV slot `reuse_from`'s sequence holds."""
         self.slot = slot
+        self.reuse_from = reuse_from
+        self.n_reused = self.n_prefilled = n_reused
         self.phase = Phase.PREFILL
 
     def record_prefill(self, end: int) -> None:

@@ -166,3 +166,38 @@ async def test_a_6000_token_prompt_runs_with_the_defaults(default_model, gemma):
         result = await node.generate(prompt, dgr.SamplingParams(max_tokens=8, ignore_eos=True))
     assert result.prompt_tokens >= 6000
     assert len(result.token_ids) == 8
+
+
+async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default_model, gemma):
+    """Sessions reusing a 1,000+-token prefix, from the cache and from a running
+    session that decodes beside them: tokens and log-probabilities bitwise those
+    of the same prompts on a fresh node; only the rest is prefilled."""
+    import trio
+
+    import dgr
+
+    import attrs
+
+    preamble = long_prompts(gemma, 1, 1100)[0]
+    prompts = [preamble + f" Question {i}: what matters most here?" for i in range(3)]
+    params = dgr.SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
+    config = dgr.NodeConfig(model_path=default_model, n_ctx=16384)
+    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
+        expected = [await fresh.generate(p, params) for p in prompts]
+    async with dgr.open_node(config) as node:
+        got = [await node.generate(prompts[0], params), await node.generate(prompts[1], params)]
+        async with trio.open_nursery() as nursery:
+            async with node.stream(preamble + " A long answer follows.",
+                                   dgr.SamplingParams(max_tokens=10_000, ignore_eos=True)) as running:
+                await running.__anext__()
+
+                async def read_on():
+                    async for _ in running:
+                        pass
+
+                nursery.start_soon(read_on)
+                got.append(await node.generate(prompts[2], params))
+                nursery.cancel_scope.cancel()
+        reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
+        assert reused >= 3 * 1024
+    _assert_bitwise(expected, got, "shared prefix")

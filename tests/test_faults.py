@@ -68,6 +68,9 @@ async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
                 await trio.sleep(0)
             node._engine.inject_fault(1, code)
         assert len(failures) == 2 and all("the model failed" in f for f in failures)
+        # cells in use come back to exactly the cached prompt prefixes, and to 0 after a flush
+        assert await node.kv_cells_in_use() == node.capabilities()["load"]["kv_cells_cached"]
+        await node.flush_prefix_cache()
         assert await node.kv_cells_in_use() == 0
         label = str(code if code != _batch.FAULT_RAISE else -1000)
         assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",

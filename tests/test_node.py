@@ -197,6 +197,9 @@ async def test_burst_of_100_is_bounded(tiny_model):
         assert outcomes["ok"] >= 6  # 2 running + 4 queued at the burst
         assert peaks["waiting"] <= 4 and peaks["active"] <= 2
         assert metric(node, "dgr_admissions_rejected_total", reason="queue_full") == outcomes["queue_full"]
+        # cells in use come back to exactly the cached prompt prefixes, and to 0 after a flush
+        assert await node.kv_cells_in_use() == node.capabilities()["load"]["kv_cells_cached"]
+        await node.flush_prefix_cache()
         assert await node.kv_cells_in_use() == 0
 
 
@@ -255,6 +258,12 @@ async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(tin
         assert result.finish_reason == "length"
 
 
+def kept_prefix(session, chunk):
+    """Prompt cells a finished session's slot keeps for the prefix cache: the whole
+    chunks it prefilled, before its prompt's last token."""
+    return min(len(session.prompt) - 1, session.n_prefilled) // chunk * chunk
+
+
 async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
     cfg = config(tiny_model, max_running=2, prefill_chunk=8, n_batch=32, n_ubatch=32)
     params = dgr.SamplingParams(max_tokens=40, ignore_eos=True)
@@ -280,7 +289,8 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                             scope.cancel()
                             await trio.sleep(0)
             await wait_next_step(node)
-            assert node._loop.batch.pos_max(slot) == -1  # as llama.cpp reported after the last step
+            # as llama.cpp reported after the last step: the slot keeps its whole prompt chunks
+            assert node._loop.batch.pos_max(slot) == kept_prefix(chunks.session, 8) - 1
             assert chunks.session.finish_reason == "cancelled"
 
             # waiting phase: both slots busy with blockers, so this one queues
@@ -323,9 +333,12 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                     scope.cancel()
                     await trio.sleep(0)
             await wait_next_step(node)
-            assert node._loop.batch.pos_max(slot) == -1  # as llama.cpp reported after the last step
+            assert node._loop.batch.pos_max(slot) == kept_prefix(chunks.session, 8) - 1
         assert survivor["ids"] == reference
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
+        # cells in use come back to exactly the cached prompt prefixes, and to 0 after a flush
+        assert await node.kv_cells_in_use() == node.capabilities()["load"]["kv_cells_cached"]
+        await node.flush_prefix_cache()
         assert await node.kv_cells_in_use() == 0
 
 
@@ -399,3 +412,56 @@ async def test_telemetry_counts_a_known_workload(tiny_model):
         assert caps["load"]["decode_tokens_per_s"] > 0
         text = node.telemetry.exposition().decode()
         assert "dgr_batch_occupancy_ratio" in text and "dgr_kv_pressure_ratio" in text
+
+
+PREAMBLE = "A shared preamble that several requests begin with, long enough for chunks. " * 3
+
+
+async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
+    """A session whose prompt begins with whole chunks another session prefilled
+    (finished and cached, or still running) prefills only the rest; from the cache
+    its tokens and log-probabilities are bitwise those of a fresh node (the
+    default-model tests check bitwise equality beside running sessions too)."""
+    cfg = config(tiny_model, prefill_chunk=16)
+    params = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
+    prompt = PREAMBLE + "Q1: cached?"
+    async with dgr.open_node(cfg) as fresh:
+        expected = await fresh.generate(prompt, params)
+        assert metric(fresh, "dgr_prefix_hits_total") == 0
+    async with dgr.open_node(cfg) as node:
+        first = await node.generate(PREAMBLE + "Q0: the first", params)
+        got = await node.generate(prompt, params)
+        assert metric(node, "dgr_prefix_hits_total") == 1
+        reused = metric(node, "dgr_prefix_tokens_reused_total")
+        assert reused > 0 and reused % 16 == 0
+        assert metric(node, "dgr_prefill_tokens_total") == (
+            first.prompt_tokens + got.prompt_tokens - reused)
+        async with trio.open_nursery() as nursery:  # from a running session
+            async with node.stream(PREAMBLE + "Q3: still running",
+                                   dgr.SamplingParams(max_tokens=400, ignore_eos=True)) as running:
+                await running.__anext__()
+                assert len((await node.generate(PREAMBLE + "Q2", params)).token_ids) == 8
+                nursery.cancel_scope.cancel()
+        assert metric(node, "dgr_prefix_hits_total") == 3
+    assert got.token_ids == expected.token_ids
+    assert got.token_logprobs == expected.token_logprobs  # bitwise
+    assert got.logprobs == expected.logprobs
+
+
+async def test_cached_prefixes_are_evicted_before_admission_rejects(tiny_model):
+    """A pool full of cached prefixes admits a new session by evicting them (least
+    recently used first), never by rejecting it; running sessions' cells stay."""
+    cfg = config(tiny_model, n_ctx=1024, max_running=4, prefill_chunk=16)
+    short = dgr.SamplingParams(max_tokens=2)
+    async with dgr.open_node(cfg) as node:
+        for i in range(3):
+            await node.generate(f"{i} " + "z" * 290, short)
+        cached = node.capabilities()["load"]["kv_cells_cached"]
+        assert cached >= 3 * 272
+        result = await node.generate("w" * 300, dgr.SamplingParams(max_tokens=400, ignore_eos=True))
+        assert len(result.token_ids) == 400
+        assert metric(node, "dgr_prefix_evictions_total") >= 1
+        assert metric(node, "dgr_admissions_rejected_total", reason="never_fits") == 0
+        assert await node.kv_cells_in_use() == node.capabilities()["load"]["kv_cells_cached"]
+        await node.flush_prefix_cache()
+        assert await node.kv_cells_in_use() == 0

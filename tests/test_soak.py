@@ -15,6 +15,8 @@ async def test_short_soak_accounts_for_every_session(tiny_model):
     assert set(report["outcomes"]) <= {"completed", "rejected", "cancelled"}
     assert report["outcomes"].get("completed", 0) > 0
     assert set(report["rejection_reasons"]) <= {"queue_full", "queue_tokens_full"}
+    # cells in use come back to exactly the cached prompt prefixes, and to 0 after a flush
+    assert report["kv_cells_in_use_cached"] == report["kv_cells_cached_after"]
     assert report["kv_cells_in_use_after"] == 0
     assert report["active_after"] == 0 and report["waiting_after"] == 0
     assert report["threads_left"] <= 0
