@@ -7,7 +7,9 @@ llama-cpp-python's `Llama` one request at a time (what Python users embed
 today). llama-batched-bench gives the pure-decode ceiling; it runs built from
 the pristine pin and from the patched one, alternating, to show what dgr's
 patch stack costs at each batch size. A mixed-load case measures decoder
-stalls while a long prompt prefills.
+stalls while a long prompt prefills; a prefix case (benchmarks/shared_prefix.py)
+measures shared system prompts and a multi-turn chat with and without dgr's
+prefix cache, and against llama-server's prompt caching.
 
 Reported: aggregate generated tokens/s, prefill tokens/s, TTFT and inter-token
 latency p50/p99, dgr's batch occupancy, KV pressure and queue depth (scraped
@@ -34,6 +36,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import shared_prefix  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
@@ -401,6 +404,46 @@ def markdown_patch_cost(cost, rounds) -> list[str]:
 
 
 def markdown(report) -> str:
+    lines = markdown_levels(report) if report["dgr"] else []
+    m = report.get("mixed_load")
+    if m:
+        lines.append("")
+        lines.append("| mixed load | long prompt TTFT ms | decoder gap median ms | median during prefill ms "
+                     "| worst during prefill ms | worst / median |")
+        lines.append("|---|---|---|---|---|---|")
+        for name, row in m.items():
+            worst = row["gap_worst_during_prefill_ms"]
+            lines.append(f"| {name} | {row['long_prompt_ttft_ms']:.0f} | {row['gap_median_ms']:.0f} | "
+                         f"{row['gap_median_during_prefill_ms'] or 0:.0f} | {worst or 0:.0f} | "
+                         f"{(worst or 0) / row['gap_median_ms']:.1f} |")
+    p = report.get("prefix")
+    if p:
+        lines.extend(markdown_prefix(p))
+    return "\n".join(lines) + "\n"
+
+
+def markdown_prefix(p) -> list[str]:
+    base = p["llama-server"]
+    lines = ["", "Shared prefix, burst: a ~1,500-token system prompt seen once, then 16 sessions "
+             "at once with their own questions (32 new tokens each).", "",
+             "| server | TTFT p50 ms | TTFT p99 ms | TTFT p50 / llama-server | gen tok/s | "
+             "prompt tokens computed |", "|---|---|---|---|---|---|"]
+    for name, row in p.items():
+        b = row["burst"]
+        lines.append(f"| {name} | {b['ttft_p50_ms']:.0f} | {b['ttft_p99_ms']:.0f} | "
+                     f"{b['ttft_p50_ms'] / base['burst']['ttft_p50_ms']:.2f} | {b['gen_tok_s']:.1f} | "
+                     f"{b['prompt_tokens_computed'] if b['prompt_tokens_computed'] is not None else 'not reported'} |")
+    lines += ["", "Shared prefix, 8-turn chat resending its history (48 new tokens per turn).", "",
+              "| server | TTFT p50 ms | TTFT per turn ms | prompt tokens computed |", "|---|---|---|---|"]
+    for name, row in p.items():
+        c = row["chat"]
+        lines.append(f"| {name} | {c['ttft_p50_ms']:.0f} | "
+                     + ", ".join(f"{t:.0f}" for t in c["ttft_ms_per_turn"])
+                     + f" | {c['prompt_tokens_computed'] if c['prompt_tokens_computed'] is not None else 'not reported'} |")
+    return lines
+
+
+def markdown_levels(report) -> list[str]:
     lines = ["| c | dgr tok/s | llama-server tok/s | dgr/server | Llama tok/s | dgr/Llama | "
              "batched-bench ceiling | dgr/ceiling | dgr TTFT p50/p99 ms | dgr ITL p50/p99 ms | "
              "server ITL p50/p99 ms | mean/peak occupancy | peak KV | peak queue | rejected |",
@@ -453,18 +496,7 @@ def markdown(report) -> str:
                      f"batch vs solo, greedy): identical tokens {v['identical']}, near-tie "
                      f"divergences {v['near_tie']}, unexplained {v['unexplained']}, "
                      f"log-probabilities bitwise equal {v['logprobs_bitwise_equal']} of {v['concurrency']}.")
-    m = report.get("mixed_load")
-    if m:
-        lines.append("")
-        lines.append("| mixed load | long prompt TTFT ms | decoder gap median ms | median during prefill ms "
-                     "| worst during prefill ms | worst / median |")
-        lines.append("|---|---|---|---|---|---|")
-        for name, row in m.items():
-            worst = row["gap_worst_during_prefill_ms"]
-            lines.append(f"| {name} | {row['long_prompt_ttft_ms']:.0f} | {row['gap_median_ms']:.0f} | "
-                         f"{row['gap_median_during_prefill_ms'] or 0:.0f} | {worst or 0:.0f} | "
-                         f"{(worst or 0) / row['gap_median_ms']:.1f} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(report, path):
@@ -504,6 +536,9 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
+    parser.add_argument("--cases", default="levels,mixed,prefix",
+                        help="cases to run: levels (dgr vs peers at each c, patch cost, "
+                             "corruption check), mixed (mixed load), prefix (shared prefixes)")
     parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
     parser.add_argument("--mixed-chunks", default="32,128,256",
                         help="dgr prefill chunk sizes tried in the mixed-load case (dgr's default "
@@ -524,7 +559,10 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     model = resolve_model_path(args.model)
-    levels = [int(x) for x in args.levels.split(",")]
+    cases = set(args.cases.split(","))
+    if args.skip_mixed:
+        cases.discard("mixed")
+    levels = [int(x) for x in args.levels.split(",")] if "levels" in cases else []
     peers = ensure_peers(log=lambda m: print(m, file=sys.stderr))
     ctx_per_slot = 1024
     report: dict = {"model": model, "levels": levels, "new_tokens": args.new_tokens,
@@ -532,40 +570,14 @@ def main(argv=None) -> int:
                     "llama_cpp_python": [], "corruption": []}
     long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                             "noting changes in rainfall, reservoir levels and demand."] * 60)
-    checked = sorted({c for c in levels if c >= 8} & {8, max(levels)})
+    checked = sorted({c for c in levels if c >= 8} & {8, max(levels, default=0)})
     mixed_chunks = [int(x) for x in args.mixed_chunks.split(",")]
-    steps = 3 * len(levels) + 2 + len(checked) + (0 if args.skip_mixed else 1 + len(mixed_chunks))
+    steps = (3 * len(levels) + (2 if levels else 0) + len(checked)
+             + (1 + len(mixed_chunks) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0))
     with tqdm(total=steps, desc="bench", unit="run") as bar:
-        report["patch_cost"] = patch_cost(peers["llama-batched-bench"],
-                                          peers["llama-batched-bench-patched"], model, levels,
-                                          args.new_tokens, args.threads)
-        report["batched_bench_ceiling"] = {c: tg for c, (pp, tg) in report["patch_cost"]["pristine"].items()}
-        # contexts past 512 cells: the flash-attention patch's reduction
-        report["patch_cost_long"] = patch_cost(peers["llama-batched-bench"],
-                                               peers["llama-batched-bench-patched"], model, [1, 4],
-                                               32, args.threads, n_prompt=2048)
-        bar.update()
-        report["engine_decode"] = engine_decode_rate(model, levels, args.new_tokens, args.threads)
-        bar.update()
-        for c in levels:
-            with dgr_server(model, c, ctx_per_slot, args.threads, free_port()) as srv:
-                report["dgr"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
-                bar.set_postfix(c=c, dgr=f"{report['dgr'][-1]['gen_tok_s']:.0f}")
-                bar.update()
-                if c in checked:
-                    report["corruption"].append(
-                        trio.run(corruption_check, srv.url, args.new_tokens, c))
-                    bar.update()
-            with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
-                              free_port()) as srv:
-                report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
-                bar.update()
-        llm = llama_without_repack(model, args.threads)
-        for c in levels:
-            report["llama_cpp_python"].append(llama_cpp_python_level(llm, c, args.new_tokens))
-            bar.update()
-        del llm
-        if not args.skip_mixed:
+        if levels:
+            run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar)
+        if "mixed" in cases:
             report["mixed_load"] = {}
             for chunk in mixed_chunks:
                 with dgr_server(model, 5, 2048, args.threads, free_port(),
@@ -576,6 +588,20 @@ def main(argv=None) -> int:
             with llama_server(peers["llama-server"], model, 5, 2048, args.threads, free_port()) as srv:
                 report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt)
                 bar.update()
+        if "prefix" in cases:
+            report["prefix"] = {}
+            # 4,096 cells per session: the chat reaches ~2,100 tokens of history
+            servers = [("dgr, prefix cache", lambda: dgr_server(model, 16, 4096, args.threads, free_port())),
+                       ("dgr, no prefix cache", lambda: dgr_server(model, 16, 4096, args.threads, free_port(),
+                                                                   ["--no-prefix-cache"])),
+                       ("llama-server", lambda: llama_server(peers["llama-server"], model, 16, 4096,
+                                                             args.threads, free_port()))]
+            for name, start in servers:
+                with start() as srv:
+                    is_dgr = name.startswith("dgr")
+                    report["prefix"][name] = {"burst": trio.run(shared_prefix.burst, srv.url, is_dgr),
+                                              "chat": trio.run(shared_prefix.chat, srv.url, is_dgr)}
+                bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
                             "llama_server": saturation(report["llama_server"])}
     out = Path(args.out)
@@ -583,10 +609,44 @@ def main(argv=None) -> int:
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     table = markdown(report)
     (out / "bench.md").write_text(table)
-    plot(report, out / "bench.png")
+    if report["dgr"]:
+        plot(report, out / "bench.png")
     print(table)
-    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+    print(f"wrote results to {out}")
     return 0
+
+
+def run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar) -> None:
+    """dgr and its peers at each concurrency level, the patches' cost, corruption checks."""
+    report["patch_cost"] = patch_cost(peers["llama-batched-bench"],
+                                      peers["llama-batched-bench-patched"], model, levels,
+                                      args.new_tokens, args.threads)
+    report["batched_bench_ceiling"] = {c: tg for c, (pp, tg) in report["patch_cost"]["pristine"].items()}
+    # contexts past 512 cells: the flash-attention patch's reduction
+    report["patch_cost_long"] = patch_cost(peers["llama-batched-bench"],
+                                           peers["llama-batched-bench-patched"], model, [1, 4],
+                                           32, args.threads, n_prompt=2048)
+    bar.update()
+    report["engine_decode"] = engine_decode_rate(model, levels, args.new_tokens, args.threads)
+    bar.update()
+    for c in levels:
+        with dgr_server(model, c, ctx_per_slot, args.threads, free_port()) as srv:
+            report["dgr"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
+            bar.set_postfix(c=c, dgr=f"{report['dgr'][-1]['gen_tok_s']:.0f}")
+            bar.update()
+            if c in checked:
+                report["corruption"].append(
+                    trio.run(corruption_check, srv.url, args.new_tokens, c))
+                bar.update()
+        with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
+                          free_port()) as srv:
+            report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
+            bar.update()
+    llm = llama_without_repack(model, args.threads)
+    for c in levels:
+        report["llama_cpp_python"].append(llama_cpp_python_level(llm, c, args.new_tokens))
+        bar.update()
+    del llm
 
 
 if __name__ == "__main__":

@@ -1,0 +1,127 @@
+"""Shared-prefix workloads for `python -m dgr bench` (the prefix case).
+
+- burst: one request warms the cache with a ~1,500-token system prompt, then 16
+  sessions arrive at once, each the system prompt + its own question (streamed,
+  greedy, 32 new tokens): TTFT p50/p99, aggregate generated tokens/s, prompt
+  tokens the server computed.
+- chat: one conversation of 8 turns over /v1/chat/completions, each turn
+  resending the whole history (system prompt, questions, answers): TTFT per
+  turn, prompt tokens computed.
+
+Run against dgr with its prefix cache, dgr with --no-prefix-cache, and
+llama-server with its own prompt caching as documented (per-slot prompt reuse,
+`cache_prompt` on, and the host-memory prompt cache `--cache-ram`, on by
+default in the pinned build), all driven identically over HTTP.
+
+Prompt tokens computed: dgr's dgr_prefill_tokens_total (from /metrics);
+llama-server's `timings.prompt_n` of each response when it reports one.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import httpx
+import trio
+
+TOPICS = ["rivers", "mountains", "trains", "bread", "clocks", "bees", "ships", "glass",
+          "maps", "salt", "kites", "tea", "bridges", "owls", "paper", "wool"]
+
+SYSTEM_PROMPT = " ".join(
+    f"Rule {i}: when a user asks about {TOPICS[i % 16]}, answer in plain words, cite the "
+    f"relevant section ({i}), and keep the answer short and friendly." for i in range(60))
+
+QUESTIONS = [f"Question {i}: what should a beginner know first about {t}?"
+             for i, t in enumerate(TOPICS)]
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+async def prefill_counter(client, url, is_dgr) -> float | None:
+    if not is_dgr:
+        return None
+    text = (await client.get(url + "/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("dgr_prefill_tokens_total "):
+            return float(line.split()[1])
+    return None
+
+
+async def stream(client, url, path, body):
+    """One streamed request: (TTFT seconds, pieces seen, prompt tokens the server
+    computed or None, text)."""
+    body = dict(body, stream=True, temperature=0, max_tokens=body.get("max_tokens", 32))
+    sent = time.perf_counter()
+    first, pieces, prompt_n, texts = None, 0, None, []
+    async with client.stream("POST", url + path, json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"{url}{path}: {response.status_code} {response.text[:200]}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            timings = event.get("timings")
+            if timings and "prompt_n" in timings:
+                prompt_n = timings["prompt_n"]
+            for choice in event.get("choices") or []:
+                piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                if piece:
+                    pieces += 1
+                    texts.append(piece)
+                    if first is None:
+                        first = time.perf_counter() - sent
+    return first, pieces, prompt_n, "".join(texts)
+
+
+async def burst(url, is_dgr, n=16, n_new=32):
+    async with httpx.AsyncClient(timeout=600) as client:
+        await stream(client, url, "/v1/completions",
+                     {"prompt": SYSTEM_PROMPT + "\nWarm-up: say hello.", "max_tokens": 4})
+        before = await prefill_counter(client, url, is_dgr)
+        results = [None] * n
+        started = time.perf_counter()
+
+        async def one(i):
+            results[i] = await stream(client, url, "/v1/completions",
+                                      {"prompt": SYSTEM_PROMPT + "\n" + QUESTIONS[i],
+                                       "max_tokens": n_new, "ignore_eos": True})
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+        elapsed = time.perf_counter() - started
+        after = await prefill_counter(client, url, is_dgr)
+    ttft = [r[0] for r in results]
+    reported = [r[2] for r in results]
+    computed = (after - before if is_dgr else
+                (sum(reported) if all(p is not None for p in reported) else None))
+    return {"sessions": n, "ttft_p50_ms": 1000 * pct(ttft, 50), "ttft_p99_ms": 1000 * pct(ttft, 99),
+            "gen_tok_s": sum(r[1] for r in results) / elapsed,
+            "prompt_tokens_computed": computed}
+
+
+async def chat(url, is_dgr, turns=8, n_new=48):
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    per_turn = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        before = await prefill_counter(client, url, is_dgr)
+        reported = []
+        for t in range(turns):
+            messages.append({"role": "user", "content": QUESTIONS[t]})
+            ttft, _, prompt_n, answer = await stream(client, url, "/v1/chat/completions",
+                                                     {"messages": messages, "max_tokens": n_new})
+            per_turn.append(1000 * ttft)
+            reported.append(prompt_n)
+            messages.append({"role": "assistant", "content": answer})
+        after = await prefill_counter(client, url, is_dgr)
+    computed = (after - before if is_dgr else
+                (sum(reported) if all(p is not None for p in reported) else None))
+    return {"turns": turns, "ttft_ms_per_turn": per_turn,
+            "ttft_p50_ms": statistics.median(per_turn),
+            "prompt_tokens_computed": computed}
