@@ -115,27 +115,44 @@ class Admission:
     def submit(self, session: Session) -> list[Session]:
         """Queue `session` or raise AdmissionRejected; never blocks. Returns the
         sessions that got a slot (see promote)."""
+        return self.submit_group([session])
+
+    def submit_group(self, sessions: list[Session]) -> list[Session]:
+        """Queue all of `sessions` (the choices of one request) or none: raises
+        AdmissionRejected if any could not be admitted beside the others. Returns
+        the sessions that got a slot."""
         b = self.budgets
         if self._draining:
             raise AdmissionRejected("draining", "the node is shutting down")
-        if session.reserved_cells > b.kv_cells_per_session:
-            raise AdmissionRejected(
-                "never_fits",
-                f"prompt ({len(session.prompt)} tokens) + max_tokens ({session.max_tokens}) "
-                f"exceeds the per-session context of {b.kv_cells_per_session} tokens")
-        if self.prefix_cache is not None:
-            session.prefix_keys = self.prefix_cache.keys_for(session.prompt)
-        can_start_now = not self.waiting and self._fits(session)
-        if not can_start_now:
-            if len(self.waiting) >= b.max_waiting:
-                raise AdmissionRejected("queue_full", f"{len(self.waiting)} sessions already wait")
-            if self._waiting_tokens + len(session.prompt) > b.max_waiting_tokens:
+        for session in sessions:
+            if session.reserved_cells > b.kv_cells_per_session:
                 raise AdmissionRejected(
-                    "queue_tokens_full",
-                    f"{self._waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
-        self.waiting.append(session)
-        self._waiting_tokens += len(session.prompt)
-        return self.promote() if can_start_now else []
+                    "never_fits",
+                    f"prompt ({len(session.prompt)} tokens) + max_tokens ({session.max_tokens}) "
+                    f"exceeds the per-session context of {b.kv_cells_per_session} tokens")
+        # how many start at once (in order, if nobody waits); the rest must fit the queue
+        starting, slots, cells = 0, len(self._free_slots), self._reserved_cells
+        if not self.waiting:
+            for session in sessions:
+                if slots == 0 or cells + session.reserved_cells > b.kv_cells_total:
+                    break
+                starting, slots, cells = starting + 1, slots - 1, cells + session.reserved_cells
+        queued = sessions[starting:]
+        if len(self.waiting) + len(queued) > b.max_waiting:
+            raise AdmissionRejected("queue_full", f"{len(self.waiting)} sessions already wait"
+                                    + (f"; this request needs {len(queued)} places"
+                                       if len(queued) > 1 else ""))
+        queued_tokens = sum(len(s.prompt) for s in queued)
+        if self._waiting_tokens + queued_tokens > b.max_waiting_tokens:
+            raise AdmissionRejected(
+                "queue_tokens_full",
+                f"{self._waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
+        for session in sessions:
+            if self.prefix_cache is not None:
+                session.prefix_keys = self.prefix_cache.keys_for(session.prompt)
+            self.waiting.append(session)
+            self._waiting_tokens += len(session.prompt)
+        return self.promote()
 
     def _fits(self, session: Session) -> bool:
         return (bool(self._free_slots)

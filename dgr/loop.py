@@ -90,6 +90,7 @@ class StepLoop:
         self._cache = admission.prefix_cache
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
+        self._held: dict[int, list[Session]] = {}  # leader id -> choices waiting for its prefill
         self._outboxes: dict[Session, trio.MemorySendChannel] = {}
         self._closing = False
         self._step_decode: list[int] = []
@@ -97,10 +98,10 @@ class StepLoop:
 
     # ------------------------------------------------------------ requests (any Trio task)
 
-    def admit(self, session: Session, outbox: trio.MemorySendChannel,
+    def admit(self, outboxes: dict[Session, trio.MemorySendChannel],
               started: list[Session]) -> None:
-        """A session passed admission; `started` got slots with it."""
-        self._outboxes[session] = outbox
+        """Sessions passed admission (their token channels); `started` got slots with them."""
+        self._outboxes.update(outboxes)
         self._start(started)
 
     def abandon(self, session: Session) -> None:
@@ -128,7 +129,36 @@ class StepLoop:
             self.batch.evict(slot)
             self._telemetry.prefix_evictions.inc()
         for session in sessions:
+            if self._waits_for_leader(session):
+                self._held.setdefault(session.leader.id, []).append(session)
+            else:
+                self._requests.send_nowait((_START, session))
+
+    def _waits_for_leader(self, session: Session) -> bool:
+        """A choice of an n > 1 request waits (its slot and KV reserved) until the
+        choice with its prompt has prefilled the chunks they share."""
+        leader = session.leader
+        return (self._cache is not None and leader is not None and not leader.done
+                and leader.phase is not Phase.FINISHED
+                and leader.n_prefilled < len(leader.prefix_keys) * self._cache.chunk)
+
+    def _release_followers(self, leader: Session) -> None:
+        """Start the choices waiting for `leader`, sharing the whole chunks it prefilled
+        (its sequence holds them: running, or kept by its ended slot)."""
+        chunk = self._cache.chunk
+        for session in self._held.pop(leader.id, []):
+            n = min(len(session.prefix_keys), leader.n_prefilled // chunk) * chunk
+            if n > session.n_reused:
+                session.share(leader.slot, n)
+                self._cache.assign(session.slot, session.prefix_keys[:n // chunk])
             self._requests.send_nowait((_START, session))
+
+    def _unhold(self, session: Session) -> bool:
+        held = self._held.get(session.leader.id, []) if session.leader is not None else []
+        if session in held:
+            held.remove(session)
+            return True
+        return False
 
     async def flush_cache(self) -> None:
         """Evict every cached prefix (running sessions keep what they share); returns
@@ -182,7 +212,7 @@ class StepLoop:
                             self._telemetry.prefix_tokens_reused.inc(session.n_reused)
                 elif owned:
                     batch.request_finish(slot, session.finish_reason.code)
-                elif session.phase is Phase.WAITING:
+                elif session.phase is Phase.WAITING or self._unhold(session):
                     self._retire(session)
                 try:
                     kind, session = self._incoming.receive_nowait()
@@ -221,6 +251,9 @@ class StepLoop:
             session.record_prefill(event[3])
             if self._cache is not None:
                 self._cache.hold(slot, session.prefix_keys[:event[3] // self._cache.chunk])
+                if (session.id in self._held
+                        and session.n_prefilled >= len(session.prefix_keys) * self._cache.chunk):
+                    self._release_followers(session)
             self._step_prefill.append((session.id, event[2], event[3]))
         elif kind == _scheduler.EVENT_FINISH:
             session = self._by_slot.pop(slot)
@@ -257,6 +290,8 @@ class StepLoop:
             self._cache.drop(session.slot)
             self.batch.evict(session.slot)
         self._on_engine.discard(session.id)
+        if session.id in self._held:
+            self._release_followers(session)
         self._start(self._admission.release(session))
         self._telemetry.record_finish(session.finish_reason)
         outbox = self._outboxes.pop(session, None)

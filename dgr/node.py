@@ -104,13 +104,37 @@ class Node:
         block before the stream ends cancels the session: it gets no row after
         the step in flight, and its KV is freed before its slot is reused.
         """
-        session, chunks, scope = await self._open_session(prompt, params or SamplingParams())
+        async with self.stream_group([prompt], params) as streams:
+            yield streams[0]
+
+    @contextlib.asynccontextmanager
+    async def stream_group(self, prompts: list[Prompt], params: Optional[SamplingParams] = None,
+                           n: int = 1) -> AsyncIterator[list[SessionStream]]:
+        """n sessions per prompt, admitted together or rejected together (one
+        request's choices), streamed separately: choice i * n + j is sample j of
+        prompt i. Samples of one prompt share its prefill: the first prefills, the
+        others wait for it and take its KV. With a seed, sample j uses seed + j."""
+        if not prompts or n < 1:
+            raise InvalidRequest("a group needs at least one prompt and n >= 1")
+        params = params or SamplingParams()
+        sessions = []
+        for prompt in prompts:
+            first = None
+            for j in range(n):
+                sample = params if params.seed is None or j == 0 else attrs.evolve(
+                    params, seed=(params.seed + j) & 0xFFFFFFFF)
+                session = self._new_session(prompt, sample)
+                session.leader = first
+                first = first or session
+                sessions.append(session)
+        opened = await self._open_sessions(sessions)
         try:
-            yield SessionStream(session, chunks)
+            yield [SessionStream(session, chunks) for session, chunks, _ in opened]
         finally:
-            self._loop.end(session, FinishReason.CANCELLED)
-            scope.cancel()
-            chunks.close()
+            for session, chunks, scope in opened:
+                self._loop.end(session, FinishReason.CANCELLED)
+                scope.cancel()
+                chunks.close()
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None
                        ) -> GenerationResult:
@@ -201,7 +225,7 @@ class Node:
 
     # ------------------------------------------------------------------ sessions
 
-    async def _open_session(self, prompt: Prompt, params: SamplingParams):
+    def _new_session(self, prompt: Prompt, params: SamplingParams) -> Session:
         if self._closing:
             raise NodeClosed("the node is shut down")
         if isinstance(prompt, str):
@@ -214,29 +238,42 @@ class Node:
             raise InvalidRequest("the prompt is empty")
         if params.temperature > 0 and params.seed is None:
             params = attrs.evolve(params, seed=random.getrandbits(32))
-        session = Session(
+        return Session(
             id=next(self._ids), prompt=prompt_ids, params=params,
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens),
             arrived_at=time.monotonic())
+
+    async def _open_sessions(self, sessions: list[Session]):
+        """Admit `sessions` together and start a task per session; returns
+        (session, chunk channel, task scope) for each."""
         try:
-            started = self._admission.submit(session)
+            started = self._admission.submit_group(sessions)
         except AdmissionRejected as exc:
             self.telemetry.rejected.labels(exc.reason).inc()
             raise
-        self.telemetry.admitted.inc()
-        # One place more than the reader's credits: the finish event always fits.
-        token_send, token_recv = trio.open_memory_channel(self.config.reply_buffer + 1)
-        chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer)
+        self.telemetry.admitted.inc(len(sessions))
+        opened, outboxes = [], {}
         try:
-            scope = await self._nursery.start(self._session_task, session, token_recv, chunk_send)
-        except BaseException:  # cancelled before the stream began: it never reaches the loop
-            self._loop.abandon(session)
+            for session in sessions:
+                # One place more than the reader's credits: the finish event always fits.
+                token_send, token_recv = trio.open_memory_channel(self.config.reply_buffer + 1)
+                chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer)
+                scope = await self._nursery.start(self._session_task, session, token_recv,
+                                                  chunk_send)
+                opened.append((session, chunk_recv, scope))
+                outboxes[session] = token_send
+        except BaseException:  # cancelled before the streams began: none reaches the loop
+            for session, chunks, scope in opened:
+                scope.cancel()
+                chunks.close()
+            for session in sessions:
+                self._loop.abandon(session)
             raise
         finally:
             self._loop.update_gauges()
-        self._loop.admit(session, token_send, started)
-        return session, chunk_recv, scope
+        self._loop.admit(outboxes, started)
+        return opened
 
     async def _session_task(self, session: Session, tokens: trio.MemoryReceiveChannel,
                             chunks: trio.MemorySendChannel, task_status=trio.TASK_STATUS_IGNORED):

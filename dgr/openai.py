@@ -19,6 +19,7 @@ from dgr.errors import InvalidRequest
 from dgr.stream import Chunk, TopLogprobs
 
 MAX_STOP = 8
+MAX_CHOICES = 32  # prompts x n in one request
 
 
 class BadRequest(InvalidRequest):
@@ -78,15 +79,18 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 @attrs.frozen
 class ParsedRequest:
-    prompt: Any  # str or list of token ids
+    prompts: list  # each a str or a list of token ids (chat: filled in by the server)
     params: SamplingParams
     stream: bool
     include_usage: bool
     chat: bool
+    n: int = 1  # choices per prompt
 
 
-def _common(body: dict, logprobs: int, chat: bool, prompt: Any) -> ParsedRequest:
-    _int(body, "n", 1, 1)  # one choice per request; more would multiply the KV reservation
+def _common(body: dict, logprobs: int, chat: bool, prompts: list) -> ParsedRequest:
+    n = _int(body, "n", 1, MAX_CHOICES) or 1
+    if len(prompts) * n > MAX_CHOICES:
+        raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
     stream = _bool(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -111,26 +115,27 @@ def _common(body: dict, logprobs: int, chat: bool, prompt: Any) -> ParsedRequest
         raise BadRequest(str(exc)) from None
     if params.top_k < 0:
         params = attrs.evolve(params, top_k=0)
-    return ParsedRequest(prompt, params, stream, include_usage, chat)
+    return ParsedRequest(prompts, params, stream, include_usage, chat, n)
 
 
 def parse_completion(body: Any) -> ParsedRequest:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise BadRequest("'prompt' must not be empty", "prompt")
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        pass
-    else:
-        raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a list "
-                         "holding one of those", "prompt")
+    # one prompt (a string or token ids), or a list of prompts: one choice each (n per prompt)
+    batch = isinstance(prompt, list) and bool(prompt) and all(
+        isinstance(p, (str, list)) for p in prompt)
+    prompts = prompt if batch else [prompt]
+    for p in prompts:
+        if isinstance(p, str):
+            if not p:
+                raise BadRequest("'prompt' must not be empty", "prompt")
+        elif not (isinstance(p, list) and p
+                  and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+            raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a "
+                             "list of those", "prompt")
     logprobs = _int(body, "logprobs", 0, 20) or 0
-    return _common(body, logprobs, chat=False, prompt=prompt)
+    return _common(body, logprobs, chat=False, prompts=prompts)
 
 
 def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
@@ -160,7 +165,7 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
     logprobs = 0
     if _bool(body, "logprobs"):
         logprobs = _int(body, "top_logprobs", 0, 20) or 1
-    return _common(body, logprobs, chat=True, prompt=None), clean
+    return _common(body, logprobs, chat=True, prompts=[]), clean
 
 
 class ResponseBuilder:
@@ -172,9 +177,9 @@ class ResponseBuilder:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self._token_text = token_text  # token id -> str (for logprobs)
-        self._offset = 0
+        self._offsets: dict[int, int] = {}  # choice index -> text offset so far
 
-    def _logprobs(self, chunks: list[Chunk]) -> Optional[dict]:
+    def _logprobs(self, chunks: list[Chunk], index: int = 0) -> Optional[dict]:
         rows = [c for c in chunks if c.token_id is not None and c.top_logprobs is not None]
         if not rows:
             return None
@@ -187,8 +192,8 @@ class ResponseBuilder:
                                  for t, lp in c.top_logprobs]} for c in rows]}
         offsets = []
         for c in rows:
-            offsets.append(self._offset)
-            self._offset += len(c.text)
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(c.text)
         return {"tokens": [self._token_text(c.token_id) for c in rows],
                 "token_logprobs": [c.logprob for c in rows],
                 "top_logprobs": [_top_dict(c.top_logprobs, self._token_text) for c in rows],
@@ -198,32 +203,37 @@ class ResponseBuilder:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    def full(self, text: str, chunks: list[Chunk], finish_reason: str, prompt_tokens: int,
+    def full(self, choices: list[tuple[str, list[Chunk], str]], prompt_tokens: int,
              completion_tokens: int) -> dict:
-        logprobs = self._logprobs(chunks)
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": logprobs, "finish_reason": finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.usage(prompt_tokens, completion_tokens)}
+        """choices: (text, token chunks, finish reason) of each choice, by index."""
+        out = []
+        for index, (text, chunks, finish_reason) in enumerate(choices):
+            logprobs = self._logprobs(chunks, index)
+            if self.chat:
+                out.append({"index": index, "message": {"role": "assistant", "content": text},
+                            "logprobs": logprobs, "finish_reason": finish_reason})
+            else:
+                out.append({"index": index, "text": text, "logprobs": logprobs,
+                            "finish_reason": finish_reason})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": out,
+                "usage": self.usage(prompt_tokens, completion_tokens)}
 
     def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
-              first: bool = False) -> dict:
-        logprobs = self._logprobs(chunks)
+              first: bool = False, index: int = 0) -> dict:
+        logprobs = self._logprobs(chunks, index)
         if self.chat:
             delta: dict = {"role": "assistant"} if first else {}
             if text or not first:
                 delta["content"] = text
             if finish_reason is not None and not text:
                 delta = {}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice]}

@@ -66,6 +66,8 @@ class Session:
     prefix_keys: list = attrs.field(factory=list)  # shareable prompt chunks (dgr.prefix_cache)
     reuse_from: Optional[int] = None  # the slot whose sequence holds its first n_reused positions
     n_reused: int = 0
+    leader: Optional["Session"] = None  # a choice of the same request with the same prompt,
+    # whose prefill this one waits for and shares (n > 1)
     n_prefilled: int = 0
     generated: list[int] = attrs.field(factory=list)
     finish_reason: Optional[FinishReason] = None
@@ -94,6 +96,11 @@ class Session:
         self.reuse_from = reuse_from
         self.n_reused = self.n_prefilled = n_reused
         self.phase = Phase.PREFILL
+
+    def share(self, reuse_from: int, n_reused: int) -> None:
+        """Its leader's prefill is done (or ended): take its first n_reused positions."""
+        self.reuse_from = reuse_from if n_reused else None
+        self.n_reused = self.n_prefilled = n_reused
 
     def record_prefill(self, end: int) -> None:
         self.n_prefilled = end

@@ -79,7 +79,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     async def completions(request: Request) -> Response:
         node = ready_node()
         parsed = parse_completion(await read_json(request))
-        return await _generate(request, node, parsed, parsed.prompt)
+        return await _generate(request, node, parsed, parsed.prompts)
 
     async def chat_completions(request: Request) -> Response:
         node = ready_node()
@@ -89,58 +89,85 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         except ValueError as exc:
             raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
         ids = node.tokenize(prompt, add_special=True, parse_special=True)
-        return await _generate(request, node, parsed, ids)
+        return await _generate(request, node, parsed, [ids])
 
-    async def _generate(request: Request, node: Node, parsed, prompt) -> Response:
+    async def _generate(request: Request, node: Node, parsed, prompts: list) -> Response:
+        """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group)."""
         builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text)
         if parsed.stream:
             # Admission happens before the 200 goes out, so a refusal is a real status code.
-            stream_cm = node.stream(prompt, parsed.params)
-            chunks = await stream_cm.__aenter__()
-            return _SessionEvents(_sse(request, chunks, builder, parsed),
-                                  close=lambda: stream_cm.__aexit__(None, None, None))
-        texts: list[str] = []
-        rows: list[Chunk] = []
-        async with node.stream(prompt, parsed.params) as chunks:
+            group_cm = node.stream_group(prompts, parsed.params, parsed.n)
+            streams = await group_cm.__aenter__()
+            return _SessionEvents(
+                lambda emit: _sse(request, streams, builder, parsed, emit),
+                close=lambda: group_cm.__aexit__(None, None, None))
+        texts: list[list[str]] = [[] for _ in range(len(prompts) * parsed.n)]
+        rows: list[list[Chunk]] = [[] for _ in texts]
+
+        async def collect(i, chunks):
+            async for chunk in chunks:
+                texts[i].append(chunk.text)
+                if chunk.token_id is not None:
+                    rows[i].append(chunk)
+                    request.scope["dgr.tokens"] = sum(map(len, rows))
+
+        async with node.stream_group(prompts, parsed.params, parsed.n) as streams:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, request.receive, nursery.cancel_scope)
-                async for chunk in chunks:
-                    texts.append(chunk.text)
-                    if chunk.token_id is not None:
-                        rows.append(chunk)
+                async with trio.open_nursery() as collectors:
+                    for i, chunks in enumerate(streams):
+                        collectors.start_soon(collect, i, chunks)
                 nursery.cancel_scope.cancel()
-        request.scope["dgr.tokens"] = len(rows)
-        if chunks.finish_reason == "error":
-            return _error(500, f"the model failed: {chunks.error}", "server_error", "model_failed")
-        if chunks.finish_reason == "cancelled":
+        reasons = [chunks.finish_reason for chunks in streams]
+        failed = next((c for c in streams if c.finish_reason == "error"), None)
+        if failed is not None:
+            return _error(500, f"the model failed: {failed.error}", "server_error", "model_failed")
+        if "cancelled" in reasons:
             return _error(503, "the session was cancelled (server shutting down)", "server_error",
                           "cancelled")
-        return JSONResponse(builder.full("".join(texts), rows, chunks.finish_reason,
-                                         chunks.prompt_tokens, len(rows)))
+        completion = sum(map(len, rows))
+        return JSONResponse(builder.full(
+            [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
+            _prompt_tokens(streams, parsed.n), completion))
 
-    async def _sse(request, chunks, builder: ResponseBuilder, parsed):
+    async def _sse(request, streams, builder: ResponseBuilder, parsed, emit) -> None:
+        """The choices' chunks as they come, each event naming its choice's index."""
         completion = 0
-        first = True
-        async for chunk in chunks:
-            if chunk.token_id is not None:
-                completion += 1
-            request.scope["dgr.tokens"] = completion
-            rows = [chunk] if chunk.token_id is not None else []
-            if chunk.finish_reason == "error":
-                yield _event(error_body(f"the model failed: {chunk.error}", "server_error",
-                                        "model_failed"))
-                break
-            if chunk.text or rows or first:
-                yield _event(builder.delta(chunk.text, rows, None, first=first))
-                first = False
-            if chunk.finish_reason is not None:
-                yield _event(builder.delta("", [], chunk.finish_reason))
-        if chunks.finish_reason == "cancelled":
-            yield _event(error_body("the session was cancelled (server shutting down)",
-                                    "server_error", "cancelled"))
+        send, receive = trio.open_memory_channel(0)
+
+        async def forward(index, chunks, send):
+            async with send:
+                async for chunk in chunks:
+                    await send.send((index, chunk))
+
+        async with trio.open_nursery() as nursery:
+            async with send:
+                for index, chunks in enumerate(streams):
+                    nursery.start_soon(forward, index, chunks, send.clone())
+            first = set(range(len(streams)))
+            async with receive:
+                async for index, chunk in receive:
+                    if chunk.token_id is not None:
+                        completion += 1
+                    request.scope["dgr.tokens"] = completion
+                    rows = [chunk] if chunk.token_id is not None else []
+                    if chunk.finish_reason == "error":
+                        await emit(_event(error_body(f"the model failed: {chunk.error}",
+                                                     "server_error", "model_failed")))
+                        nursery.cancel_scope.cancel()
+                        return
+                    if chunk.text or rows or index in first:
+                        await emit(_event(builder.delta(chunk.text, rows, None,
+                                                        first=index in first, index=index)))
+                        first.discard(index)
+                    if chunk.finish_reason is not None:
+                        await emit(_event(builder.delta("", [], chunk.finish_reason, index=index)))
+        if any(chunks.finish_reason == "cancelled" for chunks in streams):
+            await emit(_event(error_body("the session was cancelled (server shutting down)",
+                                         "server_error", "cancelled")))
         elif parsed.include_usage:
-            yield _event(builder.usage_chunk(chunks.prompt_tokens, completion))
-        yield "data: [DONE]\n\n"
+            await emit(_event(builder.usage_chunk(_prompt_tokens(streams, parsed.n), completion)))
+        await emit("data: [DONE]\n\n")
 
     async def models(request: Request) -> Response:
         node = state.node
@@ -201,30 +228,30 @@ class _SessionEvents(Response):
     (the stream ends, the client disconnects, the server stops), `close`
     releases the session: no admitted session outlives its response."""
 
-    def __init__(self, events, close):
+    def __init__(self, produce, close):
         self.status_code = 200
         self.background = None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
                             (b"cache-control", b"no-cache")]
-        self.events = events
+        self.produce = produce  # async (emit) -> None: emits the events' text
         self.close = close
 
     async def __call__(self, scope, receive, send) -> None:
+        async def emit(event: str) -> None:
+            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
                 await send({"type": "http.response.start", "status": 200,
                             "headers": self.raw_headers})
-                async for event in self.events:
-                    await send({"type": "http.response.body", "body": event.encode(),
-                                "more_body": True})
+                await self.produce(emit)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 nursery.cancel_scope.cancel()
         except OSError:
             pass  # the client went away while we wrote
         finally:
             with trio.CancelScope(shield=True):
-                await self.events.aclose()
                 await self.close()
 
 
@@ -233,6 +260,11 @@ async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
+
+
+def _prompt_tokens(streams, n: int) -> int:
+    """Usage: each prompt's tokens once, however many samples it has (OpenAI's count)."""
+    return sum(chunks.prompt_tokens for chunks in streams[::n])
 
 
 def _event(obj: dict) -> str:

@@ -201,3 +201,26 @@ async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default
         reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
         assert reused >= 3 * 1024
     _assert_bitwise(expected, got, "shared prefix")
+
+
+async def test_n_samples_share_one_prefill_and_match_solo(default_model, gemma):
+    """n = 4 samples of a 700-token prompt: one prefill, the others take its KV;
+    every sample's tokens and log-probabilities are bitwise the solo run's."""
+    import attrs
+
+    import dgr
+
+    prompt = long_prompts(gemma, 1, 700)[0]
+    greedy = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
+    config = dgr.NodeConfig(model_path=default_model, n_ctx=8192)
+    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
+        alone = await fresh.generate(prompt, greedy)
+    async with dgr.open_node(config) as node:
+        async with node.stream_group([prompt], greedy, n=4) as streams:
+            samples = [[c async for c in s] for s in streams]
+        hits = node.telemetry.registry.get_sample_value("dgr_prefix_hits_total")
+    assert hits == 3
+    for chunks in samples:
+        rows = [c for c in chunks if c.token_id is not None]
+        assert [c.token_id for c in rows] == alone.token_ids
+        assert [c.logprob for c in rows] == alone.token_logprobs  # bitwise

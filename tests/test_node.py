@@ -465,3 +465,42 @@ async def test_cached_prefixes_are_evicted_before_admission_rejects(tiny_model):
         assert await node.kv_cells_in_use() == node.capabilities()["load"]["kv_cells_cached"]
         await node.flush_prefix_cache()
         assert await node.kv_cells_in_use() == 0
+
+
+async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model):
+    """stream_group: n samples of each prompt; the first prefills, the others take
+    its KV (bitwise the same results as alone); a group that cannot be admitted
+    whole is rejected whole."""
+    cfg = config(tiny_model, prefill_chunk=16)
+    greedy = dgr.SamplingParams(max_tokens=6, logprobs=2, ignore_eos=True)
+    prompts = [PREAMBLE + "first prompt", PREAMBLE + "the second one"]
+    async with dgr.open_node(cfg) as fresh:
+        alone = [await fresh.generate(p, greedy) for p in prompts]
+    async with dgr.open_node(cfg) as node:
+        async with node.stream_group(prompts, greedy, n=3) as streams:
+            results = []
+            for s in streams:
+                results.append([c async for c in s])
+        assert len(results) == 6
+        for i, chunks in enumerate(results):
+            ids = [c.token_id for c in chunks if c.token_id is not None]
+            lps = [c.logprob for c in chunks if c.token_id is not None]
+            assert ids == alone[i // 3].token_ids
+            leader = [c.logprob for c in results[i // 3 * 3] if c.token_id is not None]
+            assert lps == leader  # bitwise; against solo runs: the default-model tests
+        # each prompt prefilled once in whole chunks; its 2 other samples shared them
+        assert metric(node, "dgr_prefix_hits_total") == 4
+        shared = metric(node, "dgr_prefix_tokens_reused_total")
+        assert shared == 2 * sum((len(node.tokenize(p)) - 1) // 16 * 16 for p in prompts)
+        assert metric(node, "dgr_prefill_tokens_total") == 3 * sum(
+            len(node.tokenize(p)) for p in prompts) - shared
+
+    # all or nothing: 2 can run, 1 may wait, a group of 4 is refused whole
+    async with dgr.open_node(config(tiny_model, max_running=2, max_waiting=1)) as node:
+        with pytest.raises(AdmissionRejected) as exc:
+            async with node.stream_group(["a", "b"], greedy, n=2):
+                pass
+        assert exc.value.reason == "queue_full"
+        assert node.active_sessions == 0 and node.waiting_sessions == 0
+        async with node.stream_group(["a"], dgr.SamplingParams(max_tokens=2), n=3) as streams:
+            assert [len([c async for c in s if c.token_id is not None]) for s in streams] == [2, 2, 2]

@@ -70,6 +70,44 @@ async def test_completion_stream_equals_non_stream(start_server):
         assert events[-1]["usage"]["completion_tokens"] == 16
 
 
+async def test_prompt_lists_and_n_give_one_choice_each(start_server):
+    """OpenAI semantics: a list of prompts gives a choice per prompt, n a choice per
+    sample; streamed events name their choice; usage counts each prompt once."""
+    server = await start_server()
+    prompts = ["First prompt of the batch", [1, 40, 41, 42, 43]]
+    async with server.client() as client:
+        full = (await client.post("/v1/completions", json={
+            "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "logprobs": 1})).json()
+        choices = full["choices"]
+        assert [c["index"] for c in choices] == [0, 1, 2, 3]
+        assert all(c["finish_reason"] == "length" for c in choices)
+        assert choices[0]["text"] == choices[1]["text"] and choices[2]["text"] == choices[3]["text"]
+        alone = [(await client.post("/v1/completions", json={
+            "prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": True})).json()
+            for p in prompts]
+        assert [c["text"] for c in choices[::2]] == [a["choices"][0]["text"] for a in alone]
+        assert full["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+        assert full["usage"]["completion_tokens"] == 4 * 6
+        streamed = await client.post("/v1/completions", json={
+            "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}})
+        events = sse_events(streamed.text)
+        for c in choices:
+            text = "".join(e["choices"][0]["text"] for e in events
+                           if e["choices"] and e["choices"][0]["index"] == c["index"])
+            assert text == c["text"]
+        assert events[-1]["usage"] == full["usage"]
+        chat_body = {"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4,
+                     "temperature": 0.8, "seed": 7}
+        chat = (await client.post("/v1/chat/completions", json=chat_body)).json()
+        assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
+        assert chat["usage"]["completion_tokens"] <= 12
+        # each sample has its own seed (seed + index): the request repeats exactly
+        again = (await client.post("/v1/chat/completions", json=chat_body)).json()
+        assert [c["message"] for c in again["choices"]] == [c["message"] for c in chat["choices"]]
+
+
 async def test_chat_models_metrics_capabilities_health(start_server):
     server = await start_server()
     async with server.client() as client:
@@ -119,7 +157,10 @@ async def test_chat_models_metrics_capabilities_health(start_server):
     (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400),
     (json.dumps({"prompt": "x", "logprobs": 100}).encode(), 400),
     (json.dumps({"prompt": "x", "stop": [1]}).encode(), 400),
-    (json.dumps({"prompt": "x", "n": 2}).encode(), 400),
+    (json.dumps({"prompt": "x", "n": 33}).encode(), 400),  # more choices than a request may have
+    (json.dumps({"prompt": ["x"] * 8, "n": 5}).encode(), 400),
+    (json.dumps({"prompt": ["x", ""]}).encode(), 400),
+    (json.dumps({"prompt": [[1, 2], [1, 99999]]}).encode(), 400),
     (json.dumps({"prompt": "x", "stream": "yes"}).encode(), 400),
     (json.dumps({"prompt": [1, 99999]}).encode(), 400),
     (json.dumps({"prompt": "x" * 5000, "max_tokens": 1}).encode(), 400),  # can never fit
@@ -195,26 +236,21 @@ async def test_api_key(start_server):
 
 
 async def test_graceful_shutdown_lets_a_request_in_flight_finish(start_server):
+    """Draining refuses new requests (503) and lets a running one finish. The running
+    one is streamed and read only after the checks, so it is still in flight then
+    (its unread tokens hold its session: backpressure), however fast the model is."""
     server = await start_server(grace_s=30)
+    body = {"prompt": "finish me", "max_tokens": 300, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
     async with server.client() as client:
-        result = {}
-
-        async def in_flight():
-            response = await client.post("/v1/completions", json={
-                "prompt": "finish me", "max_tokens": 300, "temperature": 0, "ignore_eos": True})
-            result["status"] = response.status_code
-            result["body"] = response.json()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(in_flight)
-            with trio.fail_after(10):
-                while (await client.get("/capabilities")).json()["load"]["active"] == 0:
-                    await trio.sleep(0.005)
+        async with client.stream("POST", "/v1/completions", json=body) as in_flight:
+            assert in_flight.status_code == 200
             server.shutdown.set()
             await trio.sleep(0.05)
             late = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
             assert late.status_code == 503
             assert (await client.get("/health")).status_code == 503
-    assert result["status"] == 200
-    assert result["body"]["choices"][0]["finish_reason"] == "length"
-    assert result["body"]["usage"]["completion_tokens"] == 300
+            text = "".join([line + "\n" async for line in in_flight.aiter_lines()])
+    events = sse_events(text)
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 300
