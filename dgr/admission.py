@@ -178,6 +178,7 @@ class Admission:
             session.start(self._free_slots.pop())
             return
         holder, n_reused = cache.match(session.prefix_keys)
+        self._follow(session, n_reused)
         if holder in self._free_slots:
             slot = holder
         else:
@@ -191,6 +192,26 @@ class Admission:
             cache.drop(victim)
             self._evicted.append(victim)
         session.start(slot, holder if n_reused else None, n_reused)
+
+    def _follow(self, session: Session, n_cached: int) -> None:
+        """A session whose prompt shares more whole chunks with a running session
+        still prefilling them (its own leader, for a request's samples) than the
+        cache holds follows it: it waits for those chunks and takes them."""
+        chunk = self.prefix_cache.chunk
+        best, common = session.leader, 0
+        if best is not None:
+            common = _common_chunks(session.prefix_keys, best.prefix_keys)
+        else:
+            for other in self.running:
+                if other is session or other.leader is not None or other.done:
+                    continue
+                n = _common_chunks(session.prefix_keys, other.prefix_keys)
+                if n > common and other.n_prefilled < n * chunk:
+                    best, common = other, n
+        if best is not None and not best.done and common * chunk > n_cached:
+            session.leader, session.share_len = best, common * chunk
+        else:
+            session.leader, session.share_len = None, 0
 
     def flush_cache(self) -> None:
         """Evict every cached prefix."""
@@ -213,3 +234,13 @@ class Admission:
                 self.prefix_cache.keep(session.slot)
         session.release()
         return self.promote()
+
+
+def _common_chunks(a: list, b: list) -> int:
+    """Leading chunk keys two prompts share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -135,19 +135,23 @@ class StepLoop:
                 self._requests.send_nowait((_START, session))
 
     def _waits_for_leader(self, session: Session) -> bool:
-        """A choice of an n > 1 request waits (its slot and KV reserved) until the
-        choice with its prompt has prefilled the chunks they share."""
+        """A session with a leader (admission: a running session prefilling chunks it
+        shares) waits, its slot and KV reserved, until the leader has them."""
         leader = session.leader
-        return (self._cache is not None and leader is not None and not leader.done
-                and leader.phase is not Phase.FINISHED
-                and leader.n_prefilled < len(leader.prefix_keys) * self._cache.chunk)
+        return (leader is not None and not leader.done and leader.phase is not Phase.FINISHED
+                and leader.n_prefilled < session.share_len)
 
-    def _release_followers(self, leader: Session) -> None:
-        """Start the choices waiting for `leader`, sharing the whole chunks it prefilled
-        (its sequence holds them: running, or kept by its ended slot)."""
+    def _release_followers(self, leader: Session, ended: bool = False) -> None:
+        """Start the sessions waiting for `leader` that it has prefilled enough for
+        (all of them when it ended), sharing the whole chunks it prefilled (its
+        sequence holds them: running, or kept by its ended slot)."""
         chunk = self._cache.chunk
-        for session in self._held.pop(leader.id, []):
-            n = min(len(session.prefix_keys), leader.n_prefilled // chunk) * chunk
+        waiting = self._held.pop(leader.id, [])
+        for session in waiting:
+            if not ended and leader.n_prefilled < session.share_len:
+                self._held.setdefault(leader.id, []).append(session)
+                continue
+            n = min(session.share_len, leader.n_prefilled // chunk * chunk)
             if n > session.n_reused:
                 session.share(leader.slot, n)
                 self._cache.assign(session.slot, session.prefix_keys[:n // chunk])
@@ -251,8 +255,7 @@ class StepLoop:
             session.record_prefill(event[3])
             if self._cache is not None:
                 self._cache.hold(slot, session.prefix_keys[:event[3] // self._cache.chunk])
-                if (session.id in self._held
-                        and session.n_prefilled >= len(session.prefix_keys) * self._cache.chunk):
+                if session.id in self._held:
                     self._release_followers(session)
             self._step_prefill.append((session.id, event[2], event[3]))
         elif kind == _scheduler.EVENT_FINISH:
@@ -291,7 +294,7 @@ class StepLoop:
             self.batch.evict(session.slot)
         self._on_engine.discard(session.id)
         if session.id in self._held:
-            self._release_followers(session)
+            self._release_followers(session, ended=True)
         self._start(self._admission.release(session))
         self._telemetry.record_finish(session.finish_reason)
         outbox = self._outboxes.pop(session, None)

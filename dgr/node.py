@@ -190,6 +190,12 @@ class Node:
                 "draining": load.draining,
                 **self.telemetry.recent_rates(),
             },
+            "prefix_cache": {
+                "enabled": self._admission.prefix_cache is not None,
+                "chunk_tokens": self.config.prefill_chunk,
+                "cached_cells": load.cached_cells,
+                **self.telemetry.prefix_totals(),
+            },
         }
 
     async def flush_prefix_cache(self) -> None:

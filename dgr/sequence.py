@@ -66,8 +66,9 @@ class Session:
     prefix_keys: list = attrs.field(factory=list)  # shareable prompt chunks (dgr.prefix_cache)
     reuse_from: Optional[int] = None  # the slot whose sequence holds its first n_reused positions
     n_reused: int = 0
-    leader: Optional["Session"] = None  # a choice of the same request with the same prompt,
-    # whose prefill this one waits for and shares (n > 1)
+    leader: Optional["Session"] = None  # a running session prefilling the chunks this one
+    # shares (a sample of the same prompt, or a prompt arriving while they are computed)
+    share_len: int = 0  # prompt positions to take from the leader once it has them
     n_prefilled: int = 0
     generated: list[int] = attrs.field(factory=list)
     finish_reason: Optional[FinishReason] = None

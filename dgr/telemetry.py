@@ -113,6 +113,16 @@ class Telemetry:
         return {"prefill_tokens_per_s": prefill / self._window,
                 "decode_tokens_per_s": generated / self._window}
 
+    def prefix_totals(self) -> dict[str, int]:
+        """The prefix cache's counters so far (for /capabilities)."""
+        def total(name):
+            return int(self.registry.get_sample_value(name) or 0)
+
+        return {"hits": total("dgr_prefix_hits_total"),
+                "tokens_reused": total("dgr_prefix_tokens_reused_total"),
+                "tokens_prefilled": total("dgr_prefill_tokens_total"),
+                "evictions": total("dgr_prefix_evictions_total")}
+
     def record_finish(self, reason: str) -> None:
         self.finished.labels(reason).inc()
         now = time.monotonic()

@@ -224,3 +224,33 @@ async def test_n_samples_share_one_prefill_and_match_solo(default_model, gemma):
         rows = [c for c in chunks if c.token_id is not None]
         assert [c.token_id for c in rows] == alone.token_ids
         assert [c.logprob for c in rows] == alone.token_logprobs  # bitwise
+
+
+async def test_a_burst_behind_one_system_prompt_prefills_it_once(default_model, gemma):
+    """4 sessions arriving together behind a 1,100-token preamble: the first
+    prefills it, the others wait for its chunks and take them; all bitwise equal
+    to the same prompts on a node without the prefix cache."""
+    import attrs
+    import trio
+
+    import dgr
+
+    preamble = long_prompts(gemma, 1, 1100)[0]
+    prompts = [preamble + f" Burst question {i}?" for i in range(4)]
+    params = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
+    config = dgr.NodeConfig(model_path=default_model, n_ctx=16384)
+    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
+        expected = [await fresh.generate(p, params) for p in prompts]
+    async with dgr.open_node(config) as node:
+        got = [None] * len(prompts)
+
+        async def run(i):
+            got[i] = await node.generate(prompts[i], params)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(prompts)):
+                nursery.start_soon(run, i)
+        hits = node.telemetry.registry.get_sample_value("dgr_prefix_hits_total")
+        reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
+    assert hits == 3 and reused >= 3 * 1024
+    _assert_bitwise(expected, got, "burst behind a shared prefix")

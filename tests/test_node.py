@@ -443,6 +443,9 @@ async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
                 assert len((await node.generate(PREAMBLE + "Q2", params)).token_ids) == 8
                 nursery.cancel_scope.cancel()
         assert metric(node, "dgr_prefix_hits_total") == 3
+        prefix = node.capabilities()["prefix_cache"]
+        assert prefix["enabled"] and prefix["hits"] == 3 and prefix["tokens_reused"] >= reused
+        assert prefix["cached_cells"] == node.capabilities()["load"]["kv_cells_cached"] > 0
     assert got.token_ids == expected.token_ids
     assert got.token_logprobs == expected.token_logprobs  # bitwise
     assert got.logprobs == expected.logprobs
@@ -488,10 +491,11 @@ async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model
             assert ids == alone[i // 3].token_ids
             leader = [c.logprob for c in results[i // 3 * 3] if c.token_id is not None]
             assert lps == leader  # bitwise; against solo runs: the default-model tests
-        # each prompt prefilled once in whole chunks; its 2 other samples shared them
-        assert metric(node, "dgr_prefix_hits_total") == 4
+        # each prompt prefilled once in whole chunks, its 2 other samples shared them, and
+        # the second prompt's first sample shared the preamble's chunks with the first's
+        assert metric(node, "dgr_prefix_hits_total") == 5
         shared = metric(node, "dgr_prefix_tokens_reused_total")
-        assert shared == 2 * sum((len(node.tokenize(p)) - 1) // 16 * 16 for p in prompts)
+        assert shared > 2 * sum((len(node.tokenize(p)) - 1) // 16 * 16 for p in prompts)
         assert metric(node, "dgr_prefill_tokens_total") == 3 * sum(
             len(node.tokenize(p)) for p in prompts) - shared
 
@@ -504,3 +508,26 @@ async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model
         assert node.active_sessions == 0 and node.waiting_sessions == 0
         async with node.stream_group(["a"], dgr.SamplingParams(max_tokens=2), n=3) as streams:
             assert [len([c async for c in s if c.token_id is not None]) for s in streams] == [2, 2, 2]
+
+
+async def test_sessions_arriving_together_prefill_a_shared_prefix_once(tiny_model):
+    """The second of two sessions whose prompts begin alike, arriving while the
+    first still prefills those chunks, waits for them and takes them."""
+    cfg = config(tiny_model, prefill_chunk=16)
+    params = dgr.SamplingParams(max_tokens=4, ignore_eos=True)
+    prompts = [PREAMBLE + "first of two", PREAMBLE + "second of two"]
+    async with dgr.open_node(cfg) as node:
+        results = [None, None]
+
+        async def run(i):
+            results[i] = await node.generate(prompts[i], params)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                nursery.start_soon(run, i)
+        shared = (len(node.tokenize(PREAMBLE)) - 1) // 16 * 16
+        assert metric(node, "dgr_prefix_hits_total") == 1
+        assert metric(node, "dgr_prefix_tokens_reused_total") >= shared - 16
+        assert metric(node, "dgr_prefill_tokens_total") == (
+            sum(r.prompt_tokens for r in results) - metric(node, "dgr_prefix_tokens_reused_total"))
+        assert all(len(r.token_ids) == 4 for r in results)
