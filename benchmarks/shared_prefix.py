@@ -3,7 +3,7 @@
 - burst: one request warms the cache with a ~1,500-token system prompt, then 16
   sessions arrive at once, each the system prompt + its own question (streamed,
   greedy, 32 new tokens): TTFT p50/p99, aggregate generated tokens/s, prompt
-  tokens the server computed.
+  tokens the server computed. Cold burst: the same without the warm-up request.
 - chat: one conversation of 8 turns over /v1/chat/completions, each turn
   resending the whole history (system prompt, questions, answers): TTFT per
   turn, prompt tokens computed.
@@ -79,17 +79,20 @@ async def stream(client, url, path, body):
     return first, pieces, prompt_n, "".join(texts)
 
 
-async def burst(url, is_dgr, n=16, n_new=32):
+async def burst(url, is_dgr, n=16, n_new=32, warm=True):
     async with httpx.AsyncClient(timeout=600) as client:
-        await stream(client, url, "/v1/completions",
-                     {"prompt": SYSTEM_PROMPT + "\nWarm-up: say hello.", "max_tokens": 4})
+        if warm:
+            await stream(client, url, "/v1/completions",
+                         {"prompt": SYSTEM_PROMPT + "\nWarm-up: say hello.", "max_tokens": 4})
         before = await prefill_counter(client, url, is_dgr)
         results = [None] * n
         started = time.perf_counter()
 
+        tag = "" if warm else "(cold) "
+
         async def one(i):
             results[i] = await stream(client, url, "/v1/completions",
-                                      {"prompt": SYSTEM_PROMPT + "\n" + QUESTIONS[i],
+                                      {"prompt": SYSTEM_PROMPT + "\n" + tag + QUESTIONS[i],
                                        "max_tokens": n_new, "ignore_eos": True})
 
         async with trio.open_nursery() as nursery:
