@@ -115,10 +115,15 @@ def llama_server(binary, model, c, ctx_per_slot, threads, port):
                                           *NO_REPACK], port)
 
 
-async def stream_one(client, url, prompt, n_new, logprobs=0):
-    """One streaming completion: token timestamps, text pieces, tokens (with logprobs)."""
+async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
+    """One streaming completion: token timestamps, text pieces, tokens (with logprobs).
+    llama-server is asked not to reuse a cached prompt (its `cache_prompt`; dgr
+    refuses fields it does not implement, and its prefix cache only shares whole
+    chunks of repeated prompts, which these workloads do not have)."""
     body = {"prompt": prompt, "max_tokens": n_new, "temperature": 0, "ignore_eos": True,
-            "stream": True, "cache_prompt": False}
+            "stream": True}
+    if not is_dgr:
+        body["cache_prompt"] = False
     if logprobs:
         body["logprobs"] = logprobs
     sent = time.perf_counter()
@@ -189,7 +194,8 @@ async def run_level(url, c, n_new, is_dgr):
                 nursery.start_soon(scrape, client, url, stats, stop)
 
             async def one(i):
-                results[i] = await stream_one(client, url, PROMPTS[i % len(PROMPTS)], n_new)
+                results[i] = await stream_one(client, url, PROMPTS[i % len(PROMPTS)], n_new,
+                                              is_dgr=is_dgr)
 
             async with trio.open_nursery() as sessions:
                 for i in range(c):
@@ -256,19 +262,19 @@ async def corruption_check(url, n_new, c):
     return result
 
 
-async def mixed_load(url, long_prompt, n_decoders=4):
+async def mixed_load(url, long_prompt, is_dgr, n_decoders=4):
     """n decoders stream; then a long prompt arrives. Decoder gaps while it prefills."""
     async with httpx.AsyncClient(timeout=600) as client:
         decoders = [None] * n_decoders
         long_result = {}
         async with trio.open_nursery() as nursery:
             async def decoder(i):
-                decoders[i] = await stream_one(client, url, PROMPTS[i], 160)
+                decoders[i] = await stream_one(client, url, PROMPTS[i], 160, is_dgr=is_dgr)
 
             for i in range(n_decoders):
                 nursery.start_soon(decoder, i)
             await trio.sleep(3.0)  # decoders are past their prefill and streaming
-            long_result.update(await stream_one(client, url, long_prompt, 4))
+            long_result.update(await stream_one(client, url, long_prompt, 4, is_dgr=is_dgr))
     window = (long_result["sent"], long_result["stamps"][0])
     gaps = [b - a for d in decoders for a, b in zip(d["stamps"], d["stamps"][1:])
             if window[0] <= b <= window[1] + 1e-3]
@@ -592,10 +598,10 @@ def main(argv=None) -> int:
                 with dgr_server(model, 5, 2048, args.threads, free_port(),
                                 ["--prefill-chunk", str(chunk)]) as srv:
                     report["mixed_load"][f"dgr, prefill chunk {chunk}"] = trio.run(
-                        mixed_load, srv.url, long_prompt)
+                        mixed_load, srv.url, long_prompt, True)
                     bar.update()
             with llama_server(peers["llama-server"], model, 5, 2048, args.threads, free_port()) as srv:
-                report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt)
+                report["mixed_load"]["llama-server"] = trio.run(mixed_load, srv.url, long_prompt, False)
                 bar.update()
         if "prefix" in cases:
             report["prefix"] = {}

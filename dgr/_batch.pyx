@@ -547,8 +547,15 @@ cdef class Engine:
             raise ValueError(f"sequence slot {slot} out of range 0..{self.n_slots - 1}")
 
     def set_sampling(self, int slot, double temperature=0.0, int top_k=0, double top_p=1.0,
-                     double min_p=0.0, seed=0, bint ignore_eos=False):
-        """Give `slot` a fresh sampler chain. temperature <= 0 means greedy."""
+                     double min_p=0.0, seed=0, bint ignore_eos=False, logit_bias=(),
+                     int repeat_last_n=64, double repeat_penalty=1.0,
+                     double frequency_penalty=0.0, double presence_penalty=0.0):
+        """Give `slot` a fresh sampler chain. temperature <= 0 means greedy.
+
+        logit_bias: (token, bias) pairs added to the logits (-inf bans a token);
+        the penalties (llama.cpp's: repeat divides, frequency and presence
+        subtract) apply to the last repeat_last_n tokens the slot generated.
+        Plain greedy, without either, is an argmax in C (no chain)."""
         self._check_slot(slot)
         cdef llama_sampler_chain_params sparams = llama_sampler_chain_default_params()
         sparams.no_perf = True
@@ -556,6 +563,28 @@ cdef class Engine:
         if ignore_eos and self.n_eog:
             llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(
                 self.vocab_size, self.n_eog, self.eog_bias))
+        cdef int n_bias = len(logit_bias), i
+        cdef llama_logit_bias * biases
+        if n_bias:
+            biases = <llama_logit_bias *> malloc(n_bias * sizeof(llama_logit_bias))
+            if biases == NULL:
+                llama_sampler_free(chain)
+                raise MemoryError()
+            for i, (token, bias) in enumerate(logit_bias):
+                if not 0 <= token < self.vocab_size:
+                    free(biases)
+                    llama_sampler_free(chain)
+                    raise ValueError(f"logit_bias token {token} out of vocabulary "
+                                     f"(n_vocab={self.vocab_size})")
+                biases[i].token = token
+                biases[i].bias = bias
+            llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(self.vocab_size, n_bias, biases))
+            free(biases)  # the sampler keeps a copy
+        cdef bint penalized = repeat_last_n != 0 and (
+            repeat_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0)
+        if penalized:
+            llama_sampler_chain_add(chain, llama_sampler_init_penalties(
+                self.vocab_size, repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
         if temperature <= 0.0:
             llama_sampler_chain_add(chain, llama_sampler_init_greedy())
         else:
@@ -572,7 +601,7 @@ cdef class Engine:
         self.samplers[slot] = chain
         # Greedy needs no chain: an argmax over the logits row picks the same
         # token (the first maximum) without copying the whole vocabulary.
-        self.greedy_slot[slot] = temperature <= 0.0
+        self.greedy_slot[slot] = temperature <= 0.0 and not n_bias and not penalized
         self.ban_eog_slot[slot] = ignore_eos
 
     def release(self, int slot):
@@ -881,7 +910,9 @@ cdef class BatchLoop:
 
     def start(self, int slot, prompt, int max_tokens, *, int n_logprobs=0, bint ignore_eos=False,
               int credits=1, double temperature=0.0, int top_k=0, double top_p=1.0,
-              double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, int keep=0):
+              double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, int keep=0,
+              logit_bias=(), int repeat_last_n=64, double repeat_penalty=1.0,
+              double frequency_penalty=0.0, double presence_penalty=0.0):
         """Run a session on a free slot (one whose EV_FINISH the node has seen).
 
         The slot's sequence first drops what it holds (a cache entry), but for
@@ -893,7 +924,9 @@ cdef class BatchLoop:
         if n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
-        self.engine.set_sampling(slot, temperature, top_k, top_p, min_p, seed, ignore_eos)
+        self.engine.set_sampling(slot, temperature, top_k, top_p, min_p, seed, ignore_eos,
+                                 logit_bias, repeat_last_n, repeat_penalty, frequency_penalty,
+                                 presence_penalty)
         pthread_mutex_lock(&self.lock)
         try:
             self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits, n_reused)

@@ -6,6 +6,7 @@ Both load from plain dicts (a TOML file, a JSON body) with cattrs:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from typing import Optional
@@ -188,8 +189,14 @@ class SamplingParams:
     """How one session samples and when it stops.
 
     temperature 0 is greedy. stop: strings that end generation (not included in
-    the text). logprobs: report the top-k log-probabilities of each token (0..20).
-    seed: per-session seed for temperature > 0 (None picks one at random).
+    the text). logprobs: report the top-k log-probabilities of each token (0..20),
+    from the model's distribution (before penalties and biases).
+    seed: per-session seed for temperature > 0, any integer (None picks one at
+    random); equal seeds repeat a session exactly, different seeds are hashed to
+    different 32-bit sampler seeds (seed32).
+    logit_bias: token id -> bias added to its logit (-100..100; -100 bans it).
+    presence_penalty, frequency_penalty (-2..2, OpenAI's) and repeat_penalty (> 0,
+    llama.cpp's divisor, 1 = off) apply to the last repeat_last_n generated tokens.
     """
 
     max_tokens: Optional[int] = None
@@ -201,6 +208,12 @@ class SamplingParams:
     stop: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v or ()))
     logprobs: int = 0
     ignore_eos: bool = False
+    logit_bias: tuple = attrs.field(default=(), converter=lambda v: tuple(
+        sorted((v or {}).items()) if isinstance(v, dict) else (v or ())))
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
 
     def __attrs_post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -226,8 +239,39 @@ class SamplingParams:
             bad(f"logprobs must be an integer within 0..20, got {self.logprobs!r}")
         if len(self.stop) > 8 or any(not isinstance(s, str) or not s or len(s) > 256 for s in self.stop):
             bad("stop must be at most 8 non-empty strings of at most 256 characters")
+        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
+                             ("repeat_penalty", 1e-6, 10.0)):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or not lo <= value <= hi):
+                bad(f"{name} must be a number within {lo:g}..{hi:g}, got {value!r}")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) \
+                or self.repeat_last_n < 0:
+            bad(f"repeat_last_n must be a non-negative integer, got {self.repeat_last_n!r}")
+        if len(self.logit_bias) > 1024:
+            bad("logit_bias takes at most 1024 tokens")
+        for entry in self.logit_bias:
+            if (not isinstance(entry, tuple) or len(entry) != 2 or isinstance(entry[0], bool)
+                    or not isinstance(entry[0], int) or entry[0] < 0
+                    or isinstance(entry[1], bool) or not isinstance(entry[1], (int, float))
+                    or not -100 <= entry[1] <= 100):
+                bad("logit_bias maps token ids (non-negative integers) to biases within -100..100")
+
+    def sampler_bias(self) -> tuple:
+        """logit_bias as the engine takes it: -100 bans the token outright."""
+        return tuple((token, -math.inf if bias <= -100 else float(bias))
+                     for token, bias in self.logit_bias)
 
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":
         known = {f.name for f in attrs.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known and v is not None})
+
+
+def seed32(seed: int) -> int:
+    """A session seed (any integer) as llama.cpp's 32-bit sampler seed: hashed, so
+    seeds that differ by 2**32 (or in sign) do not collide, and never 0xFFFFFFFF,
+    which llama.cpp reads as "pick a random seed"."""
+    digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=4).digest()
+    value = int.from_bytes(digest, "little")
+    return value if value != 0xFFFFFFFF else 0xFFFFFFFE

@@ -30,6 +30,7 @@ import trio
 
 from dgr import _batch, _scheduler
 from dgr.admission import Admission
+from dgr.config import seed32
 from dgr.engine import EngineThread
 from dgr.sequence import FinishReason, Phase, Session
 from dgr.stream import TokenEvent
@@ -207,7 +208,11 @@ class StepLoop:
                         batch.start(slot, session.prompt, session.max_tokens,
                                     n_logprobs=p.logprobs, ignore_eos=p.ignore_eos,
                                     credits=self.settings.reply_buffer, temperature=p.temperature,
-                                    top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, seed=p.seed or 0,
+                                    top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+                                    seed=seed32(p.seed or 0), logit_bias=p.sampler_bias(),
+                                    repeat_last_n=p.repeat_last_n, repeat_penalty=p.repeat_penalty,
+                                    frequency_penalty=p.frequency_penalty,
+                                    presence_penalty=p.presence_penalty,
                                     reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                                     n_reused=session.n_reused,
                                     keep=len(session.prefix_keys) * self.settings.prefill_chunk)

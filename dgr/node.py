@@ -122,7 +122,7 @@ class Node:
             first = None
             for j in range(n):
                 sample = params if params.seed is None or j == 0 else attrs.evolve(
-                    params, seed=(params.seed + j) & 0xFFFFFFFF)
+                    params, seed=params.seed + j)
                 session = self._new_session(prompt, sample)
                 session.leader = first
                 first = first or session
@@ -242,6 +242,8 @@ class Node:
                 raise InvalidRequest(f"prompt token ids must be within 0..{self._engine.n_vocab - 1}")
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty")
+        if any(token >= self._engine.n_vocab for token, _ in params.logit_bias):
+            raise InvalidRequest(f"logit_bias token ids must be within 0..{self._engine.n_vocab - 1}")
         if params.temperature > 0 and params.seed is None:
             params = attrs.evolve(params, seed=random.getrandbits(32))
         return Session(

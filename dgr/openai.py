@@ -1,8 +1,11 @@
 """OpenAI-compatible request parsing and response shapes (no I/O).
 
-Requests are validated strictly by type and range; unknown fields are ignored,
-as OpenAI-compatible servers do. `top_k`, `min_p` and `ignore_eos` are the
-common extensions that llama-server and vLLM accept.
+Requests are validated strictly by type and range. Every field is honoured
+(FIELDS), accepted as a hint that changes nothing OpenAI promises (HINTS), or
+refused with a 400 naming it: a parameter silently ignored would be a wrong
+answer that looks right. `top_k`, `min_p`, `ignore_eos`, `repeat_penalty`
+(alias `repetition_penalty`) and `repeat_last_n` are the common extensions that
+llama-server and vLLM accept.
 """
 
 from __future__ import annotations
@@ -20,6 +23,20 @@ from dgr.stream import Chunk, TopLogprobs
 
 MAX_STOP = 8
 MAX_CHOICES = 32  # prompts x n in one request
+
+_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
+             "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
+             "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n"}
+FIELDS = {"completions": _SAMPLING | {"prompt", "logprobs"},
+          "chat": _SAMPLING | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}}
+# OpenAI's own hints: they change no output (attribution, retention, routing)
+HINTS = {"user", "metadata", "store", "service_tier"}
+
+
+def _check_fields(body: dict, endpoint: str) -> None:
+    for name in body:
+        if name not in FIELDS[endpoint] and name not in HINTS:
+            raise BadRequest(f"'{name}' is not supported by this server", name)
 
 
 class BadRequest(InvalidRequest):
@@ -99,6 +116,9 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list) -> ParsedReque
     max_tokens = _int(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
                       else "max_tokens", 1, 1 << 20)
     seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
+    if "repeat_penalty" in body and "repetition_penalty" in body:
+        raise BadRequest("give 'repeat_penalty' or 'repetition_penalty', not both", "repeat_penalty")
+    repeat = "repetition_penalty" if "repetition_penalty" in body else "repeat_penalty"
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -106,10 +126,16 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list) -> ParsedReque
             top_k=_int(body, "top_k", -1, 1 << 20) or 0,
             top_p=_float(body, "top_p", 1e-9, 1.0) or 1.0,
             min_p=_float(body, "min_p", 0.0, 1.0) or 0.0,
-            seed=None if seed is None else seed & 0xFFFFFFFF,
+            seed=seed,
             stop=_stop(body),
             logprobs=logprobs,
             ignore_eos=_bool(body, "ignore_eos"),
+            logit_bias=_logit_bias(body),
+            presence_penalty=_float(body, "presence_penalty", -2.0, 2.0) or 0.0,
+            frequency_penalty=_float(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+            repeat_penalty=_float(body, repeat, 1e-6, 10.0) or 1.0,
+            repeat_last_n=64 if body.get("repeat_last_n") is None
+            else _int(body, "repeat_last_n", 0, 1 << 20),
         )
     except InvalidRequest as exc:
         raise BadRequest(str(exc)) from None
@@ -118,9 +144,29 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list) -> ParsedReque
     return ParsedRequest(prompts, params, stream, include_usage, chat, n)
 
 
+def _logit_bias(body: dict) -> dict:
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 1024:
+        raise BadRequest("'logit_bias' must be an object of at most 1024 token ids", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise BadRequest(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
+        if (token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float))
+                or not -100 <= bias <= 100):
+            raise BadRequest("'logit_bias' maps token ids to biases within -100..100", "logit_bias")
+        out[token] = float(bias)
+    return out
+
+
 def parse_completion(body: Any) -> ParsedRequest:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _check_fields(body, "completions")
     prompt = body.get("prompt")
     # one prompt (a string or token ids), or a list of prompts: one choice each (n per prompt)
     batch = isinstance(prompt, list) and bool(prompt) and all(
@@ -141,6 +187,7 @@ def parse_completion(body: Any) -> ParsedRequest:
 def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _check_fields(body, "chat")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
@@ -165,6 +212,8 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
     logprobs = 0
     if _bool(body, "logprobs"):
         logprobs = _int(body, "top_logprobs", 0, 20) or 1
+    elif body.get("top_logprobs") is not None:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return _common(body, logprobs, chat=True, prompts=[]), clean
 
 

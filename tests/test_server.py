@@ -115,7 +115,7 @@ async def test_chat_models_metrics_capabilities_health(start_server):
             "messages": [{"role": "system", "content": "be brief"},
                          {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
             "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2,
-            "unknown_field": {"ignored": True}})
+            "user": "a hint", "metadata": {"ignored": "yes"}})
         assert chat.status_code == 200, chat.text
         choice = chat.json()["choices"][0]
         assert choice["message"]["role"] == "assistant"
@@ -254,3 +254,32 @@ async def test_graceful_shutdown_lets_a_request_in_flight_finish(start_server):
     events = sse_events(text)
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["usage"]["completion_tokens"] == 300
+
+
+async def test_every_field_is_honoured_or_refused(start_server):
+    """A field the server does not implement is a 400 naming it (OpenAI's hints
+    excepted); the sampling fields change what they should."""
+    server = await start_server()
+    base = {"prompt": "Penalties and biases", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "logprobs": 1}
+    async with server.client() as client:
+        for field, value in [("tools", []), ("response_format", {"type": "json_object"}),
+                             ("echo", True), ("suffix", "x"), ("best_of", 2), ("cache_prompt", True)]:
+            response = await client.post("/v1/completions", json=base | {field: value})
+            assert response.status_code == 400, field
+            assert response.json()["error"]["param"] == field
+        hinted = await client.post("/v1/completions", json=base | {"user": "u1", "store": False})
+        assert hinted.status_code == 200
+        sampled = await client.post("/v1/completions", json=base | {
+            "logit_bias": {"5": -100, "6": 3.5}, "presence_penalty": 0.5,
+            "frequency_penalty": -0.5, "repetition_penalty": 1.2, "repeat_last_n": 16})
+        assert sampled.status_code == 200
+        for bad in [{"logit_bias": {"x": 1}}, {"logit_bias": {"5": 101}},
+                    {"logit_bias": {"99999999": 5}}, {"presence_penalty": 3},
+                    {"repeat_penalty": 0}, {"repeat_penalty": 1.1, "repetition_penalty": 1.1},
+                    {"repeat_last_n": -1}]:
+            response = await client.post("/v1/completions", json=base | bad)
+            assert response.status_code == 400, bad
+        chat = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
