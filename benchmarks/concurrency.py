@@ -68,13 +68,16 @@ def pct(values, q):
 
 
 class ServerProcess:
-    def __init__(self, name, argv, port):
-        self.name, self.argv, self.port = name, argv, port
+    def __init__(self, name, argv, port, log=None):
+        self.name, self.argv, self.port, self.log = name, argv, port, log
         self.url = f"http://127.0.0.1:{port}"
         self.proc = None
 
     def __enter__(self):
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = open(self.log, "wb") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        if self.log:
+            out.close()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -95,11 +98,12 @@ class ServerProcess:
             self.proc.kill()
 
 
-def dgr_server(model, c, ctx_per_slot, threads, port, extra=()):
+def dgr_server(model, c, ctx_per_slot, threads, port, extra=(), log=None):
     return ServerProcess("dgr", [sys.executable, "-m", "dgr", "run", "--model", model,
                                  "--port", str(port), "--max-running", str(c),
                                  "--max-waiting", str(4 * c), "--ctx", str(c * ctx_per_slot),
-                                 "--threads", str(threads), "--log-level", "WARNING", *extra], port)
+                                 "--threads", str(threads), "--log-level", "WARNING", *extra],
+                         port, log)
 
 
 # Weight repacking off for the llama.cpp peers, as in dgr (weight_repack=False): on CPUs
@@ -108,11 +112,11 @@ def dgr_server(model, c, ctx_per_slot, threads, port, extra=()):
 NO_REPACK = ["--no-repack"]
 
 
-def llama_server(binary, model, c, ctx_per_slot, threads, port):
+def llama_server(binary, model, c, ctx_per_slot, threads, port, log=None):
     return ServerProcess("llama-server", [str(binary), "-m", model, "--port", str(port),
                                           "-np", str(c), "-c", str(c * ctx_per_slot),
                                           "-t", str(threads), "-b", "512", "-ub", "512",
-                                          *NO_REPACK], port)
+                                          *NO_REPACK], port, log)
 
 
 async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
@@ -428,6 +432,15 @@ def markdown(report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _prefix_row(name, row, base) -> str:
+    if "error" in row:
+        return f"| {name} | failed: {row['error']} (exit code {row['exit_code']}, log {row['log']}) | | | | |"
+    ratio = (f"{row['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}" if "ttft_p50_ms" in base else "–")
+    computed = row["prompt_tokens_computed"]
+    return (f"| {name} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | {ratio} | "
+            f"{row['gen_tok_s']:.1f} | {computed if computed is not None else 'not reported'} |")
+
+
 def markdown_prefix(p) -> list[str]:
     base = p["llama-server"]
     lines = ["", "Shared prefix, burst: a ~1,500-token system prompt seen once, then 16 sessions "
@@ -435,23 +448,20 @@ def markdown_prefix(p) -> list[str]:
              "| server | TTFT p50 ms | TTFT p99 ms | TTFT p50 / llama-server | gen tok/s | "
              "prompt tokens computed |", "|---|---|---|---|---|---|"]
     for name, row in p.items():
-        b = row["burst"]
-        lines.append(f"| {name} | {b['ttft_p50_ms']:.0f} | {b['ttft_p99_ms']:.0f} | "
-                     f"{b['ttft_p50_ms'] / base['burst']['ttft_p50_ms']:.2f} | {b['gen_tok_s']:.1f} | "
-                     f"{b['prompt_tokens_computed'] if b['prompt_tokens_computed'] is not None else 'not reported'} |")
+        lines.append(_prefix_row(name, row["burst"], base["burst"]))
     lines += ["", "Shared prefix, cold burst: the same 16 sessions with nothing cached (the "
               "system prompt arrives with them).", "",
               "| server | TTFT p50 ms | TTFT p99 ms | TTFT p50 / llama-server | gen tok/s | "
               "prompt tokens computed |", "|---|---|---|---|---|---|"]
     for name, row in p.items():
-        b = row["cold_burst"]
-        lines.append(f"| {name} | {b['ttft_p50_ms']:.0f} | {b['ttft_p99_ms']:.0f} | "
-                     f"{b['ttft_p50_ms'] / base['cold_burst']['ttft_p50_ms']:.2f} | {b['gen_tok_s']:.1f} | "
-                     f"{b['prompt_tokens_computed'] if b['prompt_tokens_computed'] is not None else 'not reported'} |")
+        lines.append(_prefix_row(name, row["cold_burst"], base["cold_burst"]))
     lines += ["", "Shared prefix, 8-turn chat resending its history (48 new tokens per turn).", "",
               "| server | TTFT p50 ms | TTFT per turn ms | prompt tokens computed |", "|---|---|---|---|"]
     for name, row in p.items():
         c = row["chat"]
+        if "error" in c:
+            lines.append(f"| {name} | failed: {c['error']} | | |")
+            continue
         lines.append(f"| {name} | {c['ttft_p50_ms']:.0f} | "
                      + ", ".join(f"{t:.0f}" for t in c["ttft_ms_per_turn"])
                      + f" | {c['prompt_tokens_computed'] if c['prompt_tokens_computed'] is not None else 'not reported'} |")
@@ -606,19 +616,29 @@ def main(argv=None) -> int:
         if "prefix" in cases:
             report["prefix"] = {}
             # 4,096 cells per session: the chat reaches ~2,100 tokens of history
-            servers = [("dgr, prefix cache", lambda: dgr_server(model, 16, 4096, args.threads, free_port())),
-                       ("dgr, no prefix cache", lambda: dgr_server(model, 16, 4096, args.threads, free_port(),
-                                                                   ["--no-prefix-cache"])),
-                       ("llama-server", lambda: llama_server(peers["llama-server"], model, 16, 4096,
-                                                             args.threads, free_port()))]
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            servers = [("dgr, prefix cache", lambda log: dgr_server(
+                            model, 16, 4096, args.threads, free_port(), log=log)),
+                       ("dgr, no prefix cache", lambda log: dgr_server(
+                            model, 16, 4096, args.threads, free_port(), ["--no-prefix-cache"], log)),
+                       ("llama-server", lambda log: llama_server(
+                            peers["llama-server"], model, 16, 4096, args.threads, free_port(), log))]
+            workloads = [("cold_burst", lambda url, is_dgr: shared_prefix.burst(url, is_dgr, warm=False)),
+                         ("burst", shared_prefix.burst), ("chat", shared_prefix.chat)]
             for name, start in servers:
-                with start() as srv:
+                log = out / f"prefix-{name.replace(', ', '-').replace(' ', '-')}.log"
+                report["prefix"][name] = {}
+                with start(log) as srv:
                     is_dgr = name.startswith("dgr")
                     # the cold burst first: nothing of the system prompt is cached yet
-                    cold = trio.run(shared_prefix.burst, srv.url, is_dgr, 16, 32, False)
-                    report["prefix"][name] = {"cold_burst": cold,
-                                              "burst": trio.run(shared_prefix.burst, srv.url, is_dgr),
-                                              "chat": trio.run(shared_prefix.chat, srv.url, is_dgr)}
+                    for workload, run in workloads:
+                        try:
+                            result = trio.run(run, srv.url, is_dgr)
+                        except Exception as exc:  # a server that fails is reported, not hidden
+                            result = {"error": f"{type(exc).__name__}: {exc}"[:300],
+                                      "exit_code": srv.proc.poll(), "log": str(log)}
+                        report["prefix"][name][workload] = result
                 bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
                             "llama_server": saturation(report["llama_server"])}
