@@ -42,6 +42,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_destroy(pthread_cond_t * cond)
     int pthread_cond_wait(pthread_cond_t * cond, pthread_mutex_t * mutex)
     int pthread_cond_signal(pthread_cond_t * cond)
+    int pthread_cond_broadcast(pthread_cond_t * cond)
 
 cdef extern from *:
     """
@@ -817,6 +818,7 @@ cdef class BatchLoop:
     cdef readonly Scheduler scheduler
     cdef pthread_mutex_t lock
     cdef pthread_cond_t wake
+    cdef pthread_cond_t ops_room
     cdef bint stopping
     cdef bint sync_ready
     cdef int wake_fd
@@ -877,8 +879,9 @@ cdef class BatchLoop:
         self.call_rc = <int *> calloc(1 + scheduler.n_slots, sizeof(int))
         self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
         self.keep_cells = <int *> calloc(scheduler.n_slots, sizeof(int))
-        # at most a start and an eviction per slot wait between two loop iterations
-        self.ops_cap = 2 * scheduler.n_slots + 1
+        # a start and an eviction or two per slot between two loop iterations; more
+        # waits for the loop (_queue_kv_op)
+        self.ops_cap = 4 * scheduler.n_slots + 4
         self.op_slot = <int *> calloc(self.ops_cap, sizeof(int))
         self.op_src = <int *> calloc(self.ops_cap, sizeof(int))
         self.op_keep = <int *> calloc(self.ops_cap, sizeof(int))
@@ -894,11 +897,13 @@ cdef class BatchLoop:
             self.pos_max_now[s] = -1
         pthread_mutex_init(&self.lock, NULL)
         pthread_cond_init(&self.wake, NULL)
+        pthread_cond_init(&self.ops_room, NULL)
         self.sync_ready = True
 
     def __dealloc__(self):
         if self.sync_ready:
             pthread_cond_destroy(&self.wake)
+            pthread_cond_destroy(&self.ops_room)
             pthread_mutex_destroy(&self.lock)
         free(self.ring); free(self.scratch)
         free(self.row_tok); free(self.row_pos); free(self.row_seq); free(self.row_want)
@@ -948,8 +953,13 @@ cdef class BatchLoop:
             pthread_mutex_unlock(&self.lock)
 
     cdef void _queue_kv_op(self, int slot, int src, int keep) except *:
+        """Queue a KV change (lock held). A full queue (sessions started and cancelled
+        faster than one step) waits for the loop to apply it."""
+        while self.n_ops == self.ops_cap and not self.stopping:
+            pthread_cond_signal(&self.wake)
+            pthread_cond_wait(&self.ops_room, &self.lock)
         if self.n_ops == self.ops_cap:
-            raise RuntimeError("too many KV changes queued")
+            raise RuntimeError("the batch loop stopped with KV changes queued")
         self.op_slot[self.n_ops] = slot
         self.op_src[self.n_ops] = src
         self.op_keep[self.n_ops] = keep
@@ -990,6 +1000,7 @@ cdef class BatchLoop:
         pthread_mutex_lock(&self.lock)
         self.stopping = True
         pthread_cond_signal(&self.wake)
+        pthread_cond_broadcast(&self.ops_room)
         pthread_mutex_unlock(&self.lock)
 
     def drain(self):
@@ -1146,6 +1157,8 @@ cdef class BatchLoop:
             else:
                 llama_memory_seq_rm(self.engine.mem, s, keep, -1)
         n, self.n_ops = self.n_ops, 0
+        if n:
+            pthread_cond_broadcast(&self.ops_room)
         return n
 
     cdef void _release_finished(self, int n_events) noexcept nogil:

@@ -179,6 +179,9 @@ class Admission:
             return
         holder, n_reused = cache.match(session.prefix_keys)
         self._follow(session, n_reused)
+        if session.leader is not None:
+            # it shares when it starts, from its leader or what holds the prefix then
+            holder, n_reused = None, 0
         if holder in self._free_slots:
             slot = holder
         else:

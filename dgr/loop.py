@@ -59,7 +59,7 @@ class StepRecord:
     duration_s: float
 
 
-_START, _CREDIT, _FINISH = range(3)
+_START, _CREDIT, _FINISH, _EVICT, _MARK = range(5)
 
 
 def failure_message(code: int) -> str:
@@ -86,8 +86,10 @@ class StepLoop:
         self.batch = _batch.BatchLoop(engine, scheduler, self._wake_fd)
         # Bounded by construction: per session one start, one finish and at most
         # reply_buffer credits (each stands for a token its task took) are in flight.
+        # Bounded by construction: per session one start, one finish and at most
+        # reply_buffer credits, and an eviction per slot, are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
-            max_sessions * (settings.reply_buffer + 2))
+            max_sessions * (settings.reply_buffer + 2) + engine.n_seq_max)
         self._cache = admission.prefix_cache
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
@@ -125,9 +127,9 @@ class StepLoop:
         self.batch.stop()
 
     def _start(self, sessions: list[Session]) -> None:
-        # evictions first: the BatchLoop applies KV changes in the order it gets them
+        # evictions first; KV changes travel with the starts, in the order decided here
         for slot in self._admission.take_evictions():
-            self.batch.evict(slot)
+            self._requests.send_nowait((_EVICT, slot))
             self._telemetry.prefix_evictions.inc()
         for session in sessions:
             if self._waits_for_leader(session):
@@ -145,16 +147,20 @@ class StepLoop:
     def _release_followers(self, leader: Session, ended: bool = False) -> None:
         """Start the sessions waiting for `leader` that it has prefilled enough for
         (all of them when it ended), sharing the whole chunks it prefilled (its
-        sequence holds them: running, or kept by its ended slot)."""
+        sequence holds them: running, or kept by its ended slot), or, if the cache
+        now holds more of their prompt (the leader ended early), what it holds."""
         chunk = self._cache.chunk
         waiting = self._held.pop(leader.id, [])
         for session in waiting:
             if not ended and leader.n_prefilled < session.share_len:
                 self._held.setdefault(leader.id, []).append(session)
                 continue
-            n = min(session.share_len, leader.n_prefilled // chunk * chunk)
-            if n > session.n_reused:
-                session.share(leader.slot, n)
+            source, n = leader.slot, min(session.share_len, leader.n_prefilled // chunk * chunk)
+            holder, cached = self._cache.match(session.prefix_keys)
+            if cached > n:
+                source, n = holder, cached
+            if n:
+                session.share(source, n)
                 self._cache.assign(session.slot, session.prefix_keys[:n // chunk])
             self._requests.send_nowait((_START, session))
 
@@ -170,6 +176,9 @@ class StepLoop:
         once the BatchLoop has published the KV without them."""
         self._admission.flush_cache()
         self._start([])
+        fed = trio.Event()  # set by the feeder once it has queued the evictions before it
+        await self._requests.send((_MARK, fed))
+        await fed.wait()
         target = self.batch.kv_ops_queued
         while self.batch.kv_ops_published < target:
             await trio.sleep(0.001)
@@ -190,44 +199,56 @@ class StepLoop:
 
     async def _feed(self) -> None:
         """Requests into the BatchLoop's mailbox, a burst at a time."""
-        batch = self.batch
-        async for kind, session in self._incoming:
+        async for kind, item in self._incoming:
             while True:
-                slot = session.slot
-                owned = slot is not None and self._by_slot.get(slot) is session
-                if kind == _CREDIT:
-                    if owned:
-                        batch.credit(slot)
-                elif kind == _START:
-                    if session.done:  # cancelled before its first step: no work for it
-                        self._retire(session)
-                    else:
-                        self._by_slot[slot] = session
-                        self._on_engine.add(session.id)
-                        p = session.params
-                        batch.start(slot, session.prompt, session.max_tokens,
-                                    n_logprobs=p.logprobs, ignore_eos=p.ignore_eos,
-                                    credits=self.settings.reply_buffer, temperature=p.temperature,
-                                    top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-                                    seed=seed32(p.seed or 0), logit_bias=p.sampler_bias(),
-                                    repeat_last_n=p.repeat_last_n, repeat_penalty=p.repeat_penalty,
-                                    frequency_penalty=p.frequency_penalty,
-                                    presence_penalty=p.presence_penalty,
-                                    reuse_from=-1 if session.reuse_from is None else session.reuse_from,
-                                    n_reused=session.n_reused,
-                                    keep=len(session.prefix_keys) * self.settings.prefill_chunk)
-                        if session.n_reused:
-                            self._telemetry.prefix_hits.inc()
-                            self._telemetry.prefix_tokens_reused.inc(session.n_reused)
-                elif owned:
-                    batch.request_finish(slot, session.finish_reason.code)
-                elif session.phase is Phase.WAITING or self._unhold(session):
-                    self._retire(session)
+                self._feed_one(kind, item)
                 try:
-                    kind, session = self._incoming.receive_nowait()
+                    kind, item = self._incoming.receive_nowait()
                 except trio.WouldBlock:
                     break
             self.update_gauges()
+
+    def _feed_one(self, kind: int, item) -> None:
+        batch = self.batch
+        if kind == _EVICT:  # `item` is a slot
+            batch.evict(item)
+            return
+        if kind == _MARK:  # `item` is an event: everything sent before it is fed
+            item.set()
+            return
+        session = item
+        slot = session.slot
+        owned = slot is not None and self._by_slot.get(slot) is session
+        if kind == _CREDIT:
+            if owned:
+                batch.credit(slot)
+        elif kind == _START:
+            if session.done:  # cancelled before its first step: no work for it
+                self._retire(session)
+            else:
+                self._by_slot[slot] = session
+                self._on_engine.add(session.id)
+                p = session.params
+                batch.start(slot, session.prompt, session.max_tokens,
+                            n_logprobs=p.logprobs, ignore_eos=p.ignore_eos,
+                            credits=self.settings.reply_buffer, temperature=p.temperature,
+                            top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+                            seed=seed32(p.seed or 0), logit_bias=p.sampler_bias(),
+                            repeat_last_n=p.repeat_last_n, repeat_penalty=p.repeat_penalty,
+                            frequency_penalty=p.frequency_penalty,
+                            presence_penalty=p.presence_penalty,
+                            reuse_from=-1 if session.reuse_from is None else session.reuse_from,
+                            n_reused=session.n_reused,
+                            keep=len(session.prefix_keys) * self.settings.prefill_chunk)
+                if self._cache is not None:
+                    self._cache.activate(slot)
+                if session.n_reused:
+                    self._telemetry.prefix_hits.inc()
+                    self._telemetry.prefix_tokens_reused.inc(session.n_reused)
+        elif owned:
+            batch.request_finish(slot, session.finish_reason.code)
+        elif session.phase is Phase.WAITING or self._unhold(session):
+            self._retire(session)
 
     async def _pump(self) -> None:
         """The BatchLoop's events into sessions, telemetry and token channels."""
@@ -296,7 +317,7 @@ class StepLoop:
                 and session.id not in self._on_engine):
             # admission counted on a prefix in its slot that the BatchLoop never set up
             self._cache.drop(session.slot)
-            self.batch.evict(session.slot)
+            self._requests.send_nowait((_EVICT, session.slot))
         self._on_engine.discard(session.id)
         if session.id in self._held:
             self._release_followers(session, ended=True)

@@ -48,6 +48,9 @@ class PrefixCache:
         self._holders: dict[Key, set[int]] = collections.defaultdict(set)
         self._held: dict[int, list[Key]] = {}  # slot -> keys of the chunks it holds, in order
         self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
+        # slots given a prefix whose BatchLoop start (the KV copy) is not queued yet: they
+        # hold nothing another session may copy until then
+        self._pending: set[int] = set()
 
     def keys_for(self, prompt: Sequence[int]) -> list[Key]:
         """A prompt's shareable chunks: whole chunks before its last token (the last
@@ -58,7 +61,7 @@ class PrefixCache:
         """(slot, tokens): a slot holding the longest prefix of `keys`, preferring a
         cached slot, and that prefix's length in tokens; (None, 0) without one."""
         for n in range(len(keys), 0, -1):
-            holders = self._holders.get(keys[n - 1])
+            holders = self._holders.get(keys[n - 1], set()) - self._pending
             if holders:
                 slot = next((s for s in self._cached if s in holders), min(holders))
                 return slot, n * self.chunk
@@ -72,10 +75,16 @@ class PrefixCache:
             self._holders[key].add(slot)
 
     def assign(self, slot: int, keys: Sequence[Key]) -> None:
-        """A session starts on `slot` with the chunks `keys` already in its sequence
-        (its own prefix, reused or copied): the slot holds exactly those now."""
+        """A session is placed on `slot` with the chunks `keys` in its sequence once
+        it starts (its own prefix, reused or copied): the slot holds exactly those,
+        shareable once `activate` says its start has been queued."""
         self.drop(slot)
         self.hold(slot, keys)
+        self._pending.add(slot)
+
+    def activate(self, slot: int) -> None:
+        """The slot's start is queued to the BatchLoop: what it holds may be shared."""
+        self._pending.discard(slot)
 
     def cells(self, slot: int) -> int:
         return len(self._held.get(slot, ())) * self.chunk
@@ -89,6 +98,7 @@ class PrefixCache:
     def drop(self, slot: int) -> None:
         """The slot's sequence holds nothing any more (evicted, or given to a new session)."""
         self._cached.pop(slot, None)
+        self._pending.discard(slot)
         for key in self._held.pop(slot, ()):
             holders = self._holders[key]
             holders.discard(slot)

@@ -268,3 +268,39 @@ def test_memory_budget():
         BUDGETS.check_memory(model_bytes=20_000, kv_bytes=0, scratch_bytes=0)
     with pytest.raises(BudgetError, match="exceed"):
         BUDGETS.check_memory(model_bytes=5000, kv_bytes=3000, scratch_bytes=2001)
+
+
+# ---------------------------------------------------------------------- prefix cache
+
+def test_prefix_keys_are_whole_chunks_before_the_last_token():
+    from dgr.prefix_cache import PrefixCache
+
+    cache = PrefixCache(chunk=4)
+    assert len(cache.keys_for(list(range(8)))) == 1  # [0,4); [4,8) holds the last token
+    assert len(cache.keys_for(list(range(9)))) == 2
+    a, b = cache.keys_for([1, 2, 3, 4, 5, 6, 7, 8, 9]), cache.keys_for([1, 2, 3, 4, 0, 6, 7, 8, 9])
+    assert a[0] == b[0] and a[1] != b[1]  # a key covers every token up to its chunk's end
+
+
+def test_prefix_cache_matches_longest_active_prefix_and_evicts_lru():
+    from dgr.prefix_cache import PrefixCache
+
+    cache = PrefixCache(chunk=2)
+    keys = cache.keys_for(list(range(11)))  # 5 chunks
+    cache.assign(0, keys[:2])
+    assert cache.match(keys) == (None, 0)  # placed, its start not queued yet: nothing to copy
+    cache.activate(0)
+    assert cache.match(keys) == (0, 4)
+    cache.hold(0, keys[:4])  # it prefilled two more chunks
+    cache.assign(1, keys[:1])
+    cache.activate(1)
+    assert cache.match(keys) == (0, 8)
+    assert cache.match(keys[:1]) == (0, 2)  # both hold it; no cached slot: the lowest
+    cache.keep(1)  # slot 1's session ended: its chunk is a cache entry, preferred
+    assert cache.match(keys[:1]) == (1, 2)
+    cache.keep(0)
+    assert cache.cached_slots == [1, 0] and cache.cached_cells == 2 + 8
+    cache.drop(1)
+    assert cache.cached_slots == [0] and cache.match(keys[:1]) == (0, 2)
+    cache.assign(0, [])  # a new session on slot 0 without a shared prefix
+    assert cache.match(keys) == (None, 0) and cache.cached_cells == 0
