@@ -83,7 +83,12 @@ class Node:
 
     def token_text(self, token: int) -> str:
         """One token's text, special tokens rendered (for logprobs reports)."""
-        return self._engine.token_to_piece(token, special=True).decode("utf-8", "replace")
+        return self.token_bytes(token).decode("utf-8", "replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's raw bytes: a byte-fallback token (part of a multi-byte
+        character) is its own byte, not a replacement character."""
+        return bytes(self._engine.token_to_piece(token, special=True))
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Render a chat with the model's template from its GGUF metadata. A GGUF

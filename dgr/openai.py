@@ -102,9 +102,11 @@ class ParsedRequest:
     include_usage: bool
     chat: bool
     n: int = 1  # choices per prompt
+    top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
 
 
-def _common(body: dict, logprobs: int, chat: bool, prompts: list) -> ParsedRequest:
+def _common(body: dict, logprobs: int, chat: bool, prompts: list,
+            top_logprobs: int = 0) -> ParsedRequest:
     n = _int(body, "n", 1, MAX_CHOICES) or 1
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
@@ -141,7 +143,7 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list) -> ParsedReque
         raise BadRequest(str(exc)) from None
     if params.top_k < 0:
         params = attrs.evolve(params, top_k=0)
-    return ParsedRequest(prompts, params, stream, include_usage, chat, n)
+    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs)
 
 
 def _logit_bias(body: dict) -> dict:
@@ -209,23 +211,26 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
         if not isinstance(content, str):
             raise BadRequest("message 'content' must be a string or a list of text parts", "messages")
         clean.append({"role": m["role"], "content": content})
-    logprobs = 0
+    logprobs = top = 0
     if _bool(body, "logprobs"):
-        logprobs = _int(body, "top_logprobs", 0, 20) or 1
+        top = _int(body, "top_logprobs", 0, 20) or 0
+        logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
     elif body.get("top_logprobs") is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    return _common(body, logprobs, chat=True, prompts=[]), clean
+    return _common(body, logprobs, chat=True, prompts=[], top_logprobs=top), clean
 
 
 class ResponseBuilder:
     """Builds OpenAI response objects for one request."""
 
-    def __init__(self, model: str, chat: bool, token_text):
+    def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0):
         self.model = model
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self._token_text = token_text  # token id -> str (for logprobs)
+        self._token_bytes = token_bytes or (lambda t: token_text(t).encode())
+        self._top = top_logprobs  # chat: alternatives per token
         self._offsets: dict[int, int] = {}  # choice index -> text offset so far
 
     def _logprobs(self, chunks: list[Chunk], index: int = 0) -> Optional[dict]:
@@ -235,10 +240,10 @@ class ResponseBuilder:
         if self.chat:
             return {"content": [{
                 "token": self._token_text(c.token_id), "logprob": c.logprob,
-                "bytes": list(self._token_text(c.token_id).encode()),
+                "bytes": list(self._token_bytes(c.token_id)),
                 "top_logprobs": [{"token": self._token_text(t), "logprob": lp,
-                                  "bytes": list(self._token_text(t).encode())}
-                                 for t, lp in c.top_logprobs]} for c in rows]}
+                                  "bytes": list(self._token_bytes(t))}
+                                 for t, lp in c.top_logprobs[:self._top]]} for c in rows]}
         offsets = []
         for c in rows:
             offsets.append(self._offsets.get(index, 0))

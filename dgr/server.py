@@ -20,6 +20,7 @@ from typing import Any, Optional
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -93,7 +94,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
 
     async def _generate(request: Request, node: Node, parsed, prompts: list) -> Response:
         """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group)."""
-        builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text)
+        builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text, node.token_bytes,
+                                  parsed.top_logprobs)
         if parsed.stream:
             # Admission happens before the 200 goes out, so a refusal is a real status code.
             group_cm = node.stream_group(prompts, parsed.params, parsed.n)
@@ -208,7 +210,10 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     mapper = _ErrorMapper(state, config)
     handled = (BadRequest, InvalidRequest, _TooLarge, AdmissionRejected, _Unavailable, NodeClosed,
                ClientDisconnect, ExceptionGroup, Exception)
-    app = Starlette(routes=routes, exception_handlers={cls: mapper for cls in handled})
+    handlers = {cls: mapper for cls in handled}
+    # Starlette's own 404 and 405 come as plain text; every 4xx here is OpenAI-shaped
+    handlers[404] = handlers[405] = mapper
+    app = Starlette(routes=routes, exception_handlers=handlers)
     return _Guard(app, config)
 
 
@@ -285,6 +290,11 @@ class _ErrorMapper:
     def map(self, exc: BaseException) -> Response:
         if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
             return self.map(exc.exceptions[0])
+        if isinstance(exc, HTTPException) and exc.status_code in (404, 405):
+            found = exc.status_code == 404
+            return _error(exc.status_code, "no such endpoint" if found else "method not allowed",
+                          "invalid_request_error", "not_found" if found else "method_not_allowed",
+                          headers=exc.headers)
         if isinstance(exc, BadRequest):
             return _error(400, str(exc), "invalid_request_error", "invalid_value", exc.param)
         if isinstance(exc, InvalidRequest):

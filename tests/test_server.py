@@ -283,3 +283,36 @@ async def test_every_field_is_honoured_or_refused(start_server):
         chat = await client.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})
         assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
+
+
+async def test_openai_shapes_404_405_and_chat_logprobs(start_server, tiny_model):
+    server = await start_server()
+    async with server.client() as client:
+        for method, path, status in [("GET", "/v1/nothing", 404), ("GET", "/v1/completions", 405)]:
+            response = await client.request(method, path)
+            assert response.status_code == status
+            assert response.json()["error"]["type"] == "invalid_request_error"
+        base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
+                "logprobs": True}
+        plain = (await client.post("/v1/chat/completions", json=base)).json()
+        content = plain["choices"][0]["logprobs"]["content"]
+        assert content and all(entry["top_logprobs"] == [] for entry in content)  # none asked for
+        two = (await client.post("/v1/chat/completions", json=base | {"top_logprobs": 2})).json()
+        assert all(len(e["top_logprobs"]) == 2 for e in two["choices"][0]["logprobs"]["content"])
+        # bytes are each token's own bytes: they join to the text
+        joined = bytes(b for e in content for b in e["bytes"])
+        assert joined.decode("utf-8", "replace") == plain["choices"][0]["message"]["content"]
+
+
+def test_a_byte_fallback_token_reports_its_own_byte(tiny_model):
+    """A token that is one byte of a multi-byte character reports that byte, not
+    the replacement character's three."""
+    from dgr import _batch
+
+    engine = _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1)
+    try:
+        ids = engine.tokenize("é", add_special=False)
+        pieces = [bytes(engine.token_to_piece(t, special=True)) for t in ids]
+        assert b"".join(pieces) == "é".encode()
+    finally:
+        engine.close()
