@@ -550,8 +550,11 @@ cdef class Engine:
     def set_sampling(self, int slot, double temperature=0.0, int top_k=0, double top_p=1.0,
                      double min_p=0.0, seed=0, bint ignore_eos=False, logit_bias=(),
                      int repeat_last_n=64, double repeat_penalty=1.0,
-                     double frequency_penalty=0.0, double presence_penalty=0.0):
+                     double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None):
         """Give `slot` a fresh sampler chain. temperature <= 0 means greedy.
+
+        grammar: GBNF text (root rule "root") that every sampled token must keep
+        satisfiable (llama.cpp's grammar sampler; see check_grammar).
 
         logit_bias: (token, bias) pairs added to the logits (-inf bans a token);
         the penalties (llama.cpp's: repeat divides, frequency and presence
@@ -581,6 +584,15 @@ cdef class Engine:
                 biases[i].bias = bias
             llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(self.vocab_size, n_bias, biases))
             free(biases)  # the sampler keeps a copy
+        cdef llama_sampler * constrained
+        cdef bytes grammar_text
+        if grammar is not None:
+            grammar_text = grammar.encode()
+            constrained = llama_sampler_init_grammar(self.vocab, grammar_text, b"root")
+            if constrained == NULL:
+                llama_sampler_free(chain)
+                raise ValueError("invalid grammar")
+            llama_sampler_chain_add(chain, constrained)
         cdef bint penalized = repeat_last_n != 0 and (
             repeat_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0)
         if penalized:
@@ -602,8 +614,20 @@ cdef class Engine:
         self.samplers[slot] = chain
         # Greedy needs no chain: an argmax over the logits row picks the same
         # token (the first maximum) without copying the whole vocabulary.
-        self.greedy_slot[slot] = temperature <= 0.0 and not n_bias and not penalized
+        self.greedy_slot[slot] = (temperature <= 0.0 and not n_bias and not penalized
+                                  and grammar is None)
         self.ban_eog_slot[slot] = ignore_eos
+
+    def check_grammar(self, grammar):
+        """None if llama.cpp parses the GBNF `grammar` (root rule "root"), else the
+        reason from its log."""
+        dgr_log_clear()
+        cdef bytes text = grammar.encode()
+        cdef llama_sampler * parsed = llama_sampler_init_grammar(self.vocab, text, b"root")
+        if parsed != NULL:
+            llama_sampler_free(parsed)
+            return None
+        return _error_lines(llama_log_text()) or "llama.cpp could not parse the grammar"
 
     def release(self, int slot):
         """Free every KV cell of `slot` and reset its sampler."""
@@ -917,7 +941,7 @@ cdef class BatchLoop:
               int credits=1, double temperature=0.0, int top_k=0, double top_p=1.0,
               double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, int keep=0,
               logit_bias=(), int repeat_last_n=64, double repeat_penalty=1.0,
-              double frequency_penalty=0.0, double presence_penalty=0.0):
+              double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None):
         """Run a session on a free slot (one whose EV_FINISH the node has seen).
 
         The slot's sequence first drops what it holds (a cache entry), but for
@@ -931,7 +955,7 @@ cdef class BatchLoop:
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
         self.engine.set_sampling(slot, temperature, top_k, top_p, min_p, seed, ignore_eos,
                                  logit_bias, repeat_last_n, repeat_penalty, frequency_penalty,
-                                 presence_penalty)
+                                 presence_penalty, grammar)
         pthread_mutex_lock(&self.lock)
         try:
             self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits, n_reused)

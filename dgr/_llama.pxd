@@ -142,6 +142,8 @@ cdef extern from "llama.h" nogil:
 
     llama_sampler * llama_sampler_init_logit_bias(int32_t n_vocab, int32_t n_logit_bias,
                                                   const llama_logit_bias * logit_bias)
+    llama_sampler * llama_sampler_init_grammar(const llama_vocab * vocab, const char * grammar_str,
+                                               const char * grammar_root)
     llama_sampler * llama_sampler_init_penalties(int32_t n_vocab, int32_t penalty_last_n,
                                                  float penalty_repeat, float penalty_freq,
                                                  float penalty_present)

@@ -195,6 +195,8 @@ class SamplingParams:
     random); equal seeds repeat a session exactly, different seeds are hashed to
     different 32-bit sampler seeds (seed32).
     logit_bias: token id -> bias added to its logit (-100..100; -100 bans it).
+    grammar: GBNF (root rule "root") the output must follow (structured output);
+    generation ends when the grammar is complete.
     presence_penalty, frequency_penalty (-2..2, OpenAI's) and repeat_penalty (> 0,
     llama.cpp's divisor, 1 = off) apply to the last repeat_last_n generated tokens.
     """
@@ -214,6 +216,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    grammar: Optional[str] = None
 
     def __attrs_post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -248,6 +251,11 @@ class SamplingParams:
         if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) \
                 or self.repeat_last_n < 0:
             bad(f"repeat_last_n must be a non-negative integer, got {self.repeat_last_n!r}")
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar.strip():
+                bad("grammar must be non-empty GBNF text")
+            if self.ignore_eos:
+                bad("ignore_eos cannot be used with a grammar (it ends where the grammar does)")
         if len(self.logit_bias) > 1024:
             bad("logit_bias takes at most 1024 tokens")
         for entry in self.logit_bias:

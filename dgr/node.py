@@ -247,6 +247,10 @@ class Node:
                 raise InvalidRequest(f"prompt token ids must be within 0..{self._engine.n_vocab - 1}")
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty")
+        if params.grammar is not None:
+            problem = self._engine.check_grammar(params.grammar)
+            if problem is not None:
+                raise InvalidRequest(f"invalid grammar: {problem}")
         if any(token >= self._engine.n_vocab for token, _ in params.logit_bias):
             raise InvalidRequest(f"logit_bias token ids must be within 0..{self._engine.n_vocab - 1}")
         if params.temperature > 0 and params.seed is None:

@@ -10,6 +10,7 @@ llama-server and vLLM accept.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -26,7 +27,8 @@ MAX_CHOICES = 32  # prompts x n in one request
 
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
-             "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n"}
+             "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
+             "response_format", "grammar"}
 FIELDS = {"completions": _SAMPLING | {"prompt", "logprobs"},
           "chat": _SAMPLING | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}}
 # OpenAI's own hints: they change no output (attribution, retention, routing)
@@ -138,12 +140,46 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             repeat_penalty=_float(body, repeat, 1e-6, 10.0) or 1.0,
             repeat_last_n=64 if body.get("repeat_last_n") is None
             else _int(body, "repeat_last_n", 0, 1 << 20),
+            grammar=_grammar(body),
         )
     except InvalidRequest as exc:
         raise BadRequest(str(exc)) from None
     if params.top_k < 0:
         params = attrs.evolve(params, top_k=0)
     return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs)
+
+
+def _grammar(body: dict) -> Optional[str]:
+    """GBNF from `grammar` (llama.cpp's extension) or `response_format` (OpenAI's:
+    json_object, or json_schema converted by llama-cpp-python's converter)."""
+    grammar, fmt = body.get("grammar"), body.get("response_format")
+    if grammar is not None and fmt is not None:
+        raise BadRequest("give 'grammar' or 'response_format', not both", "grammar")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise BadRequest("'grammar' must be non-empty GBNF text", "grammar")
+        return grammar
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if kind == "json_object":
+        return JSON_GBNF
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest("'response_format.json_schema.schema' must be an object",
+                             "response_format")
+        try:
+            return json_schema_to_gbnf(json.dumps(schema))
+        except Exception as exc:  # the converter's message names what it cannot handle
+            raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
+    raise BadRequest("'response_format.type' must be text, json_object or json_schema",
+                     "response_format")
 
 
 def _logit_bias(body: dict) -> dict:

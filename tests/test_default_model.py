@@ -254,3 +254,35 @@ async def test_a_burst_behind_one_system_prompt_prefills_it_once(default_model, 
         reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
     assert hits == 3 and reused >= 3 * 1024
     _assert_bitwise(expected, got, "burst behind a shared prefix")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {
+        "person": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}},
+            "required": ["name", "age"]},
+        "city": {"type": "string", "maxLength": 16}}, "required": ["person", "city"]},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                      "sure": {"type": "boolean"}}, "required": ["color", "sure"]},
+    {"type": "object", "properties": {"scores": {"type": "array", "items": {"type": "integer"},
+                                                 "minItems": 1, "maxItems": 4}},
+     "required": ["scores"]},
+])
+async def test_json_schema_output_parses_and_validates(default_model, schema):
+    """Structured output on the default model: under a schema's grammar (llama-cpp-
+    python's converter) the output parses and validates, greedy and sampled."""
+    import json
+
+    import jsonschema
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    import dgr
+
+    grammar = json_schema_to_gbnf(json.dumps(schema))
+    prompt = "Describe a made-up person from a city as JSON:"
+    async with dgr.open_node(dgr.NodeConfig(model_path=default_model, n_ctx=4096)) as node:
+        for params in (dgr.SamplingParams(max_tokens=160, grammar=grammar),
+                       dgr.SamplingParams(max_tokens=160, grammar=grammar, temperature=0.8, seed=3)):
+            result = await node.generate(prompt, params)
+            assert result.finish_reason == "stop", result.text
+            jsonschema.validate(json.loads(result.text), schema)

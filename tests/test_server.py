@@ -263,7 +263,7 @@ async def test_every_field_is_honoured_or_refused(start_server):
     base = {"prompt": "Penalties and biases", "max_tokens": 12, "temperature": 0,
             "ignore_eos": True, "logprobs": 1}
     async with server.client() as client:
-        for field, value in [("tools", []), ("response_format", {"type": "json_object"}),
+        for field, value in [("tools", []), ("functions", []), ("audio", {}),
                              ("echo", True), ("suffix", "x"), ("best_of", 2), ("cache_prompt", True)]:
             response = await client.post("/v1/completions", json=base | {field: value})
             assert response.status_code == 400, field
@@ -316,3 +316,42 @@ def test_a_byte_fallback_token_reports_its_own_byte(tiny_model):
         assert b"".join(pieces) == "é".encode()
     finally:
         engine.close()
+
+
+async def test_grammar_and_response_format_constrain_the_output(start_server):
+    """A GBNF grammar or an OpenAI response_format: the output follows it (and ends
+    where it does); a grammar llama.cpp cannot parse or a schema the converter
+    cannot handle is a 400 saying why."""
+    import jsonschema
+
+    server = await start_server()
+    base = {"prompt": "Answer:", "max_tokens": 64, "temperature": 0}
+    async with server.client() as client:
+        yes_no = (await client.post("/v1/completions", json=base | {
+            "grammar": 'root ::= "yes" | "no"'})).json()["choices"][0]
+        assert yes_no["text"] in ("yes", "no") and yes_no["finish_reason"] == "stop"
+        schema = {"type": "object", "properties": {
+            "ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+            "required": ["ok", "color", "tags"]}
+        for seed in range(3):
+            body = base | {"temperature": 1.0, "seed": seed, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}}
+            choice = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+            assert choice["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(choice["text"]), schema)
+        chat = (await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "a JSON object please"}],
+            "max_tokens": 64, "temperature": 0, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "t", "schema": {"type": "object", "properties": {
+                "ok": {"type": "boolean"}}, "required": ["ok"]}}}})).json()
+        assert isinstance(json.loads(chat["choices"][0]["message"]["content"])["ok"], bool)
+        bad = await client.post("/v1/completions", json=base | {"grammar": "root ::= ("})
+        assert bad.status_code == 400 and "grammar" in bad.json()["error"]["message"]
+        unsupported = await client.post("/v1/completions", json=base | {"response_format": {
+            "type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}})
+        assert unsupported.status_code == 400
+        assert "frobnicate" in unsupported.json()["error"]["message"]
+        both = await client.post("/v1/completions", json=base | {
+            "grammar": 'root ::= "x"', "response_format": {"type": "json_object"}})
+        assert both.status_code == 400
