@@ -233,6 +233,8 @@ cdef class Engine:
     cdef llama_memory_t mem
     cdef llama_batch batch
     cdef llama_sampler ** samplers
+    cdef llama_sampler ** grammars  # per slot: the grammar sampler, outside the chain (or NULL)
+    cdef llama_token_data * candidates  # one row's vocabulary, for grammar-constrained rows
     cdef int abort_flag
     cdef int n_slots
     cdef int batch_capacity
@@ -252,6 +254,8 @@ cdef class Engine:
         self.model = NULL
         self.ctx = NULL
         self.samplers = NULL
+        self.grammars = NULL
+        self.candidates = NULL
         self.eog_bias = NULL
         self.eog_saved = NULL
         self.greedy_slot = NULL
@@ -343,6 +347,10 @@ cdef class Engine:
         self.batch_capacity = llama_n_batch(self.ctx)
         self.batch = llama_batch_init(self.batch_capacity, 0, 1)
         self.samplers = <llama_sampler **> malloc(self.n_slots * sizeof(llama_sampler *))
+        self.grammars = <llama_sampler **> calloc(self.n_slots, sizeof(llama_sampler *))
+        self.candidates = <llama_token_data *> malloc(self.vocab_size * sizeof(llama_token_data))
+        if self.samplers == NULL or self.grammars == NULL or self.candidates == NULL:
+            raise MemoryError()
         self.greedy_slot = <char *> calloc(self.n_slots, 1)
         self.ban_eog_slot = <char *> calloc(self.n_slots, 1)
         for slot in range(self.n_slots):
@@ -393,6 +401,14 @@ cdef class Engine:
                     llama_sampler_free(self.samplers[slot])
             free(self.samplers)
             self.samplers = NULL
+        if self.grammars != NULL:
+            for slot in range(self.n_slots):
+                if self.grammars[slot] != NULL:
+                    llama_sampler_free(self.grammars[slot])
+            free(self.grammars)
+            self.grammars = NULL
+        free(self.candidates)
+        self.candidates = NULL
         if self.eog_bias != NULL:
             free(self.eog_bias)
             self.eog_bias = NULL
@@ -584,7 +600,9 @@ cdef class Engine:
                 biases[i].bias = bias
             llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(self.vocab_size, n_bias, biases))
             free(biases)  # the sampler keeps a copy
-        cdef llama_sampler * constrained
+        # The grammar stays outside the chain: _sample_constrained checks the chain's
+        # pick against it and constrains the whole vocabulary only when it is rejected.
+        cdef llama_sampler * constrained = NULL
         cdef bytes grammar_text
         if grammar is not None:
             grammar_text = grammar.encode()
@@ -592,7 +610,6 @@ cdef class Engine:
             if constrained == NULL:
                 llama_sampler_free(chain)
                 raise ValueError("invalid grammar")
-            llama_sampler_chain_add(chain, constrained)
         cdef bint penalized = repeat_last_n != 0 and (
             repeat_penalty != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0)
         if penalized:
@@ -612,6 +629,9 @@ cdef class Engine:
         if self.samplers[slot] != NULL:
             llama_sampler_free(self.samplers[slot])
         self.samplers[slot] = chain
+        if self.grammars[slot] != NULL:
+            llama_sampler_free(self.grammars[slot])
+        self.grammars[slot] = constrained
         # Greedy needs no chain: an argmax over the logits row picks the same
         # token (the first maximum) without copying the whole vocabulary.
         self.greedy_slot[slot] = (temperature <= 0.0 and not n_bias and not penalized
@@ -792,6 +812,8 @@ cdef class Engine:
                     if out_ids[i] < 0:
                         bad_row[0] = i
                         break
+                elif self.grammars[seq[i]] != NULL:
+                    out_ids[i] = self._sample_constrained(seq[i], llama_get_logits_ith(self.ctx, i))
                 else:
                     out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
                 if k > 0 and (want[i] & 2):
@@ -804,6 +826,58 @@ cdef class Engine:
         times[1] = t2 - t1
         times[2] = _now() - t2
         return rc
+
+    cdef int _sample_constrained(self, int slot, const float * logits) noexcept nogil:
+        """A token for a grammar-constrained row, as llama.cpp's common sampler does:
+        the chain picks from the whole vocabulary; only if the grammar rejects that
+        token is the grammar applied to every candidate and the chain run again. For
+        a sampled row that is exactly the constrained distribution (a rejected pick
+        is redrawn from it); it spares the grammar check of 262k tokens per step
+        that would stall every other row."""
+        if logits == NULL:
+            return -1
+        cdef llama_sampler * chain = self.samplers[slot]
+        cdef llama_sampler * grammar = self.grammars[slot]
+        cdef llama_token_data_array cur
+        cdef llama_token_data one
+        cdef llama_token_data_array single
+        cdef int j, token
+        for j in range(self.vocab_size):
+            self.candidates[j].id = j
+            self.candidates[j].logit = logits[j]
+            self.candidates[j].p = 0.0
+        cur.data = self.candidates
+        cur.size = self.vocab_size
+        cur.selected = -1
+        cur.sorted = False
+        llama_sampler_apply(chain, &cur)
+        if cur.selected < 0:
+            return -1
+        token = cur.data[cur.selected].id
+        one.id = token
+        one.logit = 1.0
+        one.p = 0.0
+        single.data = &one
+        single.size = 1
+        single.selected = -1
+        single.sorted = False
+        llama_sampler_apply(grammar, &single)
+        if single.data[0].logit == -INFINITY:
+            for j in range(self.vocab_size):
+                self.candidates[j].id = j
+                self.candidates[j].logit = logits[j]
+                self.candidates[j].p = 0.0
+            cur.size = self.vocab_size
+            cur.selected = -1
+            cur.sorted = False
+            llama_sampler_apply(grammar, &cur)
+            llama_sampler_apply(chain, &cur)
+            if cur.selected < 0:
+                return -1
+            token = cur.data[cur.selected].id
+        llama_sampler_accept(grammar, token)
+        llama_sampler_accept(chain, token)
+        return token
 
     cdef _reconcile(self, cnp.ndarray[int32_t, ndim=1] pos_before):
         # llama.cpp keeps the ubatches it processed before an abort or a fatal

@@ -133,6 +133,17 @@ cdef extern from "llama.h" nogil:
     llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep)
     llama_sampler * llama_sampler_init_temp(float t)
     llama_token llama_sampler_sample(llama_sampler * smpl, llama_context * ctx, int32_t idx)
+    ctypedef struct llama_token_data:
+        llama_token id
+        float logit
+        float p
+    ctypedef struct llama_token_data_array:
+        llama_token_data * data
+        size_t size
+        long long selected
+        bint sorted
+    void llama_sampler_apply(llama_sampler * smpl, llama_token_data_array * cur_p)
+    void llama_sampler_accept(llama_sampler * smpl, llama_token token)
     void llama_sampler_reset(llama_sampler * smpl)
     void llama_sampler_free(llama_sampler * smpl)
 
