@@ -36,7 +36,8 @@ class Telemetry:
         self.batch_occupancy = Gauge("dgr_batch_occupancy_ratio",
                                      "Rows of the last step divided by the step token budget.", registry=r)
         self.kv_cells_total = Gauge("dgr_kv_cells_total", "KV cells of the context.", registry=r)
-        self.kv_cells_used = Gauge("dgr_kv_cells_used", "KV cells holding tokens.", registry=r)
+        self.kv_cells_used = Gauge("dgr_kv_cells_used", "KV cells holding tokens, summed over "
+                                    "sequences (a shared prefix counts once per holder).", registry=r)
         self.kv_cells_reserved = Gauge("dgr_kv_cells_reserved",
                                        "KV cells reserved by running sessions (prompt + max_tokens).",
                                        registry=r)
