@@ -48,25 +48,43 @@ def test_greedy_batch_matches_solo_over_8_prompts(gemma):
     assert verdict.identical == 8, verdict.details
 
 
+async def _all_at_once(node, prompts, params, stagger_s=0.0):
+    """Results of prompts[i] run together, session i arriving i * stagger_s seconds
+    after the first; `params` is one SamplingParams or one per prompt."""
+    import trio
+
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+    results = [None] * len(prompts)
+
+    async def run(i):
+        await trio.sleep(i * stagger_s)
+        results[i] = await node.generate(prompts[i], per_prompt[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(prompts)):
+            nursery.start_soon(run, i)
+    return results
+
+
+async def _without_prefix_cache(config, prompts, params):
+    """Each prompt alone on a node that shares nothing: the bits to match."""
+    import attrs
+
+    import dgr
+
+    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
+        return [await fresh.generate(p, params) for p in prompts]
+
+
 async def _solo_and_together(config, prompts, params, stagger_s=0.0):
     """Each prompt alone through the node, then all at once (session i arriving
     i * stagger_s seconds after the first, so its prefill chunks land in other
     sessions' decode steps)."""
-    import trio
-
     import dgr
 
     async with dgr.open_node(config) as node:
         alone = [await node.generate(p, params) for p in prompts]
-        together = [None] * len(prompts)
-
-        async def run(i):
-            await trio.sleep(i * stagger_s)
-            together[i] = await node.generate(prompts[i], params)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(prompts)):
-                nursery.start_soon(run, i)
+        together = await _all_at_once(node, prompts, params, stagger_s)
     return alone, together
 
 
@@ -131,8 +149,6 @@ async def test_sessions_starting_in_freed_cells_match_solo(default_model, gemma)
     """One KV pool, 4 running and 6 waiting sessions of different lengths: each
     waiting session starts in cells that finished ones freed among the running
     sessions' cells. Every session is still bitwise equal to its solo run."""
-    import trio
-
     import dgr
 
     prompts = long_prompts(gemma, 10, 300)
@@ -142,15 +158,7 @@ async def test_sessions_starting_in_freed_cells_match_solo(default_model, gemma)
     assert config.kv_unified
     async with dgr.open_node(config) as node:
         alone = [await node.generate(p, q) for p, q in zip(prompts, params)]
-        together = [None] * len(prompts)
-
-        async def run(i):
-            together[i] = await node.generate(prompts[i], params[i])
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(prompts)):
-                nursery.start_soon(run, i)
-                await trio.sleep(0.05)
+        together = await _all_at_once(node, prompts, params, stagger_s=0.05)
     _assert_bitwise(alone, together, "freed cells")
 
 
@@ -176,14 +184,11 @@ async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default
 
     import dgr
 
-    import attrs
-
     preamble = long_prompts(gemma, 1, 1100)[0]
     prompts = [preamble + f" Question {i}: what matters most here?" for i in range(3)]
     params = dgr.SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
     config = dgr.NodeConfig(model_path=default_model, n_ctx=16384)
-    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
-        expected = [await fresh.generate(p, params) for p in prompts]
+    expected = await _without_prefix_cache(config, prompts, params)
     async with dgr.open_node(config) as node:
         got = [await node.generate(prompts[0], params), await node.generate(prompts[1], params)]
         async with trio.open_nursery() as nursery:
@@ -206,15 +211,12 @@ async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default
 async def test_n_samples_share_one_prefill_and_match_solo(default_model, gemma):
     """n = 4 samples of a 700-token prompt: one prefill, the others take its KV;
     every sample's tokens and log-probabilities are bitwise the solo run's."""
-    import attrs
-
     import dgr
 
     prompt = long_prompts(gemma, 1, 700)[0]
     greedy = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
     config = dgr.NodeConfig(model_path=default_model, n_ctx=8192)
-    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
-        alone = await fresh.generate(prompt, greedy)
+    alone, = await _without_prefix_cache(config, [prompt], greedy)
     async with dgr.open_node(config) as node:
         async with node.stream_group([prompt], greedy, n=4) as streams:
             samples = [[c async for c in s] for s in streams]
@@ -230,26 +232,15 @@ async def test_a_burst_behind_one_system_prompt_prefills_it_once(default_model, 
     """4 sessions arriving together behind a 1,100-token preamble: the first
     prefills it, the others wait for its chunks and take them; all bitwise equal
     to the same prompts on a node without the prefix cache."""
-    import attrs
-    import trio
-
     import dgr
 
     preamble = long_prompts(gemma, 1, 1100)[0]
     prompts = [preamble + f" Burst question {i}?" for i in range(4)]
     params = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
     config = dgr.NodeConfig(model_path=default_model, n_ctx=16384)
-    async with dgr.open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
-        expected = [await fresh.generate(p, params) for p in prompts]
+    expected = await _without_prefix_cache(config, prompts, params)
     async with dgr.open_node(config) as node:
-        got = [None] * len(prompts)
-
-        async def run(i):
-            got[i] = await node.generate(prompts[i], params)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(prompts)):
-                nursery.start_soon(run, i)
+        got = await _all_at_once(node, prompts, params)
         hits = node.telemetry.registry.get_sample_value("dgr_prefix_hits_total")
         reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
     assert hits == 3 and reused >= 3 * 1024

@@ -134,19 +134,25 @@ static const int FA_HEADS_KV = 1;
 
 static int pad256(int n) { return (n + 255) / 256 * 256; }
 
-// one sequence: its query row and its KV cells (positions 0..len-1), window = 0 for full attention
-struct fa_seq {
+// One sequence: cells at positions 0..len-1 and n_rows query rows at the last n_rows
+// positions (1 for a decode row, more for a prompt chunk), causal; window = 0 for full
+// attention.
+struct fa_rows {
     int len;
     int window;
-    std::vector<float> q;  // FA_D * FA_HEADS
+    int n_rows;
+    std::vector<float> q;  // FA_D * FA_HEADS * n_rows
     std::vector<float> k;  // FA_D * len * FA_HEADS_KV
     std::vector<float> v;
-    fa_seq(int len, int window, uint32_t seed) : len(len), window(window) {
-        q = randoms((size_t) FA_D * FA_HEADS, seed);
+    fa_rows(int len, int window, int n_rows, uint32_t seed) : len(len), window(window), n_rows(n_rows) {
+        q = randoms((size_t) FA_D * FA_HEADS * n_rows, seed);
         k = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 1);
         v = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 2);
     }
-    bool visible(int cell) const { return cell < len && (window == 0 || cell >= len - window); }
+    bool visible(int row, int pos) const {
+        const int qpos = len - n_rows + row;
+        return pos <= qpos && (window == 0 || pos > qpos - window);
+    }
 };
 
 static void put_kv(ggml_tensor * t, const std::vector<float> & src, int len, int n_kv, int64_t stream, int cell0) {
@@ -166,7 +172,7 @@ static void fill_f16(ggml_tensor * t, uint32_t seed) {
 }
 
 // Split KV: each sequence in a stream of its own, one query row each. Returns the output of `probe`.
-static std::vector<float> fa_split(const std::vector<const fa_seq *> & seqs, size_t probe) {
+static std::vector<float> fa_split(const std::vector<const fa_rows *> & seqs, size_t probe) {
     const int n_stream = (int) seqs.size();
     int n_kv = 0;
     for (auto * s : seqs) {
@@ -180,7 +186,7 @@ static std::vector<float> fa_split(const std::vector<const fa_seq *> & seqs, siz
     fill_f16(k, 99);  // cells no query may see hold junk, never zeros
     fill_f16(v, 98);
     for (int st = 0; st < n_stream; st++) {
-        const fa_seq & s = *seqs[st];
+        const fa_rows & s = *seqs[st];
         for (int h = 0; h < FA_HEADS; h++) {
             memcpy((char *) q->data + h * q->nb[2] + st * q->nb[3], &s.q[(size_t) h * FA_D], FA_D * sizeof(float));
         }
@@ -188,7 +194,7 @@ static std::vector<float> fa_split(const std::vector<const fa_seq *> & seqs, siz
         put_kv(v, s.v, s.len, n_kv, st, 0);
         ggml_fp16_t * mask = (ggml_fp16_t *) ((char *) m->data + st * m->nb[3]);
         for (int c = 0; c < n_kv; c++) {
-            mask[c] = ggml_fp32_to_fp16(s.visible(c) ? 0.0f : -INFINITY);
+            mask[c] = ggml_fp32_to_fp16(s.visible(0, c) ? 0.0f : -INFINITY);
         }
     }
     ggml_tensor * out = ggml_flash_attn_ext(sc.ctx, q, k, v, m, 1.0f / 16.0f, 0.0f, 0.0f);
@@ -196,45 +202,6 @@ static std::vector<float> fa_split(const std::vector<const fa_seq *> & seqs, siz
     // out: [FA_D, FA_HEADS, 1, n_stream]
     std::vector<float> r((size_t) FA_D * FA_HEADS);
     memcpy(r.data(), (char *) out->data + probe * out->nb[3], r.size() * sizeof(float));
-    return r;
-}
-
-// Unified KV: all sequences in one stream, one query row each, cells laid out one sequence
-// after the other (the probe first, at cells 0..len-1, as when it was admitted first).
-static std::vector<float> fa_unified(const std::vector<const fa_seq *> & seqs) {
-    const int n_q = (int) seqs.size();
-    int used = 0;
-    std::vector<int> cell0;
-    for (auto * s : seqs) {
-        cell0.push_back(used);
-        used += s->len;
-    }
-    const int n_kv = pad256(used);
-    scratch sc((size_t) 256 << 20);
-    ggml_tensor * q = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F32, FA_D, n_q, FA_HEADS, 1);
-    ggml_tensor * k = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, 1);
-    ggml_tensor * v = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, FA_D, n_kv, FA_HEADS_KV, 1);
-    ggml_tensor * m = ggml_new_tensor_4d(sc.ctx, GGML_TYPE_F16, n_kv, n_q, 1, 1);
-    fill_f16(k, 97);
-    fill_f16(v, 96);
-    for (int r = 0; r < n_q; r++) {
-        const fa_seq & s = *seqs[r];
-        for (int h = 0; h < FA_HEADS; h++) {
-            memcpy((char *) q->data + r * q->nb[1] + h * q->nb[2], &s.q[(size_t) h * FA_D], FA_D * sizeof(float));
-        }
-        put_kv(k, s.k, s.len, n_kv, 0, cell0[r]);
-        put_kv(v, s.v, s.len, n_kv, 0, cell0[r]);
-        ggml_fp16_t * mask = (ggml_fp16_t *) ((char *) m->data + r * m->nb[1]);
-        for (int c = 0; c < n_kv; c++) {
-            const int own = c - cell0[r];
-            mask[c] = ggml_fp32_to_fp16(own >= 0 && s.visible(own) ? 0.0f : -INFINITY);
-        }
-    }
-    ggml_tensor * out = ggml_flash_attn_ext(sc.ctx, q, k, v, m, 1.0f / 16.0f, 0.0f, 0.0f);
-    compute(sc.ctx, out);
-    // out: [FA_D, FA_HEADS, n_q, 1]; the probe is row 0
-    std::vector<float> r((size_t) FA_D * FA_HEADS);
-    memcpy(r.data(), out->data, r.size() * sizeof(float));
     return r;
 }
 
@@ -251,26 +218,6 @@ static int report(const char * what, int len, int window, const std::vector<floa
     printf("\n");
     return same ? 0 : 1;
 }
-
-// A sequence in a unified stream: cells at positions 0..len-1 and n_rows query rows at the
-// last n_rows positions (1 for a decode row, more for a prompt chunk), causal.
-struct fa_rows {
-    int len;
-    int window;
-    int n_rows;
-    std::vector<float> q;  // FA_D * FA_HEADS * n_rows
-    std::vector<float> k;  // FA_D * len * FA_HEADS_KV
-    std::vector<float> v;
-    fa_rows(int len, int window, int n_rows, uint32_t seed) : len(len), window(window), n_rows(n_rows) {
-        q = randoms((size_t) FA_D * FA_HEADS * n_rows, seed);
-        k = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 1);
-        v = randoms((size_t) FA_D * len * FA_HEADS_KV, seed + 2);
-    }
-    bool visible(int row, int pos) const {
-        const int qpos = len - n_rows + row;
-        return pos <= qpos && (window == 0 || pos > qpos - window);
-    }
-};
 
 // cells first, first + stride, ... for len positions
 static std::vector<int> strided(int len, int first, int stride) {
@@ -331,6 +278,18 @@ static std::vector<float> fa_placed(const std::vector<std::pair<const fa_rows *,
     return r;
 }
 
+// Unified KV: all sequences in one stream, cells laid out one sequence after the other (the
+// probe first, at cells 0..len-1, as when it was admitted first).
+static std::vector<float> fa_unified(const std::vector<const fa_rows *> & seqs) {
+    std::vector<std::pair<const fa_rows *, std::vector<int>>> placed;
+    int used = 0;
+    for (auto * s : seqs) {
+        placed.push_back({ s, strided(s->len, used, 1) });
+        used += s->len;
+    }
+    return fa_placed(placed);
+}
+
 // Unified KV with a sequence's cells among other sequences' cells, as a shared pool leaves
 // them: a decode row beside 15 others, and a prompt chunk of 96 rows (tiled path) alone in
 // its call, each against the same sequence alone at cells 0..len-1.
@@ -373,14 +332,14 @@ static int test_flash_attn_spread_cells() {
 
 static int test_flash_attn() {
     int failures = 0;
-    const fa_seq other_short(37, 0, 500), other_long(2500, 0, 600), other_mid(800, 0, 700);
+    const fa_rows other_short(37, 0, 1, 500), other_long(2500, 0, 1, 600), other_mid(800, 0, 1, 700);
     const int lens[] = { 100, 511, 600, 1100, 2100 };
     for (int len : lens) {
         for (int window : { 0, 512 }) {
             if (window && len <= window) {
                 continue;
             }
-            const fa_seq probe(len, window, 1000 + len);
+            const fa_rows probe(len, window, 1, 1000 + len);
             const std::vector<float> solo = fa_split({ &probe }, 0);
             failures += report("split KV, beside 3 sequences", len, window,
                                fa_split({ &other_short, &other_long, &probe, &other_mid }, 2), solo);
@@ -389,7 +348,7 @@ static int test_flash_attn() {
             failures += report("unified KV, alone", len, window, fa_unified({ &probe }), solo);
             failures += report("unified KV, 3 rows", len, window,
                                fa_unified({ &probe, &other_short, &other_mid }), solo);
-            std::vector<const fa_seq *> many = { &probe };
+            std::vector<const fa_rows *> many = { &probe };
             for (int i = 0; i < 15; i++) {
                 many.push_back(i % 2 ? &other_short : &other_mid);
             }
