@@ -45,7 +45,9 @@ extension = Extension(
     libraries=["llama", "ggml", "ggml-base"],
     runtime_library_dirs=[str(lib_dir)],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    extra_compile_args=["-O3"],
+    # OpenMP, as llama.cpp's CPU backend: rows are sampled on the same thread team
+    extra_compile_args=["-O3", "-fopenmp"],
+    extra_link_args=["-fopenmp"],
 )
 
 # The scheduler is pure C: no llama.cpp, so its tests need no model.

@@ -17,6 +17,7 @@ cimport numpy as cnp
 from libc.math cimport expf, logf, INFINITY
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
+from cython.parallel cimport prange, threadid
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
@@ -234,14 +235,16 @@ cdef class Engine:
     cdef llama_batch batch
     cdef llama_sampler ** samplers
     cdef llama_sampler ** grammars  # per slot: the grammar sampler, outside the chain (or NULL)
-    cdef llama_token_data * candidates  # one row's vocabulary, for grammar-constrained rows
+    cdef llama_token_data * candidates  # per sampling thread: one row's vocabulary (chain rows)
+    cdef const float ** row_logits      # per batch row: its logits, resolved before sampling
+    cdef int sample_threads
     cdef int abort_flag
     cdef int n_slots
     cdef int batch_capacity
     cdef int vocab_size
     cdef llama_logit_bias * eog_bias   # end-of-generation tokens, bias -inf
     cdef int n_eog
-    cdef float * eog_saved      # their logits while a greedy row that bans them is sampled
+    cdef float * eog_saved      # per sampling thread: banned logits while a greedy row is sampled
     cdef char * greedy_slot     # per slot: pure greedy, sampled by argmax in C
     cdef char * ban_eog_slot    # per slot: ignore_eos
     cdef long long steps_done
@@ -256,6 +259,8 @@ cdef class Engine:
         self.samplers = NULL
         self.grammars = NULL
         self.candidates = NULL
+        self.row_logits = NULL
+        self.sample_threads = 1
         self.eog_bias = NULL
         self.eog_saved = NULL
         self.greedy_slot = NULL
@@ -348,8 +353,13 @@ cdef class Engine:
         self.batch = llama_batch_init(self.batch_capacity, 0, 1)
         self.samplers = <llama_sampler **> malloc(self.n_slots * sizeof(llama_sampler *))
         self.grammars = <llama_sampler **> calloc(self.n_slots, sizeof(llama_sampler *))
-        self.candidates = <llama_token_data *> malloc(self.vocab_size * sizeof(llama_token_data))
-        if self.samplers == NULL or self.grammars == NULL or self.candidates == NULL:
+        # rows are sampled on llama.cpp's threads (see _sample_rows): scratch per thread
+        self.sample_threads = threads
+        self.candidates = <llama_token_data *> malloc(
+            <size_t> threads * self.vocab_size * sizeof(llama_token_data))
+        self.row_logits = <const float **> calloc(self.batch_capacity, sizeof(float *))
+        if (self.samplers == NULL or self.grammars == NULL or self.candidates == NULL
+                or self.row_logits == NULL):
             raise MemoryError()
         self.greedy_slot = <char *> calloc(self.n_slots, 1)
         self.ban_eog_slot = <char *> calloc(self.n_slots, 1)
@@ -409,6 +419,8 @@ cdef class Engine:
             self.grammars = NULL
         free(self.candidates)
         self.candidates = NULL
+        free(self.row_logits)
+        self.row_logits = NULL
         if self.eog_bias != NULL:
             free(self.eog_bias)
             self.eog_bias = NULL
@@ -435,7 +447,7 @@ cdef class Engine:
         eog = [t for t in range(self.vocab_size) if llama_vocab_is_eog(self.vocab, t)]
         self.n_eog = len(eog)
         self.eog_bias = <llama_logit_bias *> malloc(max(1, self.n_eog) * sizeof(llama_logit_bias))
-        self.eog_saved = <float *> malloc(max(1, self.n_eog) * sizeof(float))
+        self.eog_saved = <float *> malloc(self.sample_threads * max(1, self.n_eog) * sizeof(float))
         for i, t in enumerate(eog):
             self.eog_bias[i].token = t
             self.eog_bias[i].bias = -INFINITY
@@ -802,40 +814,96 @@ cdef class Engine:
                 rc = injected
         t2 = _now()
         if rc == 0:
-            for i in range(n):
-                if want[i] == 0:
-                    continue
-                if self.greedy_slot[seq[i]]:
-                    out_ids[i] = _argmax(llama_get_logits_ith(self.ctx, i), self.vocab_size,
-                                         self.eog_bias, self.n_eog if self.ban_eog_slot[seq[i]] else 0,
-                                         self.eog_saved)
-                    if out_ids[i] < 0:
-                        bad_row[0] = i
-                        break
-                elif self.grammars[seq[i]] != NULL:
-                    out_ids[i] = self._sample_constrained(seq[i], llama_get_logits_ith(self.ctx, i))
-                else:
-                    out_ids[i] = llama_sampler_sample(self.samplers[seq[i]], self.ctx, i)
-                if k > 0 and (want[i] & 2):
-                    if not _logprobs(llama_get_logits_ith(self.ctx, i), self.vocab_size, k,
-                                     out_ids[i], out_top + i * k, out_top_lp + i * k, out_lp + i):
-                        out_ids[i] = -1
-                        bad_row[0] = i
-                        break
+            self._sample_rows(n, seq, want, k, out_ids, out_lp, out_top, out_top_lp, bad_row)
         times[0] = t1 - t0
         times[1] = t2 - t1
         times[2] = _now() - t2
         return rc
 
-    cdef int _sample_constrained(self, int slot, const float * logits) noexcept nogil:
+    cdef void _sample_rows(self, int n, const int32_t * seq, const int8_t * want, int k,
+                           int32_t * out_ids, float * out_lp, int32_t * out_top,
+                           float * out_top_lp, int * bad_row) noexcept nogil:
+        """Sample every row with want != 0 (see _run_call). Rows are independent (one
+        slot each, its own sampler), so several are sampled at once on llama.cpp's
+        OpenMP threads, which spin idle between two llama_decode calls; a row's
+        result does not depend on which thread samples it. The logits are looked
+        up first, on this thread: llama_get_logits_ith synchronizes the context."""
+        cdef int i, tid, wanted = 0
+        for i in range(n):
+            if want[i] != 0:
+                self.row_logits[i] = llama_get_logits_ith(self.ctx, i)
+                wanted += 1
+        cdef int threads = min(self.sample_threads, wanted)
+        if threads > 1:
+            for i in prange(n, num_threads=threads, schedule="dynamic"):
+                self._sample_row(i, seq[i], want[i], k, out_ids, out_lp, out_top, out_top_lp,
+                                 threadid())
+        else:
+            for i in range(n):
+                self._sample_row(i, seq[i], want[i], k, out_ids, out_lp, out_top, out_top_lp, 0)
+        for i in range(n):
+            if want[i] != 0 and out_ids[i] < 0:
+                bad_row[0] = i
+                break
+
+    cdef void _sample_row(self, int row, int slot, int8_t want, int k, int32_t * out_ids,
+                          float * out_lp, int32_t * out_top, float * out_top_lp,
+                          int tid) noexcept nogil:
+        """One row's token (-1 without logits) and, if asked, its log-probabilities,
+        with thread `tid`'s scratch."""
+        if want == 0:
+            return
+        cdef const float * logits = self.row_logits[row]
+        cdef int token
+        if logits == NULL:
+            out_ids[row] = -1
+            return
+        if self.greedy_slot[slot]:
+            token = _argmax(<float *> logits, self.vocab_size, self.eog_bias,
+                            self.n_eog if self.ban_eog_slot[slot] else 0,
+                            self.eog_saved + tid * max(1, self.n_eog))
+        else:
+            token = self._sample_chain(slot, logits,
+                                       self.candidates + <size_t> tid * self.vocab_size)
+        if token >= 0 and k > 0 and (want & 2):
+            if not _logprobs(logits, self.vocab_size, k, token, out_top + row * k,
+                             out_top_lp + row * k, out_lp + row):
+                token = -1
+        out_ids[row] = token
+
+    cdef int _sample_chain(self, int slot, const float * logits,
+                           llama_token_data * candidates) noexcept nogil:
+        """A token from the slot's sampler chain over the whole vocabulary, as
+        llama_sampler_sample does (which cannot run on two threads at once: it
+        looks the logits up itself), with the grammar if the slot has one."""
+        if self.grammars[slot] != NULL:
+            return self._sample_constrained(slot, logits, candidates)
+        cdef llama_sampler * chain = self.samplers[slot]
+        cdef llama_token_data_array cur
+        cdef int j, token
+        for j in range(self.vocab_size):
+            candidates[j].id = j
+            candidates[j].logit = logits[j]
+            candidates[j].p = 0.0
+        cur.data = candidates
+        cur.size = self.vocab_size
+        cur.selected = -1
+        cur.sorted = False
+        llama_sampler_apply(chain, &cur)
+        if cur.selected < 0 or cur.selected >= <int> cur.size:
+            return -1
+        token = cur.data[cur.selected].id
+        llama_sampler_accept(chain, token)
+        return token
+
+    cdef int _sample_constrained(self, int slot, const float * logits,
+                                 llama_token_data * candidates) noexcept nogil:
         """A token for a grammar-constrained row, as llama.cpp's common sampler does:
         the chain picks from the whole vocabulary; only if the grammar rejects that
         token is the grammar applied to every candidate and the chain run again. For
         a sampled row that is exactly the constrained distribution (a rejected pick
         is redrawn from it); it spares the grammar check of 262k tokens per step
         that would stall every other row."""
-        if logits == NULL:
-            return -1
         cdef llama_sampler * chain = self.samplers[slot]
         cdef llama_sampler * grammar = self.grammars[slot]
         cdef llama_token_data_array cur
@@ -843,10 +911,10 @@ cdef class Engine:
         cdef llama_token_data_array single
         cdef int j, token
         for j in range(self.vocab_size):
-            self.candidates[j].id = j
-            self.candidates[j].logit = logits[j]
-            self.candidates[j].p = 0.0
-        cur.data = self.candidates
+            candidates[j].id = j
+            candidates[j].logit = logits[j]
+            candidates[j].p = 0.0
+        cur.data = candidates
         cur.size = self.vocab_size
         cur.selected = -1
         cur.sorted = False
@@ -864,9 +932,9 @@ cdef class Engine:
         llama_sampler_apply(grammar, &single)
         if single.data[0].logit == -INFINITY:
             for j in range(self.vocab_size):
-                self.candidates[j].id = j
-                self.candidates[j].logit = logits[j]
-                self.candidates[j].p = 0.0
+                candidates[j].id = j
+                candidates[j].logit = logits[j]
+                candidates[j].p = 0.0
             cur.size = self.vocab_size
             cur.selected = -1
             cur.sorted = False
@@ -919,6 +987,7 @@ cdef class BatchLoop:
     cdef pthread_cond_t ops_room
     cdef bint stopping
     cdef bint sync_ready
+    cdef bint wake_pending          # events published that the node has not been woken for
     cdef int wake_fd
     cdef Event * ring
     cdef int ring_cap, ring_head, ring_len
@@ -1147,6 +1216,7 @@ cdef class BatchLoop:
         self.mark = _now()
         while not self.stopping:
             if self.ring_cap - self.ring_len < self.step_cap:
+                self._wake_node()
                 pthread_cond_wait(&self.wake, &self.lock)  # until the node drains
                 self.mark = _now()
                 continue
@@ -1162,9 +1232,21 @@ cdef class BatchLoop:
                 self.ops_done += n_ops
                 self._publish(n_events)
                 continue
+            self._wake_node()
             pthread_cond_wait(&self.wake, &self.lock)
             self.mark = _now()
+        self._wake_node()
         pthread_mutex_unlock(&self.lock)
+
+    cdef void _wake_node(self) noexcept nogil:
+        """Wake the node's pump for the events published since it was last woken.
+        Done where the lock is about to be let go (before a wait, or just after the
+        next step's rows are filled), so the pump does not wake only to block on
+        the lock while the next step is planned."""
+        cdef uint64_t one = 1
+        if self.wake_pending:
+            self.wake_pending = False
+            write(self.wake_fd, &one, sizeof(one))
 
     cdef void _step(self, int n_events) noexcept nogil:
         """Run the planned step; entered and left with the lock held, which is
@@ -1178,6 +1260,7 @@ cdef class BatchLoop:
         self._fill_rows()
         unlocked = _now()
         pthread_mutex_unlock(&self.lock)
+        self._wake_node()
         # Call 0: the decode rows (when there are any); call 1 + c: chunk c, alone.
         for call in range(1 + self.scheduler.n_chunks):
             start = 0 if call == 0 else self.scheduler.chunk_offset(call - 1)
@@ -1271,9 +1354,9 @@ cdef class BatchLoop:
                 llama_sampler_reset(self.engine.samplers[s])
 
     cdef void _publish(self, int n_events) noexcept nogil:
-        """Append the scratch events to the ring, note the KV now held, wake the node."""
+        """Append the scratch events to the ring and note the KV now held; the node is
+        woken for them by _wake_node."""
         cdef int i, s, hi, total = 0
-        cdef uint64_t one = 1
         for i in range(n_events):
             memcpy(&self.ring[(self.ring_head + self.ring_len) % self.ring_cap], &self.scratch[i],
                    sizeof(Event))
@@ -1284,7 +1367,7 @@ cdef class BatchLoop:
             if hi >= 0:
                 total += hi - llama_memory_seq_pos_min(self.engine.mem, s) + 1
         self.cells_used_now = total
-        write(self.wake_fd, &one, sizeof(one))
+        self.wake_pending = True
         self.mark = _now()
 
 

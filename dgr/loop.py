@@ -3,7 +3,8 @@
 Data flows one way round:
 
     session tasks, admission --requests (bounded channel)--> feeder task
-    feeder task --start / credit / finish--> BatchLoop (dgr/_batch.pyx, engine thread, no GIL)
+    feeder task --start / finish / evict--> BatchLoop (dgr/_batch.pyx, engine thread, no GIL)
+    session tasks --credit--> BatchLoop
     BatchLoop --events (bounded ring) + eventfd--> pump task
     pump task --> session state (dgr.sequence), telemetry, each session's token channel
 
@@ -12,6 +13,9 @@ step without waiting for Trio (dgr/_scheduler.pyx has the policy and the
 post-step update). Trio sees each step's events as they come and never sits
 between two steps: a reader's readiness travels as credits (one per token it
 took), so a slow reader's slot is skipped in C, not buffered in Python.
+Credits go to the BatchLoop directly (they need no order with the other
+requests, and a Trio task switch per token is the largest cost Python adds
+to a token).
 
 A slot belongs to the BatchLoop from its start until the pump has seen its
 EV_FINISH, whose KV cells are free by then; only then does admission hand
@@ -59,7 +63,7 @@ class StepRecord:
     duration_s: float
 
 
-_START, _CREDIT, _FINISH, _EVICT, _MARK = range(5)
+_START, _FINISH, _EVICT, _MARK = range(4)
 
 
 def failure_message(code: int) -> str:
@@ -84,12 +88,10 @@ class StepLoop:
                                          settings.prefill_chunk, settings.prefill_sessions,
                                          engine.n_vocab, engine.eog_tokens)
         self.batch = _batch.BatchLoop(engine, scheduler, self._wake_fd)
-        # Bounded by construction: per session one start, one finish and at most
-        # reply_buffer credits (each stands for a token its task took) are in flight.
-        # Bounded by construction: per session one start, one finish and at most
-        # reply_buffer credits, and an eviction per slot, are in flight.
+        # Bounded by construction: per session one start and one finish, per slot an
+        # eviction, and a flush's mark are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
-            max_sessions * (settings.reply_buffer + 2) + engine.n_seq_max)
+            2 * max_sessions + engine.n_seq_max + 1)
         self._cache = admission.prefix_cache
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
@@ -113,8 +115,12 @@ class StepLoop:
         self._retire(session)
 
     def credit(self, session: Session) -> None:
-        """The session's task took a token: its reader may be sent one more."""
-        self._requests.send_nowait((_CREDIT, session))
+        """The session's task took a token: its reader may be sent one more. Straight
+        to the BatchLoop (a credit needs no order with other requests): a slot that
+        is not the session's (ended, or handed on) gets none."""
+        slot = session.slot
+        if slot is not None and self._by_slot.get(slot) is session:
+            self.batch.credit(slot)
 
     def end(self, session: Session, reason: FinishReason) -> None:
         """Finish the session (first reason wins) and free its queue place or slot."""
@@ -182,7 +188,6 @@ class StepLoop:
         target = self.batch.kv_ops_queued
         while self.batch.kv_ops_published < target:
             await trio.sleep(0.001)
-        self.update_gauges()
 
     # ------------------------------------------------------------ tasks
 
@@ -206,7 +211,6 @@ class StepLoop:
                     kind, item = self._incoming.receive_nowait()
                 except trio.WouldBlock:
                     break
-            self.update_gauges()
 
     def _feed_one(self, kind: int, item) -> None:
         batch = self.batch
@@ -219,10 +223,7 @@ class StepLoop:
         session = item
         slot = session.slot
         owned = slot is not None and self._by_slot.get(slot) is session
-        if kind == _CREDIT:
-            if owned:
-                batch.credit(slot)
-        elif kind == _START:
+        if kind == _START:
             if session.done:  # cancelled before its first step: no work for it
                 self._retire(session)
             else:
@@ -260,7 +261,6 @@ class StepLoop:
             now = time.monotonic()
             for event in events:
                 self._apply(event, now)
-            self.update_gauges()
 
     # ------------------------------------------------------------ events
 
@@ -330,13 +330,3 @@ class StepLoop:
                 outbox.send_nowait(TokenEvent(finish_reason=session.finish_reason,
                                               error=session.error))
             outbox.close()
-
-    def update_gauges(self) -> None:
-        t, load = self._telemetry, self._admission.load()
-        t.sessions_active.set(load.active)
-        t.queue_sessions.set(load.waiting)
-        t.queue_tokens.set(load.waiting_tokens)
-        t.kv_cells_reserved.set(load.reserved_cells)
-        t.kv_pressure.set(load.reserved_cells / self._admission.budgets.kv_cells_total)
-        t.kv_cells_used.set(self.batch.cells_used)
-        t.kv_cells_cached.set(load.cached_cells)

@@ -63,6 +63,8 @@ class Node:
         self._ids = itertools.count(1)
         self._closing = False
         self.telemetry.kv_cells_total.set(budgets.kv_cells_total)
+        self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
+                             budgets.kv_cells_total)
         self.telemetry.batch_token_budget.set(budgets.step_tokens)
 
     @property
@@ -287,8 +289,6 @@ class Node:
             for session in sessions:
                 self._loop.abandon(session)
             raise
-        finally:
-            self._loop.update_gauges()
         self._loop.admit(outboxes, started)
         return opened
 

@@ -9,6 +9,7 @@ a client that disconnects mid-stream cancels its session.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -123,7 +124,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         reasons = [chunks.finish_reason for chunks in streams]
         failed = next((c for c in streams if c.finish_reason == "error"), None)
         if failed is not None:
-            return _error(500, f"the model failed: {failed.error}", "server_error", "model_failed")
+            return _error(500, failed.error, "server_error", "model_failed")
         if "cancelled" in reasons:
             return _error(503, "the session was cancelled (server shutting down)", "server_error",
                           "cancelled")
@@ -134,37 +135,46 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
 
     async def _sse(request, streams, builder: ResponseBuilder, parsed, emit) -> None:
         """The choices' chunks as they come, each event naming its choice's index."""
-        completion = 0
-        send, receive = trio.open_memory_channel(0)
+        completion, failed = 0, False
 
         async def forward(index, chunks, send):
             async with send:
                 async for chunk in chunks:
                     await send.send((index, chunk))
 
+        async def single(chunks):  # one choice: no task in between (one hop less per token)
+            async for chunk in chunks:
+                yield 0, chunk
+
         async with trio.open_nursery() as nursery:
-            async with send:
-                for index, chunks in enumerate(streams):
-                    nursery.start_soon(forward, index, chunks, send.clone())
+            if len(streams) == 1:
+                merged = contextlib.aclosing(single(streams[0]))
+            else:
+                send, merged = trio.open_memory_channel(0)
+                async with send:
+                    for index, chunks in enumerate(streams):
+                        nursery.start_soon(forward, index, chunks, send.clone())
             first = set(range(len(streams)))
-            async with receive:
+            async with merged as receive:
                 async for index, chunk in receive:
                     if chunk.token_id is not None:
                         completion += 1
                     request.scope["dgr.tokens"] = completion
                     rows = [chunk] if chunk.token_id is not None else []
                     if chunk.finish_reason == "error":
-                        await emit(_event(error_body(f"the model failed: {chunk.error}",
-                                                     "server_error", "model_failed")))
-                        nursery.cancel_scope.cancel()
-                        return
+                        await emit(_event(error_body(chunk.error, "server_error", "model_failed")))
+                        failed = True
+                        break
                     if chunk.text or rows or index in first:
                         await emit(_event(builder.delta(chunk.text, rows, None,
                                                         first=index in first, index=index)))
                         first.discard(index)
                     if chunk.finish_reason is not None:
                         await emit(_event(builder.delta("", [], chunk.finish_reason, index=index)))
-        if any(chunks.finish_reason == "cancelled" for chunks in streams):
+            nursery.cancel_scope.cancel()  # the other choices' forwarders, after a failure
+        if failed:
+            pass  # the error event said it all; [DONE] still ends the stream
+        elif any(chunks.finish_reason == "cancelled" for chunks in streams):
             await emit(_event(error_body("the session was cancelled (server shutting down)",
                                          "server_error", "cancelled")))
         elif parsed.include_usage:

@@ -78,6 +78,9 @@ class Telemetry:
                               "sampled token.", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("dgr_inter_token_latency_seconds", "Between consecutive sampled "
                              "tokens of one session.", buckets=_LATENCY_BUCKETS, registry=r)
+        # labels() looks its child up on every call: once here, not per step
+        self._phase_counters = [(f"{phase}_s", self.step_phase_seconds.labels(phase))
+                                for phase in STEP_PHASES]
         for reason in REASONS:
             self.rejected.labels(reason)
         for reason in FinishReason:
@@ -86,10 +89,24 @@ class Telemetry:
         self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
         self._finishes: collections.deque[float] = collections.deque()
 
+    def watch(self, load, cells_used, kv_cells_total: int) -> None:
+        """Read the load gauges from `load()` (an admission Load) and `cells_used()`
+        when scraped, so that no step or token pays for keeping them current."""
+        def reading(field):
+            return lambda: getattr(load(), field)
+
+        for gauge, field in ((self.sessions_active, "active"), (self.queue_sessions, "waiting"),
+                             (self.queue_tokens, "waiting_tokens"),
+                             (self.kv_cells_reserved, "reserved_cells"),
+                             (self.kv_cells_cached, "cached_cells")):
+            gauge.set_function(reading(field))
+        self.kv_pressure.set_function(lambda: load().reserved_cells / kv_cells_total)
+        self.kv_cells_used.set_function(cells_used)
+
     def record_step(self, figures: dict, budget: int) -> None:
         """One step of the batch loop (dgr/_scheduler.pxd, StepFigures)."""
-        for phase in STEP_PHASES:
-            self.step_phase_seconds.labels(phase).inc(figures[f"{phase}_s"])
+        for phase, counter in self._phase_counters:
+            counter.inc(figures[phase])
         prefill_rows, decode_rows = figures["prefill_rows"], figures["decode_rows"]
         generated, duration_s = figures["generated"], figures["total_s"]
         self.steps.inc()
