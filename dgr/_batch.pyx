@@ -168,6 +168,7 @@ cdef enum:
     WANT_LOGPROBS_C = 2
     FAULT_RAISE_C = 1000     # inject_fault code: raise a RuntimeError after llama_decode ran
     ENGINE_FAULT_C = -1000   # a batch loop's code for a call that raised (FAULT_RAISE)
+    MAX_STOP_IDS = 64        # stop token ids per session (SamplingParams.stop_token_ids)
 WANT_SAMPLE = WANT_SAMPLE_C
 WANT_LOGPROBS = WANT_LOGPROBS_C
 FAULT_RAISE = FAULT_RAISE_C
@@ -245,8 +246,12 @@ cdef class Engine:
     cdef llama_logit_bias * eog_bias   # end-of-generation tokens, bias -inf
     cdef int n_eog
     cdef float * eog_saved      # per sampling thread: banned logits while a greedy row is sampled
+    cdef llama_logit_bias * bans  # per slot, MAX_BANS apart: its end-of-generation tokens, then
+    cdef int * n_bans             # its stop token ids (bias -inf): all banned until it has
+    cdef int * n_bans_always      # sampled min_tokens tokens, the first n_bans_always ever after
+    cdef int * ban_until          # (ignore_eos)
+    cdef int * sampled_n          # per slot: tokens sampled since set_sampling
     cdef char * greedy_slot     # per slot: pure greedy, sampled by argmax in C
-    cdef char * ban_eog_slot    # per slot: ignore_eos
     cdef long long steps_done
     cdef long long fault_step
     cdef int fault_code
@@ -264,7 +269,8 @@ cdef class Engine:
         self.eog_bias = NULL
         self.eog_saved = NULL
         self.greedy_slot = NULL
-        self.ban_eog_slot = NULL
+        self.bans = NULL
+        self.n_bans = self.n_bans_always = self.ban_until = self.sampled_n = NULL
         self.batch.token = NULL
         self.n_slots = 0
         self.fault_step = -1
@@ -362,7 +368,13 @@ cdef class Engine:
                 or self.row_logits == NULL):
             raise MemoryError()
         self.greedy_slot = <char *> calloc(self.n_slots, 1)
-        self.ban_eog_slot = <char *> calloc(self.n_slots, 1)
+        self.n_bans = <int *> calloc(self.n_slots, sizeof(int))
+        self.n_bans_always = <int *> calloc(self.n_slots, sizeof(int))
+        self.ban_until = <int *> calloc(self.n_slots, sizeof(int))
+        self.sampled_n = <int *> calloc(self.n_slots, sizeof(int))
+        if (self.greedy_slot == NULL or self.n_bans == NULL or self.n_bans_always == NULL
+                or self.ban_until == NULL or self.sampled_n == NULL):
+            raise MemoryError()
         for slot in range(self.n_slots):
             self.samplers[slot] = NULL
         self._collect_eog()
@@ -425,10 +437,13 @@ cdef class Engine:
             free(self.eog_bias)
             self.eog_bias = NULL
         free(self.eog_saved)
+        free(self.bans)
+        free(self.n_bans); free(self.n_bans_always); free(self.ban_until); free(self.sampled_n)
+        self.bans = NULL
+        self.n_bans = self.n_bans_always = self.ban_until = self.sampled_n = NULL
         free(self.greedy_slot)
-        free(self.ban_eog_slot)
         self.eog_saved = NULL
-        self.greedy_slot = self.ban_eog_slot = NULL
+        self.greedy_slot = NULL
         if self.batch.token != NULL:
             llama_batch_free(self.batch)
             self.batch.token = NULL
@@ -447,7 +462,12 @@ cdef class Engine:
         eog = [t for t in range(self.vocab_size) if llama_vocab_is_eog(self.vocab, t)]
         self.n_eog = len(eog)
         self.eog_bias = <llama_logit_bias *> malloc(max(1, self.n_eog) * sizeof(llama_logit_bias))
-        self.eog_saved = <float *> malloc(self.sample_threads * max(1, self.n_eog) * sizeof(float))
+        self.eog_saved = <float *> malloc(self.sample_threads * (self.n_eog + MAX_STOP_IDS)
+                                          * sizeof(float))
+        self.bans = <llama_logit_bias *> malloc(self.n_slots * (self.n_eog + MAX_STOP_IDS)
+                                                * sizeof(llama_logit_bias))
+        if self.eog_bias == NULL or self.eog_saved == NULL or self.bans == NULL:
+            raise MemoryError()
         for i, t in enumerate(eog):
             self.eog_bias[i].token = t
             self.eog_bias[i].bias = -INFINITY
@@ -578,8 +598,13 @@ cdef class Engine:
     def set_sampling(self, int slot, double temperature=0.0, int top_k=0, double top_p=1.0,
                      double min_p=0.0, seed=0, bint ignore_eos=False, logit_bias=(),
                      int repeat_last_n=64, double repeat_penalty=1.0,
-                     double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None):
+                     double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None,
+                     int min_tokens=0, stop_token_ids=()):
         """Give `slot` a fresh sampler chain. temperature <= 0 means greedy.
+
+        ignore_eos bans the end-of-generation tokens; min_tokens bans them and
+        stop_token_ids (at most MAX_STOP_IDS) until the slot has sampled that many
+        tokens (the slot's session ends on a stop token id: dgr.node).
 
         grammar: GBNF text (root rule "root") that every sampled token must keep
         satisfiable (llama.cpp's grammar sampler; see check_grammar).
@@ -589,12 +614,29 @@ cdef class Engine:
         subtract) apply to the last repeat_last_n tokens the slot generated.
         Plain greedy, without either, is an argmax in C (no chain)."""
         self._check_slot(slot)
+        if min_tokens < 0 or len(stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"min_tokens must be >= 0 and stop_token_ids at most {MAX_STOP_IDS}")
+        for token in stop_token_ids:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"stop token {token} out of vocabulary (n_vocab={self.vocab_size})")
+        cdef llama_logit_bias * bans = self.bans + slot * (self.n_eog + MAX_STOP_IDS)
+        cdef int n = 0, e
+        if ignore_eos or min_tokens > 0:
+            for e in range(self.n_eog):
+                bans[n] = self.eog_bias[e]
+                n += 1
+        if min_tokens > 0:
+            for token in stop_token_ids:
+                bans[n].token = token
+                bans[n].bias = -INFINITY
+                n += 1
+        self.n_bans[slot] = n
+        self.n_bans_always[slot] = self.n_eog if ignore_eos else 0
+        self.ban_until[slot] = min_tokens
+        self.sampled_n[slot] = 0
         cdef llama_sampler_chain_params sparams = llama_sampler_chain_default_params()
         sparams.no_perf = True
         cdef llama_sampler * chain = llama_sampler_chain_init(sparams)
-        if ignore_eos and self.n_eog:
-            llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(
-                self.vocab_size, self.n_eog, self.eog_bias))
         cdef int n_bias = len(logit_bias), i
         cdef llama_logit_bias * biases
         if n_bias:
@@ -648,7 +690,6 @@ cdef class Engine:
         # token (the first maximum) without copying the whole vocabulary.
         self.greedy_slot[slot] = (temperature <= 0.0 and not n_bias and not penalized
                                   and grammar is None)
-        self.ban_eog_slot[slot] = ignore_eos
 
     def check_grammar(self, grammar):
         """None if llama.cpp parses the GBNF `grammar` (root rule "root"), else the
@@ -859,17 +900,39 @@ cdef class Engine:
             out_ids[row] = -1
             return
         if self.greedy_slot[slot]:
-            token = _argmax(<float *> logits, self.vocab_size, self.eog_bias,
-                            self.n_eog if self.ban_eog_slot[slot] else 0,
-                            self.eog_saved + tid * max(1, self.n_eog))
+            token = _argmax(<float *> logits, self.vocab_size, self._bans(slot),
+                            self._n_banned(slot), self.eog_saved + tid * (self.n_eog + MAX_STOP_IDS))
         else:
             token = self._sample_chain(slot, logits,
                                        self.candidates + <size_t> tid * self.vocab_size)
+        if token >= 0:
+            self.sampled_n[slot] += 1
         if token >= 0 and k > 0 and (want & 2):
             if not _logprobs(logits, self.vocab_size, k, token, out_top + row * k,
                              out_top_lp + row * k, out_lp + row):
                 token = -1
         out_ids[row] = token
+
+    cdef inline llama_logit_bias * _bans(self, int slot) noexcept nogil:
+        return self.bans + slot * (self.n_eog + MAX_STOP_IDS)
+
+    cdef inline int _n_banned(self, int slot) noexcept nogil:
+        """How many of the slot's bans hold for its next token."""
+        if self.sampled_n[slot] < self.ban_until[slot]:
+            return self.n_bans[slot]
+        return self.n_bans_always[slot]
+
+    cdef void _fill(self, int slot, const float * logits,
+                    llama_token_data * candidates) noexcept nogil:
+        """The whole vocabulary as the chain's candidates, the slot's bans applied."""
+        cdef int j
+        cdef llama_logit_bias * bans = self._bans(slot)
+        for j in range(self.vocab_size):
+            candidates[j].id = j
+            candidates[j].logit = logits[j]
+            candidates[j].p = 0.0
+        for j in range(self._n_banned(slot)):
+            candidates[bans[j].token].logit = -INFINITY
 
     cdef int _sample_chain(self, int slot, const float * logits,
                            llama_token_data * candidates) noexcept nogil:
@@ -880,11 +943,8 @@ cdef class Engine:
             return self._sample_constrained(slot, logits, candidates)
         cdef llama_sampler * chain = self.samplers[slot]
         cdef llama_token_data_array cur
-        cdef int j, token
-        for j in range(self.vocab_size):
-            candidates[j].id = j
-            candidates[j].logit = logits[j]
-            candidates[j].p = 0.0
+        cdef int token
+        self._fill(slot, logits, candidates)
         cur.data = candidates
         cur.size = self.vocab_size
         cur.selected = -1
@@ -909,11 +969,8 @@ cdef class Engine:
         cdef llama_token_data_array cur
         cdef llama_token_data one
         cdef llama_token_data_array single
-        cdef int j, token
-        for j in range(self.vocab_size):
-            candidates[j].id = j
-            candidates[j].logit = logits[j]
-            candidates[j].p = 0.0
+        cdef int token
+        self._fill(slot, logits, candidates)
         cur.data = candidates
         cur.size = self.vocab_size
         cur.selected = -1
@@ -931,10 +988,7 @@ cdef class Engine:
         single.sorted = False
         llama_sampler_apply(grammar, &single)
         if single.data[0].logit == -INFINITY:
-            for j in range(self.vocab_size):
-                candidates[j].id = j
-                candidates[j].logit = logits[j]
-                candidates[j].p = 0.0
+            self._fill(slot, logits, candidates)
             cur.size = self.vocab_size
             cur.selected = -1
             cur.sorted = False
@@ -1084,7 +1138,8 @@ cdef class BatchLoop:
               int credits=1, double temperature=0.0, int top_k=0, double top_p=1.0,
               double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, int keep=0,
               logit_bias=(), int repeat_last_n=64, double repeat_penalty=1.0,
-              double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None):
+              double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None,
+              int min_tokens=0, stop_token_ids=()):
         """Run a session on a free slot (one whose EV_FINISH the node has seen).
 
         The slot's sequence first drops what it holds (a cache entry), but for
@@ -1098,7 +1153,7 @@ cdef class BatchLoop:
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
         self.engine.set_sampling(slot, temperature, top_k, top_p, min_p, seed, ignore_eos,
                                  logit_bias, repeat_last_n, repeat_penalty, frequency_penalty,
-                                 presence_penalty, grammar)
+                                 presence_penalty, grammar, min_tokens, stop_token_ids)
         pthread_mutex_lock(&self.lock)
         try:
             self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits, n_reused)

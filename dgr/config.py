@@ -18,6 +18,7 @@ from dgr.errors import InvalidRequest
 
 # Decode rows of one KV stream below flash attention's Q tile (GGML_FA_TILE_Q = 64)
 MAX_RUNNING_UNIFIED = 63
+MAX_STOP_IDS = 64  # stop_token_ids per session (dgr._batch MAX_STOP_IDS)
 
 
 def _total_memory_bytes() -> int:
@@ -199,6 +200,10 @@ class SamplingParams:
     generation ends when the grammar is complete.
     presence_penalty, frequency_penalty (-2..2, OpenAI's) and repeat_penalty (> 0,
     llama.cpp's divisor, 1 = off) apply to the last repeat_last_n generated tokens.
+    stop_token_ids: token ids that end generation (finish reason "stop"; like an
+    end-of-generation token, not part of the output). min_tokens: neither an
+    end-of-generation token nor a stop token id (nor a stop string) ends the
+    session before it has generated that many tokens (vLLM's semantics).
     """
 
     max_tokens: Optional[int] = None
@@ -217,6 +222,8 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     grammar: Optional[str] = None
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(v or ()))
+    min_tokens: int = 0
 
     def __attrs_post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -256,6 +263,16 @@ class SamplingParams:
                 bad("grammar must be non-empty GBNF text")
             if self.ignore_eos:
                 bad("ignore_eos cannot be used with a grammar (it ends where the grammar does)")
+        if len(self.stop_token_ids) > MAX_STOP_IDS or any(
+                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad(f"stop_token_ids must be at most {MAX_STOP_IDS} token ids (non-negative integers)")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) \
+                or self.min_tokens < 0:
+            bad(f"min_tokens must be a non-negative integer, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.min_tokens and self.grammar is not None:
+            bad("min_tokens cannot be used with a grammar (it ends where the grammar does)")
         if len(self.logit_bias) > 1024:
             bad("logit_bias takes at most 1024 tokens")
         for entry in self.logit_bias:

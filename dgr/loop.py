@@ -238,6 +238,7 @@ class StepLoop:
                             repeat_last_n=p.repeat_last_n, repeat_penalty=p.repeat_penalty,
                             frequency_penalty=p.frequency_penalty,
                             presence_penalty=p.presence_penalty, grammar=p.grammar,
+                            min_tokens=p.min_tokens, stop_token_ids=p.stop_token_ids,
                             reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                             n_reused=session.n_reused,
                             keep=len(session.prefix_keys) * self.settings.prefill_chunk)

@@ -83,6 +83,13 @@ class Node:
         return self._engine.tokenize(text, add_special=add_special,
                                      parse_special=parse_special).tolist()
 
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids, as a prompt given as ids reads (special tokens removed)."""
+        try:
+            return self._engine.detokenize(tokens)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
     def token_text(self, token: int) -> str:
         """One token's text, special tokens rendered (for logprobs reports)."""
         return self.token_bytes(token).decode("utf-8", "replace")
@@ -255,6 +262,8 @@ class Node:
                 raise InvalidRequest(f"invalid grammar: {problem}")
         if any(token >= self._engine.n_vocab for token, _ in params.logit_bias):
             raise InvalidRequest(f"logit_bias token ids must be within 0..{self._engine.n_vocab - 1}")
+        if any(token >= self._engine.n_vocab for token in params.stop_token_ids):
+            raise InvalidRequest(f"stop_token_ids must be within 0..{self._engine.n_vocab - 1}")
         if params.temperature > 0 and params.seed is None:
             params = attrs.evolve(params, seed=random.getrandbits(32))
         return Session(
@@ -299,6 +308,8 @@ class Node:
             task_status.started(scope)
             detok = IncrementalDetokenizer(self._engine.token_to_piece)
             stops = StopMatcher(session.params.stop)
+            stop_ids, min_tokens, n = frozenset(session.params.stop_token_ids), \
+                session.params.min_tokens, 0
             async with chunks, tokens:
                 try:
                     async for event in tokens:
@@ -309,6 +320,17 @@ class Node:
                                                     error=event.error))
                             return
                         self._loop.credit(session)
+                        n += 1
+                        if event.token in stop_ids:  # the engine bans them below min_tokens
+                            self._loop.end(session, FinishReason.STOP)
+                            tail, _ = stops.feed(detok.flush())
+                            await chunks.send(Chunk(None, tail + stops.flush(),
+                                                    finish_reason=FinishReason.STOP))
+                            return
+                        if n <= min_tokens:  # no stop string ends it yet
+                            await chunks.send(Chunk(event.token, detok.push(event.token),
+                                                    event.logprob, event.top))
+                            continue
                         text, stopped = stops.feed(detok.push(event.token))
                         if stopped:
                             self._loop.end(session, FinishReason.STOP)

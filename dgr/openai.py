@@ -28,8 +28,8 @@ MAX_CHOICES = 32  # prompts x n in one request
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
-             "response_format", "grammar"}
-FIELDS = {"completions": _SAMPLING | {"prompt", "logprobs"},
+             "response_format", "grammar", "min_tokens", "stop_token_ids"}
+FIELDS = {"completions": _SAMPLING | {"prompt", "logprobs", "echo"},
           "chat": _SAMPLING | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}}
 # OpenAI's own hints: they change no output (attribution, retention, routing)
 HINTS = {"user", "metadata", "store", "service_tier"}
@@ -105,10 +105,11 @@ class ParsedRequest:
     chat: bool
     n: int = 1  # choices per prompt
     top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
+    echo: bool = False  # completions: each choice's text begins with its prompt
 
 
 def _common(body: dict, logprobs: int, chat: bool, prompts: list,
-            top_logprobs: int = 0) -> ParsedRequest:
+            top_logprobs: int = 0, echo: bool = False) -> ParsedRequest:
     n = _int(body, "n", 1, MAX_CHOICES) or 1
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
@@ -141,12 +142,14 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             repeat_last_n=64 if body.get("repeat_last_n") is None
             else _int(body, "repeat_last_n", 0, 1 << 20),
             grammar=_grammar(body),
+            min_tokens=_int(body, "min_tokens", 0, 1 << 20) or 0,
+            stop_token_ids=_token_ids(body, "stop_token_ids"),
         )
     except InvalidRequest as exc:
         raise BadRequest(str(exc)) from None
     if params.top_k < 0:
         params = attrs.evolve(params, top_k=0)
-    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs)
+    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo)
 
 
 def _grammar(body: dict) -> Optional[str]:
@@ -180,6 +183,16 @@ def _grammar(body: dict) -> Optional[str]:
             raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
     raise BadRequest("'response_format.type' must be text, json_object or json_schema",
                      "response_format")
+
+
+def _token_ids(body: dict, name: str) -> tuple[int, ...]:
+    value = body.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise BadRequest(f"'{name}' must be a list of token ids", name)
+    return tuple(value)
 
 
 def _logit_bias(body: dict) -> dict:
@@ -219,7 +232,12 @@ def parse_completion(body: Any) -> ParsedRequest:
             raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a "
                              "list of those", "prompt")
     logprobs = _int(body, "logprobs", 0, 20) or 0
-    return _common(body, logprobs, chat=False, prompts=prompts)
+    echo = _bool(body, "echo")
+    if echo and body.get("logprobs") is not None:
+        # OpenAI would report the prompt's tokens too; prefill computes no logits for them
+        raise BadRequest("'echo' with 'logprobs' is not supported (no prompt log-probabilities)",
+                         "echo")
+    return _common(body, logprobs, chat=False, prompts=prompts, echo=echo)
 
 
 def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:

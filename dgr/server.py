@@ -97,14 +97,17 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group)."""
         builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text, node.token_bytes,
                                   parsed.top_logprobs)
+        # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
+        echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
+                  for p in prompts for _ in range(parsed.n)]
         if parsed.stream:
             # Admission happens before the 200 goes out, so a refusal is a real status code.
             group_cm = node.stream_group(prompts, parsed.params, parsed.n)
             streams = await group_cm.__aenter__()
             return _SessionEvents(
-                lambda emit: _sse(request, streams, builder, parsed, emit),
+                lambda emit: _sse(request, streams, builder, parsed, echoes, emit),
                 close=lambda: group_cm.__aexit__(None, None, None))
-        texts: list[list[str]] = [[] for _ in range(len(prompts) * parsed.n)]
+        texts: list[list[str]] = [[echo] for echo in echoes]
         rows: list[list[Chunk]] = [[] for _ in texts]
 
         async def collect(i, chunks):
@@ -114,13 +117,22 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     rows[i].append(chunk)
                     request.scope["dgr.tokens"] = sum(map(len, rows))
 
+        gone = trio.Event()
+
+        async def watch(scope):
+            await _cancel_on_disconnect(request.receive, scope)
+            gone.set()
+
         async with node.stream_group(prompts, parsed.params, parsed.n) as streams:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, request.receive, nursery.cancel_scope)
+                nursery.start_soon(watch, nursery.cancel_scope)
                 async with trio.open_nursery() as collectors:
                     for i, chunks in enumerate(streams):
                         collectors.start_soon(collect, i, chunks)
                 nursery.cancel_scope.cancel()
+        if gone.is_set():
+            # nobody reads this; the status is for the log line (nginx's "client closed request")
+            return Response(status_code=499)
         reasons = [chunks.finish_reason for chunks in streams]
         failed = next((c for c in streams if c.finish_reason == "error"), None)
         if failed is not None:
@@ -133,8 +145,9 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
             _prompt_tokens(streams, parsed.n), completion))
 
-    async def _sse(request, streams, builder: ResponseBuilder, parsed, emit) -> None:
-        """The choices' chunks as they come, each event naming its choice's index."""
+    async def _sse(request, streams, builder: ResponseBuilder, parsed, echoes, emit) -> None:
+        """The choices' chunks as they come, each event naming its choice's index; a
+        choice's first event carries its echo."""
         completion, failed = 0, False
 
         async def forward(index, chunks, send):
@@ -165,8 +178,9 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                         await emit(_event(error_body(chunk.error, "server_error", "model_failed")))
                         failed = True
                         break
-                    if chunk.text or rows or index in first:
-                        await emit(_event(builder.delta(chunk.text, rows, None,
+                    text = echoes[index] + chunk.text if index in first else chunk.text
+                    if text or rows or index in first:
+                        await emit(_event(builder.delta(text, rows, None,
                                                         first=index in first, index=index)))
                         first.discard(index)
                     if chunk.finish_reason is not None:

@@ -21,7 +21,7 @@ FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "see
           "logprobs", "stream", "n", "ignore_eos", "stream_options", "echo", "unknown_field",
           "messages", "top_logprobs", "max_completion_tokens", "logit_bias", "presence_penalty",
           "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n", "user",
-          "tools", "response_format", "grammar"]
+          "tools", "response_format", "grammar", "min_tokens", "stop_token_ids"]
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2 ** 70), max_value=2 ** 70),

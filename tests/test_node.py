@@ -567,3 +567,43 @@ async def test_logit_bias_penalties_and_seeds_do_what_they_say(tiny_model):
     async with dgr.open_node(config(tiny_model)) as node:
         with pytest.raises(InvalidRequest, match="logit_bias token ids"):
             await node.generate("x", dgr.SamplingParams(logit_bias={10 ** 9: 1}))
+
+
+async def test_stop_token_ids_and_min_tokens(tiny_model):
+    """A stop token id ends the session before it (finish "stop"); min_tokens holds
+    off the end-of-generation tokens, stop token ids and stop strings until that
+    many tokens, on the argmax path and on the sampler chain's."""
+    greedy = dgr.SamplingParams(max_tokens=16, ignore_eos=True)
+    async with dgr.open_node(config(tiny_model)) as node:
+        eos = node._engine.eog_tokens[0]
+        plain = await node.generate("stop here", greedy)
+        stop_id = plain.token_ids[5]
+        cut = plain.token_ids.index(stop_id)
+        stopped = await node.generate("stop here", attrs.evolve(greedy, stop_token_ids=[stop_id]))
+        assert stopped.token_ids == plain.token_ids[:cut]
+        assert stopped.finish_reason == "stop"
+        # min_tokens: the stop token id cannot come before it (argmax path: banned there)
+        held = await node.generate("stop here", attrs.evolve(
+            greedy, stop_token_ids=[stop_id], min_tokens=cut + 2))
+        assert len(held.token_ids) >= cut + 2
+        assert stop_id not in held.token_ids[:cut + 2]
+        # an end-of-generation token forced by logit_bias (sampler chain path)
+        forced = dgr.SamplingParams(max_tokens=16, logit_bias={eos: 100})
+        assert (await node.generate("stop here", forced)).token_ids == []
+        at_least = await node.generate("stop here", attrs.evolve(forced, min_tokens=5))
+        assert len(at_least.token_ids) == 5 and at_least.finish_reason == "stop"
+        # stop strings too wait for min_tokens
+        text = plain.text
+        first_piece = node.token_text(plain.token_ids[0])
+        if first_piece.strip():
+            early = await node.generate("stop here", attrs.evolve(greedy, stop=[first_piece]))
+            assert early.text == "" and early.finish_reason == "stop"
+            late = await node.generate("stop here", attrs.evolve(
+                greedy, stop=[first_piece], min_tokens=3))
+            assert late.text.startswith(text[:len(first_piece)])
+        with pytest.raises(InvalidRequest, match="stop_token_ids"):
+            await node.generate("x", dgr.SamplingParams(stop_token_ids=[10 ** 9]))
+    with pytest.raises(InvalidRequest, match="min_tokens"):
+        dgr.SamplingParams(max_tokens=2, min_tokens=3)
+    with pytest.raises(InvalidRequest, match="min_tokens"):
+        dgr.SamplingParams(min_tokens=2, grammar='root ::= "x"')

@@ -264,7 +264,7 @@ async def test_every_field_is_honoured_or_refused(start_server):
             "ignore_eos": True, "logprobs": 1}
     async with server.client() as client:
         for field, value in [("tools", []), ("functions", []), ("audio", {}),
-                             ("echo", True), ("suffix", "x"), ("best_of", 2), ("cache_prompt", True)]:
+                             ("suffix", "x"), ("best_of", 2), ("cache_prompt", True)]:
             response = await client.post("/v1/completions", json=base | {field: value})
             assert response.status_code == 400, field
             assert response.json()["error"]["param"] == field
@@ -355,3 +355,119 @@ async def test_grammar_and_response_format_constrain_the_output(start_server):
         both = await client.post("/v1/completions", json=base | {
             "grammar": 'root ::= "x"', "response_format": {"type": "json_object"}})
         assert both.status_code == 400
+
+
+def _choice_text(body, chat):
+    return [c["message"]["content"] if chat else c["text"] for c in body["choices"]]
+
+
+async def test_each_parameter_changes_what_it_should_and_nothing_else(start_server, tiny_model):
+    """Both endpoints, one parameter at a time against the same greedy request
+    without it: what it should change changes, the rest (prompt tokens, shape,
+    other choices) does not. Token ids come from a node of the same config."""
+    server = await start_server()
+    words = "Matrix of parameters"
+    endpoints = {
+        False: ("/v1/completions", {"prompt": words}),
+        True: ("/v1/chat/completions", {"messages": [{"role": "user", "content": words}]}),
+    }
+    async with dgr.open_node(node_config(tiny_model)) as node, server.client() as client:
+        for chat, (path, prompt) in endpoints.items():
+            base_body = prompt | {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
+            prompt_ids = (node.tokenize(node.apply_chat_template(prompt["messages"]),
+                                        parse_special=True) if chat else words)
+            ref = (await node.generate(prompt_ids, dgr.SamplingParams(
+                max_tokens=10, ignore_eos=True))).token_ids
+            base = (await client.post(path, json=base_body)).json()
+            [base_text] = _choice_text(base, chat)
+            assert base["usage"]["completion_tokens"] == 10
+
+            async def run(**fields):
+                response = await client.post(path, json=base_body | fields)
+                assert response.status_code == 200, (fields, response.text)
+                body = response.json()
+                assert body["usage"]["prompt_tokens"] == base["usage"]["prompt_tokens"]
+                assert body["object"] == base["object"] and body["model"] == base["model"]
+                return body, _choice_text(body, chat), [c["finish_reason"] for c in body["choices"]]
+
+            body, [text], [finish] = await run(max_tokens=3)
+            assert body["usage"]["completion_tokens"] == 3 and base_text.startswith(text)
+            assert finish == "length"
+            if chat:
+                body, [text], _ = await run(max_completion_tokens=4)
+                assert body["usage"]["completion_tokens"] == 4 and base_text.startswith(text)
+            piece = base_text[3:7]
+            if piece:
+                _, [text], [finish] = await run(stop=[piece])
+                assert text == base_text[:base_text.index(piece)] and finish == "stop"
+            cut = ref.index(ref[4])
+            body, [text], [finish] = await run(stop_token_ids=[ref[4]])
+            assert body["usage"]["completion_tokens"] == cut and finish == "stop"
+            assert base_text.startswith(text)
+            body, _, _ = await run(stop_token_ids=[ref[0]], min_tokens=2)
+            assert body["usage"]["completion_tokens"] >= 2
+            _, [text], _ = await run(logit_bias={str(ref[0]): -100})
+            assert text != base_text
+            # penalties act on tokens generated before: they change the output at its
+            # first repeated token, and nothing where no token repeats
+            ref24 = (await node.generate(prompt_ids, dgr.SamplingParams(
+                max_tokens=24, ignore_eos=True))).token_ids
+            _, [base24], _ = await run(max_tokens=24)
+            for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0},
+                            {"repeat_penalty": 3.0}):
+                _, [text], _ = await run(max_tokens=24, **penalty)
+                assert (text != base24) == (len(set(ref24)) < 24), penalty
+            _, [text], _ = await run(temperature=1.0, top_k=1, seed=3)  # top_k 1 is greedy
+            assert text == base_text
+            _, seeded, _ = await run(temperature=1.5, seed=11)
+            _, again, _ = await run(temperature=1.5, seed=11)
+            assert seeded == again
+            body, texts, _ = await run(n=2)
+            assert texts == [base_text, base_text]
+            assert [c["index"] for c in body["choices"]] == [0, 1]
+            _, [text], _ = await run(user="someone")
+            assert text == base_text
+            body, [text], _ = await run(**({"logprobs": True, "top_logprobs": 2} if chat
+                                            else {"logprobs": 2}))
+            assert text == base_text
+            logprobs = body["choices"][0]["logprobs"]
+            assert len(logprobs["content"] if chat else logprobs["tokens"]) == 10
+            streamed = await client.post(path, json=base_body | {"stream": True})
+            events = sse_events(streamed.text)
+            assert "".join((e["choices"][0]["delta"].get("content") or "") if chat
+                           else e["choices"][0]["text"] for e in events) == base_text
+            if not chat:
+                _, [text], _ = await run(echo=True)
+                assert text == words + base_text
+                events = sse_events((await client.post(path, json=base_body | {
+                    "echo": True, "stream": True})).text)
+                assert "".join(e["choices"][0]["text"] for e in events) == words + base_text
+                refused = await client.post(path, json=base_body | {"echo": True, "logprobs": 1})
+                assert refused.status_code == 400
+                assert refused.json()["error"]["param"] == "echo"
+
+
+async def test_a_non_streamed_request_whose_client_left_is_logged_cancelled(start_server, caplog):
+    server = await start_server()
+    caplog.set_level("INFO", logger="dgr.server")
+    async with server.client() as client, trio.open_nursery() as nursery:
+        leave = trio.CancelScope()
+
+        async def request():
+            with leave:
+                await client.post("/v1/completions", json={
+                    "prompt": "leave early", "max_tokens": 3000, "temperature": 0,
+                    "ignore_eos": True})
+
+        nursery.start_soon(request)
+        with trio.fail_after(10):
+            while (await client.get("/capabilities")).json()["load"]["active"] == 0:
+                await trio.sleep(0.005)
+        leave.cancel()
+        with trio.fail_after(10):
+            while "POST /v1/completions" not in caplog.text:
+                await trio.sleep(0.01)
+        metrics = (await client.get("/metrics")).text
+    line = next(r.getMessage() for r in caplog.records if "POST /v1/completions" in r.getMessage())
+    assert " 499 " in line, line
+    assert 'dgr_sessions_finished_total{reason="cancelled"} 1.0' in metrics
