@@ -208,6 +208,135 @@ def system_info():
 _MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
 
+cdef void * _rpc_proc(const char * name) except NULL:
+    """An entry point of ggml's RPC backend (ggml-rpc.h), or ModelLoadError."""
+    _init_backend()
+    cdef ggml_backend_reg_t reg = ggml_backend_reg_by_name(b"RPC")
+    if reg == NULL:
+        raise ModelLoadError("this llama.cpp build has no RPC backend (build it with "
+                             "-DGGML_RPC=ON: scripts/build_llama.py does)")
+    cdef void * fn = ggml_backend_reg_get_proc_address(reg, name)
+    if fn == NULL:
+        raise ModelLoadError(f"the RPC backend lacks {name.decode()}")
+    return fn
+
+
+def _check_reachable(endpoint, timeout_s=5.0):
+    """ggml's RPC client aborts the process when it cannot connect: try first."""
+    import socket
+
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ModelLoadError(f"RPC worker {endpoint!r} is not host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ModelLoadError(f"RPC worker {endpoint} is not reachable: {exc}") from None
+
+
+cdef int _n_layer(bytes path) except -1:
+    """The model's layer count from its metadata ({arch}.block_count), read by a
+    vocabulary-only load (which leaves llama_model_n_layer at 0)."""
+    cdef llama_model_params params = llama_model_default_params()
+    params.vocab_only = True
+    cdef const char * cpath = path
+    cdef llama_model * probe
+    with nogil:
+        probe = llama_model_load_from_file(cpath, params)
+    if probe == NULL:
+        raise ModelLoadError(f"cannot read the model's metadata: "
+                             f"{_error_lines(llama_log_text()) or 'llama.cpp refused it'}")
+    cdef char buf[256]
+    cdef int n = llama_model_meta_val_str(probe, b"general.architecture", buf, sizeof(buf))
+    arch = buf[:n].decode() if n > 0 else ""
+    key = f"{arch}.block_count".encode()
+    n = llama_model_meta_val_str(probe, key, buf, sizeof(buf))
+    llama_model_free(probe)
+    if n <= 0 or not buf[:n].isdigit():
+        raise ModelLoadError(f"the model's metadata has no {key.decode()}")
+    return int(buf[:n])
+
+
+def _layer_shares(int offloaded, int n_devices):
+    """Repeating layers per device, `offloaded` split evenly (the first devices
+    take the remainder)."""
+    return [offloaded // n_devices + (1 if j < offloaded % n_devices else 0)
+            for j in range(n_devices)]
+
+
+def _rpc_placement(path, list servers, int rpc_layers):
+    """Connect to the RPC workers and place layers on them: None without workers,
+    else {"offloaded": repeating layers on workers, "devices": [{endpoint, name,
+    handle, free_bytes, total_bytes, layers, output}]}; the output layer goes
+    with the last worker's layers (llama.cpp offloads the last layers, output
+    included). A worker that is down, or one with less free memory than its
+    share of the weights (about: the file size per layer), is a ModelLoadError."""
+    if not servers:
+        return None
+    cdef rpc_add_server_fn add_server = <rpc_add_server_fn> _rpc_proc(
+        b"ggml_backend_rpc_add_server")
+    cdef ggml_backend_reg_t reg
+    cdef ggml_backend_dev_t dev
+    cdef size_t free_b, total_b
+    cdef bytes endpoint
+    devices = []
+    for server in servers:
+        _check_reachable(server)
+        endpoint = server.encode()
+        reg = add_server(endpoint)
+        if reg == NULL:
+            raise ModelLoadError(f"RPC worker {server}: llama.cpp could not add it")
+        for i in range(ggml_backend_reg_dev_count(reg)):
+            dev = ggml_backend_reg_dev_get(reg, i)
+            ggml_backend_dev_memory(dev, &free_b, &total_b)
+            devices.append({"endpoint": server, "name": ggml_backend_dev_name(dev).decode(),
+                            "description": ggml_backend_dev_description(dev).decode(),
+                            "handle": <size_t> dev, "free_bytes": free_b,
+                            "total_bytes": total_b})
+    n_layer = _n_layer(os.fsencode(path))
+    offloaded = rpc_layers if rpc_layers >= 0 else n_layer * len(devices) // (len(devices) + 1)
+    if offloaded > n_layer:
+        raise ModelLoadError(f"rpc_layers ({offloaded}) exceeds the model's {n_layer} layers")
+    weights = os.path.getsize(path)
+    for j, (device, layers) in enumerate(zip(devices, _layer_shares(offloaded, len(devices)))):
+        device["layers"] = layers
+        device["output"] = offloaded > 0 and j == len(devices) - 1
+        need = weights * (layers + device["output"]) // (n_layer + 1)
+        if need > device["free_bytes"]:
+            raise ModelLoadError(
+                f"RPC worker {device['endpoint']} has {device['free_bytes'] >> 20} MiB free; "
+                f"its {layers} layers need about {need >> 20} MiB")
+    return {"offloaded": offloaded, "devices": devices}
+
+
+def _device_report(placement, int n_layer):
+    """Where the layers are, for the capability report."""
+    local = {"name": "CPU", "endpoint": None, "layers": n_layer, "output": True}
+    if placement is None:
+        return [local]
+    local["layers"] = n_layer - placement["offloaded"]
+    local["output"] = placement["offloaded"] == 0
+    return [local] + [{k: v for k, v in d.items() if k != "handle"} for d in placement["devices"]]
+
+
+def serve_rpc(str endpoint, int n_threads, cache_dir=None):
+    """Serve this machine's CPU backend to ggml RPC clients (llama.cpp's
+    rpc-server, in this process so that it runs dgr's patched kernels). Blocks
+    until the process ends; returns only if it cannot listen."""
+    cdef rpc_start_server_fn start = <rpc_start_server_fn> _rpc_proc(
+        b"ggml_backend_rpc_start_server")
+    cdef ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    cdef bytes c_endpoint = endpoint.encode()
+    cdef bytes c_cache = os.fsencode(cache_dir) if cache_dir else b""
+    cdef const char * ep = c_endpoint
+    cdef const char * cache = NULL
+    if cache_dir:
+        cache = c_cache
+    cdef size_t threads = n_threads
+    with nogil:
+        start(ep, cache, threads, 1, &dev)
+
+
 def _buffer_sizes(log_text):
     """Sum the buffer sizes llama.cpp logged while creating a context."""
     sizes = {"KV": 0, "compute": 0, "output": 0}
@@ -277,8 +406,12 @@ cdef class Engine:
 
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
-                 bint weight_repack=False):
+                 bint weight_repack=False, rpc_servers=(), int rpc_layers=-1):
         """Load `model_path` and create a context.
+
+        rpc_servers: "host:port" of ggml RPC servers (`python -m dgr worker`); the
+        last rpc_layers layers (-1: an even share for this machine and each
+        worker) are placed on them, split evenly, the rest stay here.
 
         kv_unified=True: one pool of n_ctx cells that any slot may fill, each
         slot's cells kept in position order (patch 0004, LLAMA_KV_CACHE_ORDERED)
@@ -312,9 +445,31 @@ cdef class Engine:
         mparams.use_extra_bufts = weight_repack
         cdef bytes bpath = path.encode()
         cdef const char * cpath = bpath
+        cdef ggml_backend_dev_t * devices = NULL
+        cdef float * split = NULL
+        placement = _rpc_placement(path, list(rpc_servers), rpc_layers)
+        if placement is not None:
+            devices = <ggml_backend_dev_t *> calloc(len(placement["devices"]) + 1,
+                                                    sizeof(ggml_backend_dev_t))
+            split = <float *> calloc(max(llama_max_devices(), len(placement["devices"])),
+                                     sizeof(float))
+            if devices == NULL or split == NULL:
+                free(devices); free(split)
+                raise MemoryError()
+            # llama.cpp offloads the last n_gpu_layers of n_layer + 1 units, the output
+            # layer last, split in proportion to tensor_split (by default: free memory)
+            for i, device in enumerate(placement["devices"]):
+                devices[i] = <ggml_backend_dev_t> <size_t> device["handle"]
+                split[i] = device["layers"] + (1 if device["output"] else 0)
+            mparams.devices = devices
+            mparams.tensor_split = split
+            mparams.n_gpu_layers = placement["offloaded"] + (1 if placement["offloaded"] else 0)
         dgr_log_clear()
-        with nogil:
-            self.model = llama_model_load_from_file(cpath, mparams)
+        try:
+            with nogil:
+                self.model = llama_model_load_from_file(cpath, mparams)
+        finally:
+            free(devices); free(split)  # read while loading only
         if self.model == NULL:
             raise ModelLoadError(f"cannot load model {path}: "
                                  f"{_error_lines(llama_log_text()) or 'llama.cpp refused it'}")
@@ -407,6 +562,7 @@ cdef class Engine:
             "compute_bytes": sizes["compute"],
             "output_bytes": sizes["output"],
             "logits_bytes_per_output": self.vocab_size * 4,
+            "devices": _device_report(placement, llama_model_n_layer(self.model)),
         }
 
     def __dealloc__(self):

@@ -15,6 +15,31 @@ cdef extern from "ggml.h" nogil:
     ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data)
     ctypedef bint (*ggml_abort_callback)(void * data)
 
+cdef extern from "ggml-backend.h" nogil:
+    cdef struct ggml_backend_reg:
+        pass
+    ctypedef ggml_backend_reg * ggml_backend_reg_t
+    cdef struct ggml_backend_device:
+        pass
+    ctypedef ggml_backend_device * ggml_backend_dev_t
+    enum ggml_backend_dev_type:
+        GGML_BACKEND_DEVICE_TYPE_CPU
+    ggml_backend_reg_t ggml_backend_reg_by_name(const char * name)
+    void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
+    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device)
+    const char * ggml_backend_dev_description(ggml_backend_dev_t device)
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
+    ggml_backend_dev_t ggml_backend_dev_by_type(ggml_backend_dev_type type)
+
+# ggml-rpc.h's entry points, looked up through the RPC backend's registry
+# (ggml_backend_reg_get_proc_address) as llama.cpp's rpc-server does
+ctypedef ggml_backend_reg_t (*rpc_add_server_fn)(const char * endpoint) noexcept nogil
+ctypedef void (*rpc_start_server_fn)(const char * endpoint, const char * cache_dir,
+                                     size_t n_threads, size_t n_devices,
+                                     ggml_backend_dev_t * devices) noexcept nogil
+
 cdef extern from "llama.h" nogil:
     ctypedef int32_t llama_pos
     ctypedef int32_t llama_token
@@ -42,7 +67,9 @@ cdef extern from "llama.h" nogil:
         int8_t * logits
 
     cdef struct llama_model_params:
+        ggml_backend_dev_t * devices
         int32_t n_gpu_layers
+        const float * tensor_split
         bint vocab_only
         bint use_extra_bufts
 
@@ -76,6 +103,7 @@ cdef extern from "llama.h" nogil:
 
     llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
     void llama_model_free(llama_model * model)
+    size_t llama_max_devices()
     llama_context * llama_init_from_model(llama_model * model, llama_context_params params)
     void llama_free(llama_context * ctx)
 

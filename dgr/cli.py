@@ -1,4 +1,5 @@
-"""Command line: `python -m dgr run` serves a node over HTTP."""
+"""Command line: `python -m dgr run` serves a node over HTTP; `python -m dgr worker`
+lends this machine's CPU to a node over ggml RPC."""
 
 from __future__ import annotations
 
@@ -47,7 +48,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(run, NodeConfig)
     _add_config_flags(run, ServerConfig)
     run.add_argument("--log-level", default="INFO", help="Logging level (default: INFO).")
+    worker = sub.add_parser(
+        "worker", help="lend this machine's CPU to a node over ggml RPC (`run --rpc`)",
+        description="Serve llama.cpp's ggml RPC protocol with dgr's patched CPU kernels, so a "
+        "node (`python -m dgr run --rpc HOST:PORT`) can place model layers here. The protocol "
+        "has no authentication and no encryption: bind it to loopback or a trusted network.")
+    worker.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                        "127.0.0.1; anything else exposes the worker to that network)")
+    worker.add_argument("--port", type=int, default=50052, help="port (default: 50052)")
+    worker.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    worker.add_argument("--cache", default=None, help="folder that keeps tensors nodes sent, "
+                        "so a restarted node sends large weights once (default: no cache)")
+    worker.add_argument("--log-level", default="INFO", help="Logging level (default: INFO).")
     return parser
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """`python -m dgr worker`: blocks in llama.cpp's RPC server until killed."""
+    import os
+    import signal
+
+    from dgr import _batch
+
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"dgr worker: WARNING: listening on {args.host}: ggml RPC has no authentication "
+              "or encryption; anyone who can reach this port can run computations and read "
+              "what nodes send. Never expose it to an untrusted network.", file=sys.stderr)
+    # the server loop is C without the GIL: let a signal end the process at once
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    endpoint = f"{args.host}:{args.port}"
+    print(f"dgr worker: serving ggml RPC on {endpoint}", file=sys.stderr, flush=True)
+    try:
+        _batch.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, args.cache)
+    except DgrError as exc:
+        print(f"dgr worker: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"dgr worker: error: cannot listen on {endpoint}", file=sys.stderr)
+    return 2
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ServerConfig]:
@@ -85,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "worker":
+        return run_worker(args)
     if args.command == "run":
         import trio
 

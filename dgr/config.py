@@ -28,6 +28,12 @@ def _total_memory_bytes() -> int:
         return 8 << 30
 
 
+def _endpoints(value) -> tuple[str, ...]:
+    """host:port list from "a:1,b:2" (a flag) or a list (TOML)."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
 def option(flag: str, help: str, default_text: Optional[str] = None, **kw):
     """A config field's command-line flag and help: `python -m dgr run --help` is
     built from these (dgr/cli.py), so a default and its explanation live in one
@@ -95,6 +101,13 @@ class NodeConfig:
         "start beyond it.", "80% of RAM", default=None)
     default_max_tokens: int = option("--default-max-tokens", "max_tokens of a request that sets "
                                      "none (capped by what its context leaves).", default=256)
+    rpc_workers: tuple[str, ...] = option(
+        "--rpc", "ggml RPC workers (`python -m dgr worker`) as host:port,host:port; the model's "
+        "last layers are placed on them.", "none: all layers here", default=(),
+        converter=lambda v: _endpoints(v))
+    rpc_layers: Optional[int] = option(
+        "--rpc-layers", "Layers placed on the RPC workers (split evenly among them).",
+        "an even share for this machine and each worker", default=None)
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "session_ctx", "n_batch", "n_ubatch", "prefill_chunk",
@@ -102,6 +115,8 @@ class NodeConfig:
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):
+            raise ValueError("rpc_layers must be >= 0 and needs RPC workers (--rpc)")
         if self.max_waiting < 0 or self.max_waiting_tokens < 0:
             raise ValueError("max_waiting and max_waiting_tokens must not be negative")
         if self.max_batch_tokens is not None and not 1 <= self.max_batch_tokens <= self.n_batch:
@@ -152,6 +167,8 @@ class ServerConfig:
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
+_converter.register_structure_hook_func(lambda kind: kind == tuple[str, ...],
+                                        lambda value, _: _endpoints(value))
 
 
 def load_config(data: dict) -> NodeConfig:

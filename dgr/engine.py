@@ -60,7 +60,8 @@ def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _batch.Engine:
     return _batch.Engine(
         model_path, n_ctx=n_ctx, n_seq_max=config.max_running, n_batch=config.n_batch,
         n_ubatch=config.n_ubatch, n_threads=config.n_threads, kv_unified=config.kv_unified,
-        weight_repack=config.weight_repack)
+        weight_repack=config.weight_repack, rpc_servers=config.rpc_workers,
+        rpc_layers=-1 if config.rpc_layers is None else config.rpc_layers)
 
 
 def default_ctx(config: NodeConfig, model_path: str) -> int:
@@ -96,7 +97,9 @@ def load_engine(config: NodeConfig) -> tuple[_batch.Engine, Budgets]:
         memory_bytes=config.memory_budget,
     )
     try:
-        budgets.check_memory(info["model_bytes"], info["kv_bytes"],
+        # weights here: the layers not placed on RPC workers (each checked its share)
+        local = info["devices"][0]["layers"] / max(1, info["n_layer"])
+        budgets.check_memory(int(info["model_bytes"] * local), info["kv_bytes"],
                              info["compute_bytes"] + info["output_bytes"])
     except DgrError:
         engine.close()

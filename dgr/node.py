@@ -182,6 +182,8 @@ class Node:
                      | {"context_per_session": b.kv_cells_per_session},
             "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
                                             "kv_unified", "weight_repack")},
+            # this machine (endpoint None) and each RPC worker: its layers and memory
+            "devices": info["devices"],
             "budgets": {
                 "weights": {"model_bytes": info["model_bytes"], "memory_budget_bytes": b.memory_bytes},
                 "kv": {"cells_total": b.kv_cells_total, "cells_per_session": b.kv_cells_per_session,

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import vendor_llama
 
-# mtmd (multimodal) is not used by dgr: skipping it trims the build.
-DEFAULT_CMAKE_ARGS = "-DLLAVA_BUILD=OFF"
+# mtmd (multimodal) is not used by dgr: skipping it trims the build. The RPC backend
+# is: `python -m dgr worker` serves it, `python -m dgr run --rpc` offloads layers to it.
+DEFAULT_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_RPC=ON"
 MARKER = ".dgr-build"
 
 

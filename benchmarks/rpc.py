@@ -1,0 +1,180 @@
+"""The cost of distance: dgr's decode rate with the model's layers local, on one or
+two ggml RPC workers (`python -m dgr worker`, loopback), and on one worker behind a
+proxy that adds a fixed round-trip time (tc netem is not available here).
+
+    python benchmarks/rpc.py [--levels 1,8,16] [--new-tokens 32] [--rtt-ms 1,10]
+
+Workers and node share this machine's cores; llama.cpp computes a step's layers in
+order, so a worker computes while the node waits and the two do not compete. What
+distance adds is a round trip per graph split and step (inputs, compute, outputs)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import dgr  # noqa: E402
+from dgr.engine import resolve_model_path  # noqa: E402
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on port {port}")
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def worker(threads: int):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dgr", "worker", "--port", str(port),
+                             "--threads", str(threads)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def delaying_proxy(target_port: int, rtt_s: float):
+    """A TCP proxy on a free port that holds every byte rtt_s / 2 in each direction
+    (ordered, pipelined: it adds latency, not a bandwidth limit)."""
+    port = free_port()
+    started = threading.Event()
+    stop = {}
+
+    async def pipe(source, sink):
+        send, receive = trio.open_memory_channel(1 << 16)
+
+        async def reader():
+            async with send:
+                while data := await source.receive_some(1 << 16):
+                    await send.send((trio.current_time() + rtt_s / 2, data))
+
+        async def writer():
+            async for due, data in receive:
+                await trio.sleep_until(due)
+                await sink.send_all(data)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await sink.send_eof()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            nursery.start_soon(writer)
+
+    async def handle(client):
+        upstream = await trio.open_tcp_stream("127.0.0.1", target_port)
+        for stream in (client, upstream):
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with client, upstream, trio.open_nursery() as nursery:
+                nursery.start_soon(pipe, client, upstream)
+                nursery.start_soon(pipe, upstream, client)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            stop["scope"], stop["token"] = nursery.cancel_scope, trio.lowlevel.current_trio_token()
+            listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+            nursery.start_soon(trio.serve_listeners, handle, listeners)
+            started.set()
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    started.wait(10)
+    try:
+        yield port
+    finally:
+        stop["token"].run_sync_soon(stop["scope"].cancel)
+        thread.join(10)
+
+
+async def decode_rate(config: dgr.NodeConfig, levels: list[int], n_new: int) -> dict:
+    rates = {}
+    async with dgr.open_node(config) as node:
+        params = dgr.SamplingParams(max_tokens=n_new, ignore_eos=True)
+        await node.generate(PROMPT, dgr.SamplingParams(max_tokens=2))
+        for c in levels:
+            started = time.perf_counter()
+
+            async def one(i):
+                await node.generate(f"{PROMPT} ({i})", params)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(c):
+                    nursery.start_soon(one, i)
+            rates[c] = c * n_new / (time.perf_counter() - started)
+    return rates
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--levels", default="1,8,16")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--rtt-ms", default="1,10")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    model = resolve_model_path(args.model)
+    levels = [int(x) for x in args.levels.split(",")]
+
+    def config(workers=(), rpc_layers=None):
+        return dgr.NodeConfig(model_path=model, max_running=max(levels), max_waiting=max(levels),
+                              n_ctx=max(levels) * 512, n_threads=args.threads,
+                              rpc_workers=workers, rpc_layers=rpc_layers)
+
+    results = {}
+
+    def record(name, rates):
+        results[name] = rates
+        base = results["local"]
+        print(f"{name:28s} " + "  ".join(
+            f"c={c}: {r:6.1f} tok/s ({r / base[c]:.2f}x)" for c, r in rates.items()), flush=True)
+
+    record("local", trio.run(decode_rate, config(), levels, args.new_tokens))
+    with worker(args.threads) as port:
+        record("1 worker, half the layers",
+               trio.run(decode_rate, config([f"127.0.0.1:{port}"]), levels, args.new_tokens))
+        for rtt in (float(x) for x in args.rtt_ms.split(",") if x):
+            with delaying_proxy(port, rtt / 1000) as proxied:
+                record(f"1 worker, +{rtt:g} ms RTT", trio.run(
+                    decode_rate, config([f"127.0.0.1:{proxied}"]), levels, args.new_tokens))
+    with worker(args.threads) as a, worker(args.threads) as b:
+        record("2 workers, a third each", trio.run(
+            decode_rate, config([f"127.0.0.1:{a}", f"127.0.0.1:{b}"]), levels, args.new_tokens))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""dgr over ggml RPC workers: `python -m dgr worker` processes on loopback, a node
+placing layers on them (`NodeConfig.rpc_workers`)."""
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+
+import dgr
+from dgr.errors import ModelLoadError
+from dgr.testmodel import write_test_model
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog", "a", "in the beginning there was"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def worker(threads=1):
+    """A worker process on a free loopback port, killed at the end."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dgr", "worker", "--port", str(port),
+                             "--threads", str(threads)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker did not start: {proc.stderr.read().decode()}")
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory):
+    """The tiny test model with 6 layers, so that every device gets some."""
+    return str(write_test_model(tmp_path_factory.mktemp("rpc") / "deep.gguf", n_layer=6))
+
+
+def config(model, **overrides):
+    base = dict(model_path=model, max_running=4, max_waiting=4, n_ctx=2048, n_batch=128,
+                n_ubatch=128, prefill_chunk=16, n_threads=1)
+    return dgr.NodeConfig(**(base | overrides))
+
+
+async def generate_all(node, params):
+    return [await node.generate(p, params) for p in PROMPTS]
+
+
+async def test_output_through_two_workers_equals_local(deep_model):
+    """Greedy tokens and their log-probabilities through two worker processes are
+    bitwise the local ones (the workers run the same patched CPU kernels), and
+    the capability report says where each layer is."""
+    params = dgr.SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
+    async with dgr.open_node(config(deep_model)) as node:
+        local = await generate_all(node, params)
+    with worker() as first, worker() as second:
+        async with dgr.open_node(config(deep_model, rpc_workers=(first, second))) as node:
+            devices = node.capabilities()["devices"]
+            remote = await generate_all(node, params)
+    assert [d["endpoint"] for d in devices] == [None, first, second]
+    assert [d["layers"] for d in devices] == [2, 2, 2]
+    assert [d["output"] for d in devices] == [False, False, True]  # llama.cpp offloads it last
+    assert all(d["total_bytes"] > 0 for d in devices[1:])
+    for here, there in zip(local, remote):
+        assert there.token_ids == here.token_ids
+        assert there.token_logprobs == here.token_logprobs
+        assert there.logprobs == here.logprobs
+
+
+async def test_layers_placed_as_asked(deep_model):
+    with worker() as endpoint:
+        async with dgr.open_node(config(deep_model, rpc_workers=endpoint, rpc_layers=5)) as node:
+            devices = node.capabilities()["devices"]
+            result = await node.generate("x", dgr.SamplingParams(max_tokens=3, ignore_eos=True))
+    assert [d["layers"] for d in devices] == [1, 5]
+    assert [d["output"] for d in devices] == [False, True]
+    assert len(result.token_ids) == 3
+
+
+async def test_a_worker_that_is_down_is_a_clear_error(deep_model):
+    down = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ModelLoadError, match=f"RPC worker {down} is not reachable"):
+        async with dgr.open_node(config(deep_model, rpc_workers=(down,))):
+            pass
+    with pytest.raises(ValueError, match="rpc_layers"):
+        config(deep_model, rpc_layers=2)
+
+
+def test_cli_exits_2_with_one_line_when_a_worker_is_down(deep_model):
+    down = f"127.0.0.1:{free_port()}"
+    run = subprocess.run([sys.executable, "-m", "dgr", "run", "--model", deep_model, "--port",
+                          str(free_port()), "--ctx", "1024", "--rpc", down],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    errors = [line for line in run.stderr.splitlines() if line.startswith("dgr: error:")]
+    assert len(errors) == 1 and f"RPC worker {down} is not reachable" in errors[0]
+
+
+def test_worker_that_cannot_listen_exits_2():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "dgr", "worker", "--port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "cannot listen" in run.stderr
+
+
+async def test_node_sessions_still_batch_through_a_worker(deep_model):
+    """Concurrent sessions through a worker: same tokens as one at a time."""
+    params = dgr.SamplingParams(max_tokens=10, ignore_eos=True)
+    with worker() as endpoint:
+        async with dgr.open_node(config(deep_model, rpc_workers=endpoint)) as node:
+            alone = await generate_all(node, params)
+            together = [None] * len(PROMPTS)
+
+            async def one(i):
+                together[i] = await node.generate(PROMPTS[i], params)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(PROMPTS)):
+                    nursery.start_soon(one, i)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
