@@ -6,7 +6,9 @@ proxy that adds a fixed round-trip time (tc netem is not available here).
 
 Workers and node share this machine's cores; llama.cpp computes a step's layers in
 order, so a worker computes while the node waits and the two do not compete. What
-distance adds is a round trip per graph split and step (inputs, compute, outputs)."""
+distance adds is a round trip per graph split and step (inputs, compute, outputs),
+and what crosses the wire: llama.cpp offloads the last layers, the output layer
+with them, so each sampled row's logits (n_vocab floats) come back from a worker."""
 
 from __future__ import annotations
 
@@ -72,33 +74,44 @@ def delaying_proxy(target_port: int, rtt_s: float):
     started = threading.Event()
     stop = {}
 
-    async def pipe(source, sink):
+    broken = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+    async def pipe(source, sink, connection: trio.CancelScope):
+        """source -> sink, each chunk held rtt_s / 2; a broken side ends the connection."""
         send, receive = trio.open_memory_channel(1 << 16)
 
         async def reader():
             async with send:
-                while data := await source.receive_some(1 << 16):
-                    await send.send((trio.current_time() + rtt_s / 2, data))
+                try:
+                    while data := await source.receive_some(1 << 16):
+                        await send.send((trio.current_time() + rtt_s / 2, data))
+                except broken:
+                    connection.cancel()
 
         async def writer():
-            async for due, data in receive:
-                await trio.sleep_until(due)
-                await sink.send_all(data)
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            try:
+                async for due, data in receive:
+                    await trio.sleep_until(due)
+                    await sink.send_all(data)
                 await sink.send_eof()
+            except broken:
+                connection.cancel()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader)
             nursery.start_soon(writer)
 
     async def handle(client):
-        upstream = await trio.open_tcp_stream("127.0.0.1", target_port)
+        try:
+            upstream = await trio.open_tcp_stream("127.0.0.1", target_port)
+        except OSError:
+            await client.aclose()
+            return
         for stream in (client, upstream):
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            async with client, upstream, trio.open_nursery() as nursery:
-                nursery.start_soon(pipe, client, upstream)
-                nursery.start_soon(pipe, upstream, client)
+        async with client, upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(pipe, client, upstream, nursery.cancel_scope)
+            nursery.start_soon(pipe, upstream, client, nursery.cancel_scope)
 
     async def main():
         async with trio.open_nursery() as nursery:
@@ -160,14 +173,16 @@ def main(argv=None) -> int:
         print(f"{name:28s} " + "  ".join(
             f"c={c}: {r:6.1f} tok/s ({r / base[c]:.2f}x)" for c, r in rates.items()), flush=True)
 
+    # A fresh worker for each configuration: ggml's RPC client keeps its connection to
+    # an endpoint for the life of the process, and a worker serves one client at a time.
     record("local", trio.run(decode_rate, config(), levels, args.new_tokens))
     with worker(args.threads) as port:
         record("1 worker, half the layers",
                trio.run(decode_rate, config([f"127.0.0.1:{port}"]), levels, args.new_tokens))
-        for rtt in (float(x) for x in args.rtt_ms.split(",") if x):
-            with delaying_proxy(port, rtt / 1000) as proxied:
-                record(f"1 worker, +{rtt:g} ms RTT", trio.run(
-                    decode_rate, config([f"127.0.0.1:{proxied}"]), levels, args.new_tokens))
+    for rtt in (float(x) for x in args.rtt_ms.split(",") if x):
+        with worker(args.threads) as port, delaying_proxy(port, rtt / 1000) as proxied:
+            record(f"1 worker, +{rtt:g} ms RTT", trio.run(
+                decode_rate, config([f"127.0.0.1:{proxied}"]), levels, args.new_tokens))
     with worker(args.threads) as a, worker(args.threads) as b:
         record("2 workers, a third each", trio.run(
             decode_rate, config([f"127.0.0.1:{a}", f"127.0.0.1:{b}"]), levels, args.new_tokens))

@@ -279,16 +279,21 @@ def _rpc_placement(path, list servers, int rpc_layers):
     cdef ggml_backend_dev_t dev
     cdef size_t free_b, total_b
     cdef bytes endpoint
+    cdef const char * c_endpoint
     devices = []
     for server in servers:
         _check_reachable(server)
         endpoint = server.encode()
-        reg = add_server(endpoint)
+        c_endpoint = endpoint
+        # network round trips: without the GIL, so other threads (a Trio loop) run
+        with nogil:
+            reg = add_server(c_endpoint)
         if reg == NULL:
             raise ModelLoadError(f"RPC worker {server}: llama.cpp could not add it")
         for i in range(ggml_backend_reg_dev_count(reg)):
             dev = ggml_backend_reg_dev_get(reg, i)
-            ggml_backend_dev_memory(dev, &free_b, &total_b)
+            with nogil:
+                ggml_backend_dev_memory(dev, &free_b, &total_b)
             devices.append({"endpoint": server, "name": ggml_backend_dev_name(dev).decode(),
                             "description": ggml_backend_dev_description(dev).decode(),
                             "handle": <size_t> dev, "free_bytes": free_b,
