@@ -9,7 +9,8 @@ the pristine pin and from the patched one, alternating, to show what dgr's
 patch stack costs at each batch size. A mixed-load case measures decoder
 stalls while a long prompt prefills; a prefix case (benchmarks/shared_prefix.py)
 measures shared system prompts and a multi-turn chat with and without dgr's
-prefix cache, and against llama-server's prompt caching.
+prefix cache, and against llama-server's prompt caching; a grammar case
+(benchmarks/grammar.py) whether a JSON-schema-constrained session slows others.
 
 Reported: aggregate generated tokens/s, prefill tokens/s, TTFT and inter-token
 latency p50/p99, dgr's batch occupancy, KV pressure and queue depth (scraped
@@ -36,6 +37,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import shared_prefix  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
@@ -429,6 +431,8 @@ def markdown(report) -> str:
     p = report.get("prefix")
     if p:
         lines.extend(markdown_prefix(p))
+    if report.get("grammar"):
+        lines.extend(grammar_case.markdown(report["grammar"]))
     return "\n".join(lines) + "\n"
 
 
@@ -561,9 +565,10 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
-    parser.add_argument("--cases", default="levels,mixed,prefix",
+    parser.add_argument("--cases", default="levels,mixed,prefix,grammar",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
-                             "corruption check), mixed (mixed load), prefix (shared prefixes)")
+                             "corruption check), mixed (mixed load), prefix (shared prefixes), "
+                             "grammar (8 sessions beside a JSON-schema one vs a sampled one)")
     parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
     parser.add_argument("--mixed-chunks", default="32,128,256",
                         help="dgr prefill chunk sizes tried in the mixed-load case (dgr's default "
@@ -598,7 +603,8 @@ def main(argv=None) -> int:
     checked = sorted({c for c in levels if c >= 8} & {8, max(levels, default=0)})
     mixed_chunks = [int(x) for x in args.mixed_chunks.split(",")]
     steps = (3 * len(levels) + (2 if levels else 0) + len(checked)
-             + (1 + len(mixed_chunks) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0))
+             + (1 + len(mixed_chunks) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
+             + (1 if "grammar" in cases else 0))
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
             run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar)
@@ -640,6 +646,9 @@ def main(argv=None) -> int:
                                       "exit_code": srv.proc.poll(), "log": str(log)}
                         report["prefix"][name][workload] = result
                 bar.update()
+        if "grammar" in cases:
+            report["grammar"] = grammar_case.run(model, args.threads)
+            bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
                             "llama_server": saturation(report["llama_server"])}
     out = Path(args.out)

@@ -208,6 +208,10 @@ def system_info():
 _MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
 
+# the output layer's tensors (a tied output is the token embedding, duplicated)
+cdef const char * _OUTPUT_TENSORS = b"^(output|output_norm|token_embd)\\."
+
+
 cdef void * _rpc_proc(const char * name) except NULL:
     """An entry point of ggml's RPC backend (ggml-rpc.h), or ModelLoadError."""
     _init_backend()
@@ -267,9 +271,8 @@ def _layer_shares(int offloaded, int n_devices):
 def _rpc_placement(path, list servers, int rpc_layers):
     """Connect to the RPC workers and place layers on them: None without workers,
     else {"offloaded": repeating layers on workers, "devices": [{endpoint, name,
-    handle, free_bytes, total_bytes, layers, output}]}; the output layer goes
-    with the last worker's layers (llama.cpp offloads the last layers, output
-    included). A worker that is down, or one with less free memory than its
+    handle, free_bytes, total_bytes, layers}]}; the output layer stays here
+    (Engine). A worker that is down, or one with less free memory than its
     share of the weights (about: the file size per layer), is a ModelLoadError."""
     if not servers:
         return None
@@ -305,8 +308,9 @@ def _rpc_placement(path, list servers, int rpc_layers):
     weights = os.path.getsize(path)
     for j, (device, layers) in enumerate(zip(devices, _layer_shares(offloaded, len(devices)))):
         device["layers"] = layers
+        # llama.cpp offloads the output unit with the last layers; Engine keeps it here
         device["output"] = offloaded > 0 and j == len(devices) - 1
-        need = weights * (layers + device["output"]) // (n_layer + 1)
+        need = weights * layers // (n_layer + 1)
         if need > device["free_bytes"]:
             raise ModelLoadError(
                 f"RPC worker {device['endpoint']} has {device['free_bytes'] >> 20} MiB free; "
@@ -316,12 +320,12 @@ def _rpc_placement(path, list servers, int rpc_layers):
 
 def _device_report(placement, int n_layer):
     """Where the layers are, for the capability report."""
-    local = {"name": "CPU", "endpoint": None, "layers": n_layer, "output": True}
+    local = {"name": "CPU", "endpoint": None, "layers": n_layer}
     if placement is None:
         return [local]
     local["layers"] = n_layer - placement["offloaded"]
-    local["output"] = placement["offloaded"] == 0
-    return [local] + [{k: v for k, v in d.items() if k != "handle"} for d in placement["devices"]]
+    return [local] + [{k: v for k, v in d.items() if k not in ("handle", "output")}
+                      for d in placement["devices"]]
 
 
 def serve_rpc(str endpoint, int n_threads, cache_dir=None):
@@ -452,6 +456,7 @@ cdef class Engine:
         cdef const char * cpath = bpath
         cdef ggml_backend_dev_t * devices = NULL
         cdef float * split = NULL
+        cdef llama_model_tensor_buft_override local_output[2]
         placement = _rpc_placement(path, list(rpc_servers), rpc_layers)
         if placement is not None:
             devices = <ggml_backend_dev_t *> calloc(len(placement["devices"]) + 1,
@@ -469,6 +474,14 @@ cdef class Engine:
             mparams.devices = devices
             mparams.tensor_split = split
             mparams.n_gpu_layers = placement["offloaded"] + (1 if placement["offloaded"] else 0)
+            # ...but the output layer's weights stay here: each sampled row's logits
+            # (n_vocab floats) are made where they are sampled, and only the hidden
+            # state (n_embd floats) crosses the network
+            local_output[0].pattern = _OUTPUT_TENSORS
+            local_output[0].buft = ggml_backend_cpu_buffer_type()
+            local_output[1].pattern = NULL
+            local_output[1].buft = NULL
+            mparams.tensor_buft_overrides = local_output
         dgr_log_clear()
         try:
             with nogil:

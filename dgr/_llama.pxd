@@ -32,6 +32,10 @@ cdef extern from "ggml-backend.h" nogil:
     const char * ggml_backend_dev_description(ggml_backend_dev_t device)
     void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
     ggml_backend_dev_t ggml_backend_dev_by_type(ggml_backend_dev_type type)
+    cdef struct ggml_backend_buffer_type:
+        pass
+    ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
+    ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
 
 # ggml-rpc.h's entry points, looked up through the RPC backend's registry
 # (ggml_backend_reg_get_proc_address) as llama.cpp's rpc-server does
@@ -66,8 +70,13 @@ cdef extern from "llama.h" nogil:
         llama_seq_id ** seq_id
         int8_t * logits
 
+    cdef struct llama_model_tensor_buft_override:
+        const char * pattern
+        ggml_backend_buffer_type_t buft
+
     cdef struct llama_model_params:
         ggml_backend_dev_t * devices
+        const llama_model_tensor_buft_override * tensor_buft_overrides
         int32_t n_gpu_layers
         const float * tensor_split
         bint vocab_only

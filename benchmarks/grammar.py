@@ -1,0 +1,68 @@
+"""The bench's grammar case: does a grammar-constrained session slow the others?
+
+8 greedy sessions run beside a 9th that samples (temperature 0.7), once without a
+grammar and once under a JSON schema (llama.cpp's grammar sampler), alternating,
+in one process: the 8 sessions' aggregate tokens/s in each, and their ratio (1.0:
+the grammar costs the others nothing beyond what any sampled session does)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import trio
+
+import dgr
+
+SCHEMA = {"type": "object", "properties": {
+    "items": {"type": "array", "items": {"type": "string", "maxLength": 24}}},
+    "required": ["items"]}
+PROMPTS = [f"Session {i}: describe a city you would like to visit, and why." for i in range(8)]
+
+
+async def eight_beside(model: str, threads: int, grammar: str | None, n_new: int) -> float:
+    config = dgr.NodeConfig(model_path=model, n_ctx=8192, n_threads=threads)
+    plain = dgr.SamplingParams(max_tokens=n_new, ignore_eos=True)
+    async with dgr.open_node(config) as node:
+        await node.generate("warm up", dgr.SamplingParams(max_tokens=4))
+        results = [None] * len(PROMPTS)
+        async with trio.open_nursery() as nursery:
+            async def ninth():
+                while True:
+                    await node.generate("List many fruits as JSON:", dgr.SamplingParams(
+                        max_tokens=400, temperature=0.7, grammar=grammar))
+
+            nursery.start_soon(ninth)
+            await trio.sleep(0.5)  # the 9th session is decoding
+            started = time.monotonic()
+            async with trio.open_nursery() as sessions:
+                async def one(i):
+                    results[i] = await node.generate(PROMPTS[i], plain)
+
+                for i in range(len(PROMPTS)):
+                    sessions.start_soon(one, i)
+            elapsed = time.monotonic() - started
+            nursery.cancel_scope.cancel()
+    return sum(len(r.token_ids) for r in results) / elapsed
+
+
+def run(model: str, threads: int, rounds: int = 2, n_new: int = 96) -> list[dict]:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    grammar = json_schema_to_gbnf(json.dumps(SCHEMA))
+    out = []
+    for _ in range(rounds):
+        sampled = trio.run(eight_beside, model, threads, None, n_new)
+        constrained = trio.run(eight_beside, model, threads, grammar, n_new)
+        out.append({"beside_sampled_tok_s": sampled, "beside_grammar_tok_s": constrained,
+                    "ratio": constrained / sampled})
+    return out
+
+
+def markdown(rounds: list[dict]) -> list[str]:
+    lines = ["", "| grammar case, round | 8 greedy beside a sampled session tok/s | beside a "
+             "JSON-schema session tok/s | ratio |", "|---|---|---|---|"]
+    for i, r in enumerate(rounds):
+        lines.append(f"| {i} | {r['beside_sampled_tok_s']:.1f} | {r['beside_grammar_tok_s']:.1f} "
+                     f"| {r['ratio']:.3f} |")
+    return lines
