@@ -384,10 +384,13 @@ cdef class Engine:
     cdef llama_logit_bias * eog_bias   # end-of-generation tokens, bias -inf
     cdef int n_eog
     cdef float * eog_saved      # per sampling thread: banned logits while a greedy row is sampled
-    cdef llama_logit_bias * bans  # per slot, MAX_BANS apart: its end-of-generation tokens, then
-    cdef int * n_bans             # its stop token ids (bias -inf): all banned until it has
-    cdef int * n_bans_always      # sampled min_tokens tokens, the first n_bans_always ever after
-    cdef int * ban_until          # (ignore_eos)
+    # per slot, n_eog + MAX_STOP_IDS entries apart: its end-of-generation tokens, then its
+    # stop token ids (bias -inf); all of its n_bans are banned until it has sampled
+    # ban_until (min_tokens) tokens, the first n_bans_always (ignore_eos) ever after
+    cdef llama_logit_bias * bans
+    cdef int * n_bans
+    cdef int * n_bans_always
+    cdef int * ban_until
     cdef int * sampled_n          # per slot: tokens sampled since set_sampling
     cdef char * greedy_slot     # per slot: pure greedy, sampled by argmax in C
     cdef long long steps_done
@@ -1043,7 +1046,7 @@ cdef class Engine:
         OpenMP threads, which spin idle between two llama_decode calls; a row's
         result does not depend on which thread samples it. The logits are looked
         up first, on this thread: llama_get_logits_ith synchronizes the context."""
-        cdef int i, tid, wanted = 0
+        cdef int i, wanted = 0
         for i in range(n):
             if want[i] != 0:
                 self.row_logits[i] = llama_get_logits_ith(self.ctx, i)

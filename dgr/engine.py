@@ -97,9 +97,10 @@ def load_engine(config: NodeConfig) -> tuple[_batch.Engine, Budgets]:
         memory_bytes=config.memory_budget,
     )
     try:
-        # weights here: the layers not placed on RPC workers (each checked its share)
-        local = info["devices"][0]["layers"] / max(1, info["n_layer"])
-        budgets.check_memory(int(info["model_bytes"] * local), info["kv_bytes"],
+        # weights here: all but the RPC workers' layers (each worker checked its share;
+        # the input and output layers stay here)
+        remote = sum(d["layers"] for d in info["devices"][1:]) / (info["n_layer"] + 1)
+        budgets.check_memory(int(info["model_bytes"] * (1 - remote)), info["kv_bytes"],
                              info["compute_bytes"] + info["output_bytes"])
     except DgrError:
         engine.close()
