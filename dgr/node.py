@@ -62,6 +62,7 @@ class Node:
                               config.max_running + config.max_waiting)
         self._ids = itertools.count(1)
         self._closing = False
+        self._streaming = 0  # session tasks still handing chunks to their readers
         self.telemetry.kv_cells_total.set(budgets.kv_cells_total)
         self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
                              budgets.kv_cells_total)
@@ -237,10 +238,12 @@ class Node:
         return self._admission.draining
 
     async def drain(self, grace_s: float) -> bool:
-        """Stop admitting; wait up to grace_s for sessions to end. True if all ended."""
+        """Stop admitting; wait up to grace_s for sessions to end and their last
+        chunks to be handed to their readers (a session's slot is free before its
+        task has passed on the end). True if all ended."""
         self._admission.start_draining()
         with trio.move_on_after(grace_s):
-            while self._admission.running or self._admission.waiting:
+            while self._admission.running or self._admission.waiting or self._streaming:
                 await trio.sleep(0.02)
             return True
         return False
@@ -306,44 +309,48 @@ class Node:
     async def _session_task(self, session: Session, tokens: trio.MemoryReceiveChannel,
                             chunks: trio.MemorySendChannel, task_status=trio.TASK_STATUS_IGNORED):
         """Turns a session's tokens into text chunks for its reader."""
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            detok = IncrementalDetokenizer(self._engine.token_to_piece)
-            stops = StopMatcher(session.params.stop)
-            stop_ids, min_tokens, n = frozenset(session.params.stop_token_ids), \
-                session.params.min_tokens, 0
-            async with chunks, tokens:
-                try:
-                    async for event in tokens:
-                        if event.finish_reason is not None:
-                            tail, _ = stops.feed(detok.flush())
-                            await chunks.send(Chunk(None, tail + stops.flush(),
-                                                    finish_reason=event.finish_reason,
-                                                    error=event.error))
-                            return
-                        self._loop.credit(session)
-                        n += 1
-                        if event.token in stop_ids:  # the engine bans them below min_tokens
-                            self._loop.end(session, FinishReason.STOP)
-                            tail, _ = stops.feed(detok.flush())
-                            await chunks.send(Chunk(None, tail + stops.flush(),
-                                                    finish_reason=FinishReason.STOP))
-                            return
-                        if n <= min_tokens:  # no stop string ends it yet
-                            await chunks.send(Chunk(event.token, detok.push(event.token),
-                                                    event.logprob, event.top))
-                            continue
-                        text, stopped = stops.feed(detok.push(event.token))
-                        if stopped:
-                            self._loop.end(session, FinishReason.STOP)
-                            await chunks.send(Chunk(event.token, text, event.logprob, event.top,
-                                                    finish_reason=FinishReason.STOP))
-                            return
-                        await chunks.send(Chunk(event.token, text, event.logprob, event.top))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the reader left the stream: that is a cancellation
-                finally:
-                    self._loop.end(session, FinishReason.CANCELLED)
+        self._streaming += 1
+        try:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                detok = IncrementalDetokenizer(self._engine.token_to_piece)
+                stops = StopMatcher(session.params.stop)
+                stop_ids, min_tokens, n = frozenset(session.params.stop_token_ids), \
+                    session.params.min_tokens, 0
+                async with chunks, tokens:
+                    try:
+                        async for event in tokens:
+                            if event.finish_reason is not None:
+                                tail, _ = stops.feed(detok.flush())
+                                await chunks.send(Chunk(None, tail + stops.flush(),
+                                                        finish_reason=event.finish_reason,
+                                                        error=event.error))
+                                return
+                            self._loop.credit(session)
+                            n += 1
+                            if event.token in stop_ids:  # the engine bans them below min_tokens
+                                self._loop.end(session, FinishReason.STOP)
+                                tail, _ = stops.feed(detok.flush())
+                                await chunks.send(Chunk(None, tail + stops.flush(),
+                                                        finish_reason=FinishReason.STOP))
+                                return
+                            if n <= min_tokens:  # no stop string ends it yet
+                                await chunks.send(Chunk(event.token, detok.push(event.token),
+                                                        event.logprob, event.top))
+                                continue
+                            text, stopped = stops.feed(detok.push(event.token))
+                            if stopped:
+                                self._loop.end(session, FinishReason.STOP)
+                                await chunks.send(Chunk(event.token, text, event.logprob, event.top,
+                                                        finish_reason=FinishReason.STOP))
+                                return
+                            await chunks.send(Chunk(event.token, text, event.logprob, event.top))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass  # the reader left the stream: that is a cancellation
+                    finally:
+                        self._loop.end(session, FinishReason.CANCELLED)
+        finally:
+            self._streaming -= 1
 
     def _shutdown(self) -> None:
         """End every session as cancelled and stop the batch loop at once."""
