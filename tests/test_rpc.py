@@ -136,3 +136,32 @@ async def test_node_sessions_still_batch_through_a_worker(deep_model):
                 for i in range(len(PROMPTS)):
                     nursery.start_soon(one, i)
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+
+
+@pytest.mark.default_model
+async def test_default_model_through_a_worker_equals_local(default_model):
+    """Gemma 3 270M, half its layers on a worker process: the same tokens and
+    log-probabilities as local, sessions decoded together."""
+    params = dgr.SamplingParams(max_tokens=16, logprobs=1, ignore_eos=True)
+
+    async def together(node):
+        out = [None] * len(PROMPTS)
+
+        async def one(i):
+            out[i] = await node.generate(PROMPTS[i], params)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(PROMPTS)):
+                nursery.start_soon(one, i)
+        return out
+
+    base = dict(model_path=default_model, max_running=4, max_waiting=4, n_ctx=2048, n_threads=2)
+    async with dgr.open_node(dgr.NodeConfig(**base)) as node:
+        local = await together(node)
+    with worker(threads=2) as endpoint:
+        async with dgr.open_node(dgr.NodeConfig(**base, rpc_workers=(endpoint,))) as node:
+            assert [d["layers"] for d in node.capabilities()["devices"]] == [9, 9]
+            remote = await together(node)
+    for here, there in zip(local, remote):
+        assert there.token_ids == here.token_ids
+        assert there.token_logprobs == here.token_logprobs
