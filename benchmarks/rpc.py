@@ -53,23 +53,26 @@ def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 
 
 
 @contextlib.contextmanager
-def worker(threads: int):
+def worker(threads: int = 1):
+    """A `python -m dgr worker` process on a free loopback port (its host:port)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dgr", "worker", "--port", str(port),
                              "--threads", str(threads)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port, proc)
-        yield port
+        yield f"127.0.0.1:{port}"
     finally:
         proc.kill()
         proc.wait()
 
 
 @contextlib.contextmanager
-def delaying_proxy(target_port: int, rtt_s: float):
-    """A TCP proxy on a free port that holds every byte rtt_s / 2 in each direction
-    (ordered, pipelined: it adds latency, not a bandwidth limit)."""
+def delaying_proxy(target: str, rtt_s: float):
+    """A TCP proxy in front of `target` (host:port) that holds every byte rtt_s / 2
+    in each direction (ordered, pipelined: it adds latency, not a bandwidth limit);
+    yields its own host:port."""
+    target_host, _, target_port = target.rpartition(":")
     port = free_port()
     started = threading.Event()
     stop = {}
@@ -103,7 +106,7 @@ def delaying_proxy(target_port: int, rtt_s: float):
 
     async def handle(client):
         try:
-            upstream = await trio.open_tcp_stream("127.0.0.1", target_port)
+            upstream = await trio.open_tcp_stream(target_host, int(target_port))
         except OSError:
             await client.aclose()
             return
@@ -124,7 +127,7 @@ def delaying_proxy(target_port: int, rtt_s: float):
     thread.start()
     started.wait(10)
     try:
-        yield port
+        yield f"127.0.0.1:{port}"
     finally:
         stop["token"].run_sync_soon(stop["scope"].cancel)
         thread.join(10)
@@ -176,16 +179,16 @@ def main(argv=None) -> int:
     # A fresh worker for each configuration: ggml's RPC client keeps its connection to
     # an endpoint for the life of the process, and a worker serves one client at a time.
     record("local", trio.run(decode_rate, config(), levels, args.new_tokens))
-    with worker(args.threads) as port:
+    with worker(args.threads) as endpoint:
         record("1 worker, half the layers",
-               trio.run(decode_rate, config([f"127.0.0.1:{port}"]), levels, args.new_tokens))
+               trio.run(decode_rate, config([endpoint]), levels, args.new_tokens))
     for rtt in (float(x) for x in args.rtt_ms.split(",") if x):
-        with worker(args.threads) as port, delaying_proxy(port, rtt / 1000) as proxied:
+        with worker(args.threads) as endpoint, delaying_proxy(endpoint, rtt / 1000) as proxied:
             record(f"1 worker, +{rtt:g} ms RTT", trio.run(
-                decode_rate, config([f"127.0.0.1:{proxied}"]), levels, args.new_tokens))
+                decode_rate, config([proxied]), levels, args.new_tokens))
     with worker(args.threads) as a, worker(args.threads) as b:
         record("2 workers, a third each", trio.run(
-            decode_rate, config([f"127.0.0.1:{a}", f"127.0.0.1:{b}"]), levels, args.new_tokens))
+            decode_rate, config([a, b]), levels, args.new_tokens))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     return 0

@@ -831,7 +831,7 @@ cdef class Engine:
                 biases[i].bias = bias
             llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(self.vocab_size, n_bias, biases))
             free(biases)  # the sampler keeps a copy
-        # The grammar stays outside the chain: _sample_constrained checks the chain's
+        # The grammar stays outside the chain: _sample_chain checks the chain's
         # pick against it and constrains the whole vocabulary only when it is rejected.
         cdef llama_sampler * constrained = NULL
         cdef bytes grammar_text
@@ -1115,68 +1115,39 @@ cdef class Engine:
                            llama_token_data * candidates) noexcept nogil:
         """A token from the slot's sampler chain over the whole vocabulary, as
         llama_sampler_sample does (which cannot run on two threads at once: it
-        looks the logits up itself), with the grammar if the slot has one."""
-        if self.grammars[slot] != NULL:
-            return self._sample_constrained(slot, logits, candidates)
-        cdef llama_sampler * chain = self.samplers[slot]
-        cdef llama_token_data_array cur
-        cdef int token
-        self._fill(slot, logits, candidates)
-        cur.data = candidates
-        cur.size = self.vocab_size
-        cur.selected = -1
-        cur.sorted = False
-        llama_sampler_apply(chain, &cur)
-        if cur.selected < 0 or cur.selected >= <int> cur.size:
+        looks the logits up itself). With a grammar, as llama.cpp's common sampler
+        does: the chain picks freely and the grammar checks only that pick; only a
+        rejected pick makes the grammar constrain every candidate before the chain
+        runs again. For a sampled row that is exactly the constrained distribution
+        (a rejected pick is redrawn from it), and it spares a grammar check of the
+        whole vocabulary per step that would stall every other row."""
+        cdef llama_sampler * grammar = self.grammars[slot]
+        cdef int token = self._pick(slot, logits, candidates, NULL)
+        if grammar != NULL and token >= 0 and not _grammar_allows(grammar, token):
+            token = self._pick(slot, logits, candidates, grammar)
+        if token < 0:
             return -1
-        token = cur.data[cur.selected].id
-        llama_sampler_accept(chain, token)
+        if grammar != NULL:
+            llama_sampler_accept(grammar, token)
+        llama_sampler_accept(self.samplers[slot], token)
         return token
 
-    cdef int _sample_constrained(self, int slot, const float * logits,
-                                 llama_token_data * candidates) noexcept nogil:
-        """A token for a grammar-constrained row, as llama.cpp's common sampler does:
-        the chain picks from the whole vocabulary; only if the grammar rejects that
-        token is the grammar applied to every candidate and the chain run again. For
-        a sampled row that is exactly the constrained distribution (a rejected pick
-        is redrawn from it); it spares the grammar check of 262k tokens per step
-        that would stall every other row."""
-        cdef llama_sampler * chain = self.samplers[slot]
-        cdef llama_sampler * grammar = self.grammars[slot]
+    cdef int _pick(self, int slot, const float * logits, llama_token_data * candidates,
+                   llama_sampler * grammar) noexcept nogil:
+        """The chain's pick (-1: none) over the whole vocabulary with the slot's bans,
+        constrained first by `grammar` when given; accepts nothing."""
         cdef llama_token_data_array cur
-        cdef llama_token_data one
-        cdef llama_token_data_array single
-        cdef int token
         self._fill(slot, logits, candidates)
         cur.data = candidates
         cur.size = self.vocab_size
         cur.selected = -1
         cur.sorted = False
-        llama_sampler_apply(chain, &cur)
-        if cur.selected < 0:
-            return -1
-        token = cur.data[cur.selected].id
-        one.id = token
-        one.logit = 1.0
-        one.p = 0.0
-        single.data = &one
-        single.size = 1
-        single.selected = -1
-        single.sorted = False
-        llama_sampler_apply(grammar, &single)
-        if single.data[0].logit == -INFINITY:
-            self._fill(slot, logits, candidates)
-            cur.size = self.vocab_size
-            cur.selected = -1
-            cur.sorted = False
+        if grammar != NULL:
             llama_sampler_apply(grammar, &cur)
-            llama_sampler_apply(chain, &cur)
-            if cur.selected < 0:
-                return -1
-            token = cur.data[cur.selected].id
-        llama_sampler_accept(grammar, token)
-        llama_sampler_accept(chain, token)
-        return token
+        llama_sampler_apply(self.samplers[slot], &cur)
+        if cur.selected < 0 or cur.selected >= <int> cur.size:
+            return -1
+        return cur.data[cur.selected].id
 
     cdef _reconcile(self, cnp.ndarray[int32_t, ndim=1] pos_before):
         # llama.cpp keeps the ubatches it processed before an abort or a fatal
@@ -1618,6 +1589,21 @@ cdef int _argmax(float * logits, int n_vocab, const llama_logit_bias * banned, i
     for j in range(n_banned):
         logits[banned[j].token] = saved[j]
     return best if best >= 0 else 0
+
+
+cdef bint _grammar_allows(llama_sampler * grammar, int token) noexcept nogil:
+    """Whether the grammar, in its current state, accepts `token` next."""
+    cdef llama_token_data one
+    cdef llama_token_data_array single
+    one.id = token
+    one.logit = 1.0
+    one.p = 0.0
+    single.data = &one
+    single.size = 1
+    single.selected = -1
+    single.sorted = False
+    llama_sampler_apply(grammar, &single)
+    return single.data[0].logit != -INFINITY
 
 
 cdef bint _logprobs(const float * logits, int n_vocab, int k, int chosen,

@@ -1,49 +1,23 @@
-"""dgr over ggml RPC workers: `python -m dgr worker` processes on loopback, a node
-placing layers on them (`NodeConfig.rpc_workers`)."""
+"""dgr over ggml RPC workers: `python -m dgr worker` processes on loopback (started
+by benchmarks/rpc.py's `worker`), a node placing layers on them
+(`NodeConfig.rpc_workers`)."""
 
-import contextlib
 import socket
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 import trio
 
-import dgr
-from dgr.errors import ModelLoadError
-from dgr.testmodel import write_test_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import dgr  # noqa: E402
+from benchmarks.rpc import free_port, worker  # noqa: E402
+from dgr.errors import ModelLoadError  # noqa: E402
+from dgr.testmodel import write_test_model  # noqa: E402
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "a", "in the beginning there was"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def worker(threads=1):
-    """A worker process on a free loopback port, killed at the end."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dgr", "worker", "--port", str(port),
-                             "--threads", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"worker did not start: {proc.stderr.read().decode()}")
-                time.sleep(0.05)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +34,18 @@ def config(model, **overrides):
 
 async def generate_all(node, params):
     return [await node.generate(p, params) for p in PROMPTS]
+
+
+async def generate_together(node, params):
+    out = [None] * len(PROMPTS)
+
+    async def one(i):
+        out[i] = await node.generate(PROMPTS[i], params)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(PROMPTS)):
+            nursery.start_soon(one, i)
+    return out
 
 
 async def test_output_through_two_workers_equals_local(deep_model):
@@ -127,14 +113,7 @@ async def test_node_sessions_still_batch_through_a_worker(deep_model):
     with worker() as endpoint:
         async with dgr.open_node(config(deep_model, rpc_workers=endpoint)) as node:
             alone = await generate_all(node, params)
-            together = [None] * len(PROMPTS)
-
-            async def one(i):
-                together[i] = await node.generate(PROMPTS[i], params)
-
-            async with trio.open_nursery() as nursery:
-                for i in range(len(PROMPTS)):
-                    nursery.start_soon(one, i)
+            together = await generate_together(node, params)
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
 
 
@@ -143,25 +122,13 @@ async def test_default_model_through_a_worker_equals_local(default_model):
     """Gemma 3 270M, half its layers on a worker process: the same tokens and
     log-probabilities as local, sessions decoded together."""
     params = dgr.SamplingParams(max_tokens=16, logprobs=1, ignore_eos=True)
-
-    async def together(node):
-        out = [None] * len(PROMPTS)
-
-        async def one(i):
-            out[i] = await node.generate(PROMPTS[i], params)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(PROMPTS)):
-                nursery.start_soon(one, i)
-        return out
-
     base = dict(model_path=default_model, max_running=4, max_waiting=4, n_ctx=2048, n_threads=2)
     async with dgr.open_node(dgr.NodeConfig(**base)) as node:
-        local = await together(node)
+        local = await generate_together(node, params)
     with worker(threads=2) as endpoint:
         async with dgr.open_node(dgr.NodeConfig(**base, rpc_workers=(endpoint,))) as node:
             assert [d["layers"] for d in node.capabilities()["devices"]] == [9, 9]
-            remote = await together(node)
+            remote = await generate_together(node, params)
     for here, there in zip(local, remote):
         assert there.token_ids == here.token_ids
         assert there.token_logprobs == here.token_logprobs

@@ -397,9 +397,9 @@ async def test_each_parameter_changes_what_it_should_and_nothing_else(start_serv
                 body, [text], _ = await run(max_completion_tokens=4)
                 assert body["usage"]["completion_tokens"] == 4 and base_text.startswith(text)
             piece = base_text[3:7]
-            if piece:
-                _, [text], [finish] = await run(stop=[piece])
-                assert text == base_text[:base_text.index(piece)] and finish == "stop"
+            assert piece
+            _, [text], [finish] = await run(stop=[piece])
+            assert text == base_text[:base_text.index(piece)] and finish == "stop"
             cut = ref.index(ref[4])
             body, [text], [finish] = await run(stop_token_ids=[ref[4]])
             assert body["usage"]["completion_tokens"] == cut and finish == "stop"
