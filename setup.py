@@ -40,7 +40,9 @@ lib_dir = llama_cpp_lib_dir()
 extension = Extension(
     "dgr._batch",
     sources=["dgr/_batch.pyx"],
-    include_dirs=[str(VENDOR / "include"), str(VENDOR / "ggml" / "include"), numpy.get_include()],
+    # ggml/src: ggml-backend-impl.h, for a worker's memory-capped CPU device (dgr_cpu_offering)
+    include_dirs=[str(VENDOR / "include"), str(VENDOR / "ggml" / "include"),
+                  str(VENDOR / "ggml" / "src"), numpy.get_include()],
     library_dirs=[str(lib_dir)],
     libraries=["llama", "ggml", "ggml-base"],
     runtime_library_dirs=[str(lib_dir)],

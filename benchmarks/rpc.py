@@ -40,11 +40,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 60,
+              host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
             return
         except OSError:
             if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
@@ -55,13 +56,23 @@ def wait_port(port: int, proc: subprocess.Popen | None = None, timeout: float = 
 @contextlib.contextmanager
 def worker(threads: int = 1):
     """A `python -m dgr worker` process on a free loopback port (its host:port)."""
+    with worker_process(threads) as (endpoint, _):
+        yield endpoint
+
+
+@contextlib.contextmanager
+def worker_process(threads: int = 1, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                   args: tuple[str, ...] = (), stderr=subprocess.DEVNULL):
+    """A `python -m dgr worker` process listening on host (its host:port, the
+    process); `prefix` runs it through another command (e.g. `ip netns exec NS`),
+    `args` are more of the worker's options."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dgr", "worker", "--port", str(port),
-                             "--threads", str(threads)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "dgr", "worker", "--host", host,
+                             "--port", str(port), "--threads", str(threads), *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        wait_port(port, proc)
-        yield f"127.0.0.1:{port}"
+        wait_port(port, proc, host=host)
+        yield f"{host}:{port}", proc
     finally:
         proc.kill()
         proc.wait()

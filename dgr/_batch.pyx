@@ -26,7 +26,7 @@ from dgr._llama cimport *
 from dgr._scheduler cimport (EV_FINISH, EV_STEP, FINISH_CANCELLED, MAX_LOGPROBS, Event, Scheduler,
                              StepFigures, event_tuple)
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
-                        InvalidBatch, KVSlotUnavailable, ModelLoadError)
+                        InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
 
 cnp.import_array()
 
@@ -50,6 +50,7 @@ cdef extern from *:
     #include <pthread.h>
     #include <stdio.h>
     #include <string.h>
+    #include "ggml-backend-impl.h"  /* the device struct (the pinned tree's), for dgr_cpu_offering */
 
     /* llama.cpp logs through one process-wide callback. dgr keeps the recent
        text in a buffer: model loading errors and buffer sizes are read from it. */
@@ -93,6 +94,41 @@ cdef extern from *:
         out[n] = 0;
         pthread_mutex_unlock(&dgr_log_lock);
         return n;
+    }
+
+    /* A worker's CPU device that reports at most dgr_offered bytes of memory to RPC
+       clients (`dgr worker --mem`, as llama.cpp's rpc-server -m did): a copy of the CPU
+       device with get_memory/get_props clamped, whose backends name it as their device
+       (the RPC server asks a backend's device for its memory). */
+    static size_t dgr_offered = 0;
+    static ggml_backend_dev_t dgr_cpu = NULL;
+    static struct ggml_backend_device dgr_offered_dev;
+
+    static void dgr_offered_memory(ggml_backend_dev_t dev, size_t *free, size_t *total) {
+        (void)dev;
+        dgr_cpu->iface.get_memory(dgr_cpu, free, total);
+        if (*total > dgr_offered) *total = dgr_offered;
+        if (*free > dgr_offered) *free = dgr_offered;
+    }
+    static void dgr_offered_props(ggml_backend_dev_t dev, struct ggml_backend_dev_props *props) {
+        dgr_cpu->iface.get_props(dgr_cpu, props);
+        dgr_offered_memory(dev, &props->memory_free, &props->memory_total);
+    }
+    static ggml_backend_t dgr_offered_init(ggml_backend_dev_t dev, const char *params) {
+        (void)dev;
+        ggml_backend_t backend = dgr_cpu->iface.init_backend(dgr_cpu, params);
+        if (backend != NULL) backend->device = &dgr_offered_dev;
+        return backend;
+    }
+    static ggml_backend_dev_t dgr_cpu_offering(size_t bytes) {
+        dgr_cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+        if (bytes == 0 || dgr_cpu == NULL) return dgr_cpu;
+        dgr_offered = bytes;
+        dgr_offered_dev = *dgr_cpu;
+        dgr_offered_dev.iface.get_memory = dgr_offered_memory;
+        dgr_offered_dev.iface.get_props = dgr_offered_props;
+        dgr_offered_dev.iface.init_backend = dgr_offered_init;
+        return &dgr_offered_dev;
     }
 
     static bool dgr_abort_callback(void *data) {
@@ -160,6 +196,7 @@ cdef extern from *:
     size_t dgr_log_copy(char * out, size_t cap) noexcept nogil
     int dgr_log_echo
     bint dgr_abort_callback(void * data) noexcept nogil
+    ggml_backend_dev_t dgr_cpu_offering(size_t bytes) noexcept nogil
     void dgr_set_flag(int * flag, int value) noexcept nogil
     int dgr_argmax(const float * x, int n) noexcept nogil
 
@@ -168,11 +205,13 @@ cdef enum:
     WANT_LOGPROBS_C = 2
     FAULT_RAISE_C = 1000     # inject_fault code: raise a RuntimeError after llama_decode ran
     ENGINE_FAULT_C = -1000   # a batch loop's code for a call that raised (FAULT_RAISE)
+    WORKER_LOST_C = -1001    # a call whose RPC worker was lost (closed, reset, timed out)
     MAX_STOP_IDS = 64        # stop token ids per session (SamplingParams.stop_token_ids)
 WANT_SAMPLE = WANT_SAMPLE_C
 WANT_LOGPROBS = WANT_LOGPROBS_C
 FAULT_RAISE = FAULT_RAISE_C
 ENGINE_FAULT = ENGINE_FAULT_C
+WORKER_LOST = WORKER_LOST_C
 
 cdef bint _backend_ready = False
 
@@ -328,13 +367,14 @@ def _device_report(placement, int n_layer):
                       for d in placement["devices"]]
 
 
-def serve_rpc(str endpoint, int n_threads, cache_dir=None):
+def serve_rpc(str endpoint, int n_threads, cache_dir=None, size_t mem_bytes=0):
     """Serve this machine's CPU backend to ggml RPC clients (llama.cpp's
     rpc-server, in this process so that it runs dgr's patched kernels). Blocks
-    until the process ends; returns only if it cannot listen."""
+    until the process ends; returns only if it cannot listen. mem_bytes > 0:
+    report at most that much memory to nodes (which place layers within it)."""
     cdef rpc_start_server_fn start = <rpc_start_server_fn> _rpc_proc(
         b"ggml_backend_rpc_start_server")
-    cdef ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    cdef ggml_backend_dev_t dev = dgr_cpu_offering(mem_bytes)
     cdef bytes c_endpoint = endpoint.encode()
     cdef bytes c_cache = os.fsencode(cache_dir) if cache_dir else b""
     cdef const char * ep = c_endpoint
@@ -394,6 +434,12 @@ cdef class Engine:
     cdef int * sampled_n          # per slot: tokens sampled since set_sampling
     cdef char * greedy_slot     # per slot: pure greedy, sampled by argmax in C
     cdef long long steps_done
+    # RPC workers holding layers: their endpoints (C strings into rpc_names) and
+    # patch 0005's check, asked after every llama_decode
+    cdef int n_rpc
+    cdef const char ** rpc_endpoints
+    cdef list rpc_names
+    cdef rpc_connected_fn rpc_connected
     cdef long long fault_step
     cdef int fault_code
     cdef readonly dict info
@@ -414,16 +460,22 @@ cdef class Engine:
         self.n_bans = self.n_bans_always = self.ban_until = self.sampled_n = NULL
         self.batch.token = NULL
         self.n_slots = 0
+        self.n_rpc = 0
+        self.rpc_endpoints = NULL
         self.fault_step = -1
 
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
-                 bint weight_repack=False, rpc_servers=(), int rpc_layers=-1):
+                 bint weight_repack=False, rpc_servers=(), int rpc_layers=-1,
+                 double rpc_timeout_s=0.0):
         """Load `model_path` and create a context.
 
         rpc_servers: "host:port" of ggml RPC servers (`python -m dgr worker`); the
         last rpc_layers layers (-1: an even share for this machine and each
-        worker) are placed on them, split evenly, the rest stay here.
+        worker) are placed on them, split evenly, the rest stay here. A worker
+        that closes its connection, or does not answer within rpc_timeout_s
+        (0: no limit), fails the step it was in and every later one
+        (WorkerLost, or WORKER_LOST from a BatchLoop call).
 
         kv_unified=True: one pool of n_ctx cells that any slot may fill, each
         slot's cells kept in position order (patch 0004, LLAMA_KV_CACHE_ORDERED)
@@ -460,6 +512,9 @@ cdef class Engine:
         cdef ggml_backend_dev_t * devices = NULL
         cdef float * split = NULL
         cdef llama_model_tensor_buft_override local_output[2]
+        if rpc_servers:
+            # read by ggml-rpc (patch 0006) when it connects to each worker
+            os.environ["GGML_RPC_TIMEOUT"] = repr(max(0.0, rpc_timeout_s))
         placement = _rpc_placement(path, list(rpc_servers), rpc_layers)
         if placement is not None:
             devices = <ggml_backend_dev_t *> calloc(len(placement["devices"]) + 1,
@@ -553,6 +608,15 @@ cdef class Engine:
             raise MemoryError()
         for slot in range(self.n_slots):
             self.samplers[slot] = NULL
+        if placement is not None:
+            self.rpc_connected = <rpc_connected_fn> _rpc_proc(b"ggml_backend_rpc_connected")
+            self.rpc_names = [d["endpoint"].encode() for d in placement["devices"]]
+            self.rpc_endpoints = <const char **> malloc(len(self.rpc_names) * sizeof(char *))
+            if self.rpc_endpoints == NULL:
+                raise MemoryError()
+            for i, name in enumerate(self.rpc_names):
+                self.rpc_endpoints[i] = <const char *> name
+            self.n_rpc = len(self.rpc_names)
         self._collect_eog()
         for slot in range(self.n_slots):
             self.set_sampling(slot)
@@ -619,6 +683,9 @@ cdef class Engine:
         self.bans = NULL
         self.n_bans = self.n_bans_always = self.ban_until = self.sampled_n = NULL
         free(self.greedy_slot)
+        free(self.rpc_endpoints)
+        self.rpc_endpoints = NULL
+        self.n_rpc = 0
         self.eog_saved = NULL
         self.greedy_slot = NULL
         if self.batch.token != NULL:
@@ -1030,6 +1097,8 @@ cdef class Engine:
             rc = llama_decode(self.ctx, self.batch)
             if rc == 0 and injected != 0:
                 rc = injected
+        if self.n_rpc and (rc == 0 or rc < -1) and self._worker_lost():
+            rc = WORKER_LOST_C
         t2 = _now()
         if rc == 0:
             self._sample_rows(n, seq, want, k, out_ids, out_lp, out_top, out_top_lp, bad_row)
@@ -1037,6 +1106,23 @@ cdef class Engine:
         times[1] = t2 - t1
         times[2] = _now() - t2
         return rc
+
+    def workers_connected(self):
+        """{endpoint: whether its connection is up} for the RPC workers (patch 0005)."""
+        return {name.decode(): bool(self.rpc_connected(self.rpc_endpoints[i]))
+                for i, name in enumerate(self.rpc_names or [])}
+
+    cdef bint _worker_lost(self) noexcept nogil:
+        """Whether an RPC worker was lost during (or before) the last llama_decode:
+        its results are then not the model's. The decode's graph computes on the
+        workers are asynchronous: synchronizing first (sampling would anyway) lets
+        every command of the step settle."""
+        cdef int i
+        llama_synchronize(self.ctx)
+        for i in range(self.n_rpc):
+            if not self.rpc_connected(self.rpc_endpoints[i]):
+                return True
+        return False
 
     cdef void _sample_rows(self, int n, const int32_t * seq, const int8_t * want, int k,
                            int32_t * out_ids, float * out_lp, int32_t * out_top,
@@ -1648,6 +1734,9 @@ def _decode_error(int rc):
         return DecodeAborted("llama_decode: aborted (code 2)")
     if rc == -1:
         return InvalidBatch("llama_decode: invalid input batch (code -1)")
+    if rc == WORKER_LOST_C:
+        return WorkerLost("an RPC worker was lost (connection closed, reset or timed out); "
+                          "restart the node once the worker is back")
     if rc < -1:
         return FatalDecodeError(f"llama_decode: fatal error (code {rc})", rc)
     return DecodeError(f"llama_decode: unexpected return code {rc}", rc)

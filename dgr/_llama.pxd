@@ -43,6 +43,10 @@ ctypedef ggml_backend_reg_t (*rpc_add_server_fn)(const char * endpoint) noexcept
 ctypedef void (*rpc_start_server_fn)(const char * endpoint, const char * cache_dir,
                                      size_t n_threads, size_t n_devices,
                                      ggml_backend_dev_t * devices) noexcept nogil
+cdef extern from "<stdbool.h>":
+    ctypedef bint c_bool "bool"
+# patch 0005: false once a command to that worker failed (closed, reset or timed out)
+ctypedef c_bool (*rpc_connected_fn)(const char * endpoint) noexcept nogil
 
 cdef extern from "llama.h" nogil:
     ctypedef int32_t llama_pos
@@ -144,6 +148,7 @@ cdef extern from "llama.h" nogil:
     llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
     void llama_batch_free(llama_batch batch)
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
+    void llama_synchronize(llama_context * ctx)
     void llama_set_abort_callback(llama_context * ctx, ggml_abort_callback abort_callback, void * abort_callback_data)
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)
 

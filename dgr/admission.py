@@ -10,6 +10,8 @@ Budgets (see DESIGN.md):
 - queue: at most `max_waiting` sessions and `max_waiting_tokens` prompt tokens
   wait for a slot. Beyond that a new session is rejected at once
   (`queue_full`, `queue_tokens_full`), never parked.
+- health: once the node has failed for good (an RPC worker lost), every new
+  session is rejected (`unhealthy`, saying why) until the node is restarted.
 - weights and scratch are checked once, when the node starts (see Budgets.check_memory).
 - prefix cache (dgr.prefix_cache): a session starts on the slot that holds the
   longest whole-chunk prefix of its prompt when that slot is free, copies it
@@ -25,13 +27,15 @@ No I/O and no llama.cpp here.
 from __future__ import annotations
 
 import collections
+from typing import Optional
+
 import attrs
 
 from dgr.errors import AdmissionRejected, BudgetError
 from dgr.prefix_cache import PrefixCache
 from dgr.sequence import Phase, Session
 
-REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining")
+REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy")
 
 
 @attrs.frozen
@@ -68,6 +72,7 @@ class Load:
     free_slots: int
     draining: bool
     cached_cells: int = 0
+    failure: Optional[str] = None
 
 
 class Admission:
@@ -83,14 +88,25 @@ class Admission:
         self._reserved_cells = 0
         self._free_slots = list(range(budgets.slots - 1, -1, -1))
         self._draining = False
+        self._failure: Optional[str] = None
 
     @property
     def draining(self) -> bool:
         return self._draining
 
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the node can serve no session until it is restarted (None: it can)."""
+        return self._failure
+
     def start_draining(self) -> None:
         """Refuse every new session from now on (reason "draining")."""
         self._draining = True
+
+    def fail(self, why: str) -> None:
+        """Refuse every new session from now on (reason "unhealthy"), saying why."""
+        if self._failure is None:
+            self._failure = why
 
     def load(self) -> Load:
         b = self.budgets
@@ -98,7 +114,8 @@ class Admission:
                     waiting_tokens=self._waiting_tokens, reserved_cells=self._reserved_cells,
                     free_cells=b.kv_cells_total - self._reserved_cells,
                     free_slots=len(self._free_slots), draining=self._draining,
-                    cached_cells=self.prefix_cache.cached_cells if self.prefix_cache else 0)
+                    cached_cells=self.prefix_cache.cached_cells if self.prefix_cache else 0,
+                    failure=self._failure)
 
     def take_evictions(self) -> list[int]:
         """Free slots whose cached prefix was evicted since the last call, in order:
@@ -122,6 +139,8 @@ class Admission:
         AdmissionRejected if any could not be admitted beside the others. Returns
         the sessions that got a slot."""
         b = self.budgets
+        if self._failure is not None:
+            raise AdmissionRejected("unhealthy", self._failure)
         if self._draining:
             raise AdmissionRejected("draining", "the node is shutting down")
         for session in sessions:

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "127.0.0.1; anything else exposes the worker to that network)")
     worker.add_argument("--port", type=int, default=50052, help="port (default: 50052)")
     worker.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    worker.add_argument("--mem", type=int, default=None, help="bytes of memory to offer nodes: "
+                        "they place no more layers here than fit in it (default: what is free)")
     worker.add_argument("--cache", default=None, help="folder that keeps tensors nodes sent, "
                         "so a restarted node sends large weights once (default: no cache)")
     worker.add_argument("--log-level", default="INFO", help="Logging level (default: INFO).")
@@ -80,7 +82,10 @@ def run_worker(args: argparse.Namespace) -> int:
     endpoint = f"{args.host}:{args.port}"
     print(f"dgr worker: serving ggml RPC on {endpoint}", file=sys.stderr, flush=True)
     try:
-        _batch.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, args.cache)
+        if args.mem is not None and args.mem < 1:
+            raise DgrError("--mem must be a positive number of bytes")
+        _batch.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, args.cache,
+                         args.mem or 0)
     except DgrError as exc:
         print(f"dgr worker: error: {exc}", file=sys.stderr)
         return 2

@@ -108,6 +108,10 @@ class NodeConfig:
     rpc_layers: Optional[int] = option(
         "--rpc-layers", "Layers placed on the RPC workers (split evenly among them).",
         "an even share for this machine and each worker", default=None)
+    rpc_timeout_s: float = option(
+        "--rpc-timeout", "Seconds an RPC worker may go without answering (its share of a step "
+        "included) before the node counts it lost: the sessions end with an error and the node "
+        "reports unhealthy until restarted. 0: wait forever.", default=60.0)
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "session_ctx", "n_batch", "n_ubatch", "prefill_chunk",
@@ -115,6 +119,8 @@ class NodeConfig:
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rpc_timeout_s < 0:
+            raise ValueError("rpc_timeout_s must not be negative")
         if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):
             raise ValueError("rpc_layers must be >= 0 and needs RPC workers (--rpc)")
         if self.max_waiting < 0 or self.max_waiting_tokens < 0:

@@ -53,6 +53,14 @@ class FatalDecodeError(DecodeError):
     """llama_decode returned a code below -1."""
 
 
+class WorkerLost(DecodeError):
+    """An RPC worker holding some of the model's layers stopped answering (its
+    connection closed, reset or timed out): the step's results are not the
+    model's, and no later step can succeed until the node is restarted."""
+
+    code = -1001
+
+
 class AdmissionRejected(DgrError):
     """A session was refused by admission. `reason` is a stable code such as
     "queue_full", "queue_tokens_full", "never_fits" or "draining"."""

@@ -80,6 +80,7 @@ class StepLoop:
     def __init__(self, engine: _batch.Engine, settings: StepSettings, admission: Admission,
                  telemetry: Telemetry, max_sessions: int):
         self.settings = settings
+        self._engine = engine
         self.steps: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._admission = admission
         self._telemetry = telemetry
@@ -299,9 +300,26 @@ class StepLoop:
         elif kind == _scheduler.EVENT_FAILURE:
             code = event[1]
             self._telemetry.step_failures.labels(str(code)).inc()
+            if code == _batch.WORKER_LOST:
+                lost = [e for e, up in self._engine.workers_connected().items() if not up]
+                self._fail_node(f"RPC worker {', '.join(lost) or '?'} lost (connection closed, "
+                                "reset or timed out): the node serves nothing until it is "
+                                "restarted with its workers up")
         else:
             figures = event[1]
             self._record_step(figures)
+
+    def _fail_node(self, why: str) -> None:
+        """The engine can run no step any more (an RPC worker is lost: every
+        session's KV there is gone): refuse new sessions and end every admitted
+        one with the error, running or waiting."""
+        if self._admission.failure is not None:
+            return
+        self._admission.fail(why)
+        self._telemetry.healthy.set(0)
+        for session in [*self._admission.running, *self._admission.waiting]:
+            if session.finish(FinishReason.ERROR, why):
+                self._requests.send_nowait((_FINISH, session))
 
     def _record_step(self, figures: dict) -> None:
         budget = self.settings.token_budget

@@ -31,6 +31,7 @@ from dgr.engine import EngineThread, load_engine
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
 from dgr.loop import StepLoop, StepSettings
 from dgr.prefix_cache import PrefixCache
+from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
 from dgr.stops import StopMatcher
 from dgr.stream import Chunk, GenerationResult, SessionStream
@@ -67,6 +68,11 @@ class Node:
         self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
                              budgets.kv_cells_total)
         self.telemetry.batch_token_budget.set(budgets.step_tokens)
+        self._rpc_links = RpcLinks(config.rpc_workers) if config.rpc_workers else None
+        self._rpc_at_start = {}  # the links' figures once loaded: the weights sent are not steps'
+        if self._rpc_links is not None:
+            self.telemetry.watch_rpc(self._rpc_links)
+            self._rpc_at_start = self._rpc_links.figures()
 
     @property
     def steps(self):
@@ -183,8 +189,8 @@ class Node:
                      | {"context_per_session": b.kv_cells_per_session},
             "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
                                             "kv_unified", "weight_repack")},
-            # this machine (endpoint None) and each RPC worker: its layers and memory
-            "devices": info["devices"],
+            # this machine (endpoint None) and each RPC worker: its layers, memory and link
+            "devices": self._devices(),
             "budgets": {
                 "weights": {"model_bytes": info["model_bytes"], "memory_budget_bytes": b.memory_bytes},
                 "kv": {"cells_total": b.kv_cells_total, "cells_per_session": b.kv_cells_per_session,
@@ -205,6 +211,7 @@ class Node:
                 "kv_cells_cached": load.cached_cells,
                 "slots_free": load.free_slots,
                 "draining": load.draining,
+                "failure": load.failure,
                 **self.telemetry.recent_rates(),
             },
             "prefix_cache": {
@@ -214,6 +221,24 @@ class Node:
                 **self.telemetry.prefix_totals(),
             },
         }
+
+    def _devices(self) -> list[dict]:
+        links = self._rpc_links.figures() if self._rpc_links is not None else {}
+        connected = self._engine.workers_connected()
+        steps = max(1, int(self.telemetry.registry.get_sample_value("dgr_steps_total") or 0))
+        devices = []
+        for device in self._engine.info["devices"]:
+            link = links.get(device["endpoint"])
+            if link is not None:
+                start = self._rpc_at_start.get(device["endpoint"], link)
+                moved = (link.bytes_sent - start.bytes_sent) + (link.bytes_received - start.bytes_received)
+                device = device | {"link": {
+                    "connected": connected.get(device["endpoint"], False),
+                    "connections": link.connections,
+                    "bytes_sent": link.bytes_sent, "bytes_received": link.bytes_received,
+                    "bytes_per_step": moved // steps, "rtt_ms": round(link.rtt_s * 1e3, 3)}}
+            devices.append(device)
+        return devices
 
     async def flush_prefix_cache(self) -> None:
         """Evict every cached prompt prefix (running sessions keep what they use)."""
@@ -236,6 +261,12 @@ class Node:
     @property
     def draining(self) -> bool:
         return self._admission.draining
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the node can serve no session until restarted (an RPC worker lost),
+        or None while it is healthy."""
+        return self._admission.failure
 
     async def drain(self, grace_s: float) -> bool:
         """Stop admitting; wait up to grace_s for sessions to end and their last

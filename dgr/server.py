@@ -219,6 +219,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     async def health(request: Request) -> Response:
         if state.node is None:
             return JSONResponse({"status": "loading"}, status_code=503)
+        if state.node.failure is not None:
+            return JSONResponse({"status": "failed", "reason": state.node.failure}, status_code=503)
         if state.node.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -329,8 +331,8 @@ class _ErrorMapper:
         if isinstance(exc, AdmissionRejected):
             if exc.reason == "never_fits":
                 return _error(400, str(exc), "invalid_request_error", "context_length_exceeded")
-            if exc.reason == "draining":
-                return _error(503, str(exc), "server_error", "draining")
+            if exc.reason in ("draining", "unhealthy"):
+                return _error(503, str(exc), "server_error", exc.reason)
             headers = {"Retry-After": _retry_after(self.state.node)} if self.state.node else None
             return _error(429, str(exc), "rate_limit_error", exc.reason, headers=headers)
         if isinstance(exc, (_Unavailable, NodeClosed)):

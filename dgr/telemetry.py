@@ -12,8 +12,10 @@ import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dgr.admission import REASONS
+from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
@@ -27,6 +29,9 @@ class Telemetry:
         r = self.registry
         self.sessions_active = Gauge("dgr_sessions_active", "Sessions holding a sequence slot "
                                      "(prefilling or decoding).", registry=r)
+        self.healthy = Gauge("dgr_healthy", "1 while the node can serve sessions; 0 once it has "
+                             "failed for good (an RPC worker lost) until it is restarted.", registry=r)
+        self.healthy.set(1)
         self.queue_sessions = Gauge("dgr_queue_sessions", "Sessions waiting for a slot.", registry=r)
         self.queue_tokens = Gauge("dgr_queue_tokens", "Prompt tokens of the waiting sessions.", registry=r)
         self.batch_rows = Histogram("dgr_batch_rows", "Rows (tokens) per llama_decode step.",
@@ -103,6 +108,11 @@ class Telemetry:
         self.kv_pressure.set_function(lambda: load().reserved_cells / kv_cells_total)
         self.kv_cells_used.set_function(cells_used)
 
+    def watch_rpc(self, links: RpcLinks) -> None:
+        """Per RPC worker, bytes each way and the kernel's smoothed round-trip time
+        of this process's connections to it, read when scraped."""
+        self.registry.register(_RpcCollector(links))
+
     def record_step(self, figures: dict, budget: int) -> None:
         """One step of the batch loop (dgr/_scheduler.pxd, StepFigures)."""
         for phase, counter in self._phase_counters:
@@ -159,3 +169,30 @@ class Telemetry:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _RpcCollector:
+    """dgr_rpc_* families from the kernel's TCP figures (dgr.rpc_stats)."""
+
+    def __init__(self, links: RpcLinks):
+        self._links = links
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        sent = CounterMetricFamily("dgr_rpc_sent_bytes", "Bytes sent to an RPC worker and "
+                                   "acknowledged (its layers' inputs, graphs, weights at load).",
+                                   labels=["worker"])
+        received = CounterMetricFamily("dgr_rpc_received_bytes", "Bytes received from an RPC "
+                                       "worker (its layers' outputs).", labels=["worker"])
+        rtt = GaugeMetricFamily("dgr_rpc_rtt_seconds", "Smoothed round-trip time of the TCP "
+                                "connection to an RPC worker (the kernel's estimate).",
+                                labels=["worker"])
+        for endpoint, link in self._links.figures().items():
+            sent.add_metric([endpoint], link.bytes_sent)
+            received.add_metric([endpoint], link.bytes_received)
+            rtt.add_metric([endpoint], link.rtt_s)
+        yield sent
+        yield received
+        yield rtt

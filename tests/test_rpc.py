@@ -2,19 +2,28 @@
 by benchmarks/rpc.py's `worker`), a node placing layers on them
 (`NodeConfig.rpc_workers`)."""
 
+import contextlib
+import json
+import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dgr  # noqa: E402
-from benchmarks.rpc import free_port, worker  # noqa: E402
-from dgr.errors import ModelLoadError  # noqa: E402
+from benchmarks.rpc import free_port, worker, worker_process  # noqa: E402
+from dgr.config import ServerConfig  # noqa: E402
+from dgr.errors import AdmissionRejected, ModelLoadError  # noqa: E402
+from dgr.sequence import FinishReason  # noqa: E402
+from dgr.server import serve  # noqa: E402
 from dgr.testmodel import write_test_model  # noqa: E402
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "a", "in the beginning there was"]
@@ -107,6 +116,18 @@ def test_worker_that_cannot_listen_exits_2():
     assert "cannot listen" in run.stderr
 
 
+async def test_a_worker_offers_the_memory_it_is_told(deep_model):
+    """`worker --mem`: nodes see that much memory there and place no more than fits."""
+    with worker_process(args=("--mem", str(1 << 30))) as (endpoint, _):
+        async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,))) as node:
+            device = node.capabilities()["devices"][1]
+    assert device["total_bytes"] == 1 << 30 and device["free_bytes"] <= 1 << 30
+    with worker_process(args=("--mem", "4096")) as (endpoint, _):
+        with pytest.raises(ModelLoadError, match=f"RPC worker {endpoint} has 0 MiB free"):
+            async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,))):
+                pass
+
+
 async def test_node_sessions_still_batch_through_a_worker(deep_model):
     """Concurrent sessions through a worker: same tokens as one at a time."""
     params = dgr.SamplingParams(max_tokens=10, ignore_eos=True)
@@ -132,3 +153,169 @@ async def test_default_model_through_a_worker_equals_local(default_model):
     for here, there in zip(local, remote):
         assert there.token_ids == here.token_ids
         assert there.token_logprobs == here.token_logprobs
+
+
+# ---------------------------------------------------------------- a worker lost mid-session
+
+async def lose_worker_while_running(node, lose):
+    """Three sessions running (each has sent a token and waits for its reader), then
+    `lose()`; returns each stream once it has ended."""
+    params = dgr.SamplingParams(max_tokens=400, ignore_eos=True)
+    async with contextlib.AsyncExitStack() as stack:
+        streams = [await stack.enter_async_context(node.stream(p, params)) for p in PROMPTS]
+        for stream in streams:
+            await stream.__anext__()
+        lose()
+        for stream in streams:
+            async for _ in stream:
+                pass
+    return streams
+
+
+def assert_failed_for_good(node, endpoint, streams):
+    """Every session ended with an error naming the cause; the node says why it is
+    unhealthy and refuses new sessions with that reason."""
+    for stream in streams:
+        assert stream.finish_reason is FinishReason.ERROR
+        assert "RPC worker" in stream.error
+    assert endpoint in node.failure
+    load = node.capabilities()["load"]
+    assert load["failure"] == node.failure and load["active"] == 0 and load["waiting"] == 0
+    assert node.telemetry.registry.get_sample_value("dgr_healthy") == 0
+    link = next(d for d in node.capabilities()["devices"] if d["endpoint"] == endpoint)
+    assert link["link"]["connected"] is False
+
+
+async def test_a_worker_killed_mid_session_ends_the_sessions_and_the_node_refuses_more(deep_model):
+    """The worker process dies (its connection closes): no abort, no hang; every
+    session ends with the error, new ones are refused ("unhealthy") until restart."""
+    with worker_process() as (endpoint, proc):
+        async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,))) as node:
+            with trio.fail_after(120):  # a hang guard, not a speed bound
+                streams = await lose_worker_while_running(node, proc.kill)
+            assert_failed_for_good(node, endpoint, streams)
+            with pytest.raises(AdmissionRejected, match="unhealthy") as refused:
+                await node.generate("x", dgr.SamplingParams(max_tokens=2))
+            assert endpoint in str(refused.value)
+
+
+async def test_a_worker_that_stops_answering_is_lost_after_the_rpc_timeout(deep_model):
+    """The worker process hangs (SIGSTOP: its connection stays open, nothing comes
+    back): after rpc_timeout_s the sessions end with the error, as for a dead one."""
+    with worker_process() as (endpoint, proc):
+        async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,),
+                                        rpc_timeout_s=1.0)) as node:
+            try:
+                with trio.fail_after(120):
+                    streams = await lose_worker_while_running(
+                        node, lambda: os.kill(proc.pid, signal.SIGSTOP))
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            assert_failed_for_good(node, endpoint, streams)
+
+
+async def test_http_after_a_worker_is_lost(deep_model):
+    """Over HTTP: a stream in flight ends with an error event and [DONE]; /health is
+    503 with the reason; a new request is a 503 "unhealthy" in OpenAI's error shape;
+    /metrics counts the bytes the worker's link carried and shows dgr_healthy 0."""
+    with worker_process() as (endpoint, proc):
+        async with trio.open_nursery() as nursery:
+            shutdown = trio.Event()
+            urls = await nursery.start(lambda task_status: serve(
+                config(deep_model, rpc_workers=(endpoint,)), ServerConfig(port=0),
+                task_status=task_status, shutdown=shutdown))
+            async with httpx.AsyncClient(base_url=urls[0], timeout=60) as client:
+                metrics = (await client.get("/metrics")).text
+                body = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True, "stream": True}
+                events = []
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+                            if len(events) == 1:
+                                proc.kill()
+                health = await client.get("/health")
+                refused = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                metrics_after = (await client.get("/metrics")).text
+            shutdown.set()
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])
+    assert "RPC worker" in error["error"]["message"]
+    assert health.status_code == 503
+    assert health.json()["status"] == "failed" and endpoint in health.json()["reason"]
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "unhealthy"
+    assert f'dgr_rpc_sent_bytes_total{{worker="{endpoint}"}}' in metrics
+    assert "dgr_healthy 0.0" in metrics_after
+
+
+async def test_rpc_link_figures_count_what_crossed(deep_model):
+    """/capabilities reports, per worker, the bytes its connection carried since the
+    node started and per step (hidden states in and out), and the kernel's RTT."""
+    with worker() as endpoint:
+        async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,))) as node:
+            await node.generate("hello", dgr.SamplingParams(max_tokens=8, ignore_eos=True))
+            device = node.capabilities()["devices"][1]
+    link = device["link"]
+    assert link["connected"] is True and link["connections"] >= 1
+    assert link["bytes_sent"] > 0 and link["bytes_received"] > 0
+    assert link["bytes_per_step"] > 0 and link["rtt_ms"] >= 0
+
+
+# ---------------------------------------------------------------- two hosts (network namespaces)
+
+@contextlib.contextmanager
+def second_host():
+    """A network namespace joined to this one by a veth pair: the worker side's
+    address there, this side's here. Skips the test where namespaces cannot be made
+    (not root, no veth); tears everything down after."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (iproute2) to build a network namespace")
+    tag = f"dgr{os.getpid() % 100000}"
+    net = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+    steps = [["ip", "netns", "add", tag],
+             ["ip", "link", "add", f"{tag}a", "type", "veth", "peer", "name", f"{tag}b"],
+             ["ip", "link", "set", f"{tag}b", "netns", tag],
+             ["ip", "addr", "add", f"{net}.1/24", "dev", f"{tag}a"],
+             ["ip", "link", "set", f"{tag}a", "up"],
+             ["ip", "-n", tag, "addr", "add", f"{net}.2/24", "dev", f"{tag}b"],
+             ["ip", "-n", tag, "link", "set", f"{tag}b", "up"],
+             ["ip", "-n", tag, "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            made = subprocess.run(step, capture_output=True, text=True)
+            if made.returncode != 0:
+                pytest.skip(f"cannot build a network namespace here ({' '.join(step)}: "
+                            f"{made.stderr.strip()})")
+        yield tag, f"{net}.2", f"{tag}a"
+    finally:
+        subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", tag], capture_output=True)
+
+
+async def test_a_worker_on_another_host_equals_local_and_a_pulled_cable_is_a_lost_worker(
+        deep_model, tmp_path):
+    """A worker in its own network namespace (another host as far as TCP goes,
+    reached over a veth pair): the same tokens and log-probabilities as local; it
+    warns that it listens beyond loopback. Then the link goes down mid-session (no
+    FIN, no RST: a pulled cable): after rpc_timeout_s the sessions end with the
+    error and the node refuses new ones."""
+    params = dgr.SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
+    async with dgr.open_node(config(deep_model)) as node:
+        local = await generate_all(node, params)
+    with second_host() as (namespace, address, our_link):
+        log = tmp_path / "worker.log"
+        with open(log, "w") as stderr, worker_process(
+                host=address, prefix=("ip", "netns", "exec", namespace), stderr=stderr) as (
+                endpoint, _):
+            async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,),
+                                            rpc_timeout_s=2.0)) as node:
+                remote = await generate_all(node, params)
+                with trio.fail_after(120):
+                    streams = await lose_worker_while_running(node, lambda: subprocess.run(
+                        ["ip", "link", "set", our_link, "down"], check=True))
+                assert_failed_for_good(node, endpoint, streams)
+        assert "no authentication" in log.read_text().lower()
+    for here, there in zip(local, remote):
+        assert there.token_ids == here.token_ids
+        assert there.token_logprobs == here.token_logprobs
+        assert there.logprobs == here.logprobs
