@@ -144,12 +144,24 @@ def delaying_proxy(target: str, rtt_s: float):
         thread.join(10)
 
 
-async def decode_rate(config: dgr.NodeConfig, levels: list[int], n_new: int) -> dict:
+def link_totals(node) -> tuple[int, int]:
+    """Bytes the node's connections to its workers carried so far (the kernel's
+    count, /capabilities), and steps run."""
+    links = [d["link"] for d in node.capabilities()["devices"] if "link" in d]
+    moved = sum(link["bytes_sent"] + link["bytes_received"] for link in links)
+    return moved, int(node.telemetry.registry.get_sample_value("dgr_steps_total") or 0)
+
+
+async def decode_rate(config: dgr.NodeConfig, levels: list[int], n_new: int,
+                      links: dict | None = None) -> dict:
+    """Decode tokens/s per concurrency level; with `links`, also the bytes per step
+    that crossed to the workers at each level."""
     rates = {}
     async with dgr.open_node(config) as node:
         params = dgr.SamplingParams(max_tokens=n_new, ignore_eos=True)
         await node.generate(PROMPT, dgr.SamplingParams(max_tokens=2))
         for c in levels:
+            moved, steps = link_totals(node)
             started = time.perf_counter()
 
             async def one(i):
@@ -159,6 +171,9 @@ async def decode_rate(config: dgr.NodeConfig, levels: list[int], n_new: int) -> 
                 for i in range(c):
                     nursery.start_soon(one, i)
             rates[c] = c * n_new / (time.perf_counter() - started)
+            if links is not None:
+                moved_after, steps_after = link_totals(node)
+                links[c] = (moved_after - moved) / max(1, steps_after - steps)
     return rates
 
 
@@ -180,28 +195,36 @@ def main(argv=None) -> int:
                               rpc_workers=workers, rpc_layers=rpc_layers)
 
     results = {}
+    per_step = {}
 
-    def record(name, rates):
+    def record(name, rates, links=None):
         results[name] = rates
         base = results["local"]
         print(f"{name:28s} " + "  ".join(
             f"c={c}: {r:6.1f} tok/s ({r / base[c]:.2f}x)" for c, r in rates.items()), flush=True)
+        if links:
+            per_step[name] = links
+            print(f"{'':28s} " + "  ".join(f"c={c}: {b / 1024:6.1f} KiB/step" for c, b in links.items()),
+                  flush=True)
 
     # A fresh worker for each configuration: ggml's RPC client keeps its connection to
     # an endpoint for the life of the process, and a worker serves one client at a time.
     record("local", trio.run(decode_rate, config(), levels, args.new_tokens))
     with worker(args.threads) as endpoint:
+        links = {}
         record("1 worker, half the layers",
-               trio.run(decode_rate, config([endpoint]), levels, args.new_tokens))
+               trio.run(decode_rate, config([endpoint]), levels, args.new_tokens, links), links)
     for rtt in (float(x) for x in args.rtt_ms.split(",") if x):
         with worker(args.threads) as endpoint, delaying_proxy(endpoint, rtt / 1000) as proxied:
             record(f"1 worker, +{rtt:g} ms RTT", trio.run(
                 decode_rate, config([proxied]), levels, args.new_tokens))
     with worker(args.threads) as a, worker(args.threads) as b:
+        links = {}
         record("2 workers, a third each", trio.run(
-            decode_rate, config([a, b]), levels, args.new_tokens))
+            decode_rate, config([a, b]), levels, args.new_tokens, links), links)
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        Path(args.out).write_text(json.dumps({"tok_s": results, "link_bytes_per_step": per_step},
+                                             indent=2))
     return 0
 
 

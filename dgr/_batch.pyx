@@ -300,18 +300,25 @@ cdef int _n_layer(bytes path) except -1:
     return int(buf[:n])
 
 
-def _layer_shares(int offloaded, int n_devices):
-    """Repeating layers per device, `offloaded` split evenly (the first devices
-    take the remainder)."""
-    return [offloaded // n_devices + (1 if j < offloaded % n_devices else 0)
-            for j in range(n_devices)]
+def _layer_shares(int offloaded, int n_devices, weights=()):
+    """Repeating layers per device, `offloaded` split in proportion to `weights`
+    (default: evenly); the remainder goes to the largest fractions, the first
+    devices on a tie."""
+    weights = list(weights) or [1.0] * n_devices
+    total = sum(weights)
+    exact = [offloaded * w / total for w in weights]
+    shares = [int(x) for x in exact]
+    by_fraction = sorted(range(n_devices), key=lambda j: (shares[j] - exact[j], j))
+    for j in by_fraction[:offloaded - sum(shares)]:
+        shares[j] += 1
+    return shares
 
 
-def _rpc_placement(path, list servers, int rpc_layers):
+def _rpc_placement(path, list servers, int rpc_layers, split=()):
     """Connect to the RPC workers and place layers on them: None without workers,
     else {"offloaded": repeating layers on workers, "devices": [{endpoint, name,
     handle, free_bytes, total_bytes, layers}]}; the output layer stays here
-    (Engine). A worker that is down, or one with less free memory than its
+    (Engine); `split`: the devices' shares of the offloaded layers (default even). A worker that is down, or one with less free memory than its
     share of the weights (about: the file size per layer), is a ModelLoadError."""
     if not servers:
         return None
@@ -344,8 +351,11 @@ def _rpc_placement(path, list servers, int rpc_layers):
     offloaded = rpc_layers if rpc_layers >= 0 else n_layer * len(devices) // (len(devices) + 1)
     if offloaded > n_layer:
         raise ModelLoadError(f"rpc_layers ({offloaded}) exceeds the model's {n_layer} layers")
+    if split and len(split) != len(devices):
+        raise ModelLoadError(f"rpc_tensor_split has {len(split)} shares for {len(devices)} "
+                             f"RPC devices")
     weights = os.path.getsize(path)
-    for j, (device, layers) in enumerate(zip(devices, _layer_shares(offloaded, len(devices)))):
+    for j, (device, layers) in enumerate(zip(devices, _layer_shares(offloaded, len(devices), split))):
         device["layers"] = layers
         # llama.cpp offloads the output unit with the last layers; Engine keeps it here
         device["output"] = offloaded > 0 and j == len(devices) - 1
@@ -467,12 +477,13 @@ cdef class Engine:
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
                  bint weight_repack=False, rpc_servers=(), int rpc_layers=-1,
-                 double rpc_timeout_s=0.0):
+                 rpc_split=(), double rpc_timeout_s=0.0):
         """Load `model_path` and create a context.
 
         rpc_servers: "host:port" of ggml RPC servers (`python -m dgr worker`); the
         last rpc_layers layers (-1: an even share for this machine and each
-        worker) are placed on them, split evenly, the rest stay here. A worker
+        worker) are placed on them, split evenly or by rpc_split (one share per
+        worker device), the rest stay here. A worker
         that closes its connection, or does not answer within rpc_timeout_s
         (0: no limit), fails the step it was in and every later one
         (WorkerLost, or WORKER_LOST from a BatchLoop call).
@@ -515,7 +526,7 @@ cdef class Engine:
         if rpc_servers:
             # read by ggml-rpc (patch 0006) when it connects to each worker
             os.environ["GGML_RPC_TIMEOUT"] = repr(max(0.0, rpc_timeout_s))
-        placement = _rpc_placement(path, list(rpc_servers), rpc_layers)
+        placement = _rpc_placement(path, list(rpc_servers), rpc_layers, tuple(rpc_split))
         if placement is not None:
             devices = <ggml_backend_dev_t *> calloc(len(placement["devices"]) + 1,
                                                     sizeof(ggml_backend_dev_t))

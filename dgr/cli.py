@@ -31,7 +31,10 @@ _VALUE_TYPES = {"int": int, "float": float, "str": str}
 
 
 def _value_type(annotation) -> type:
-    """int, float or str from a field's annotation ("Optional[int]" gives int)."""
+    """int, float or str from a field's annotation ("Optional[int]" gives int; a
+    tuple is a comma-separated string that the field's converter splits)."""
+    if "tuple" in str(annotation):
+        return str
     return next(kind for name, kind in _VALUE_TYPES.items() if name in str(annotation))
 
 

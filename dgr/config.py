@@ -34,6 +34,15 @@ def _endpoints(value) -> tuple[str, ...]:
     return tuple(str(item).strip() for item in items if str(item).strip())
 
 
+def _shares(value) -> tuple[float, ...]:
+    """Proportions from "3,1" (a flag) or a list (TOML)."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    try:
+        return tuple(float(str(item).strip()) for item in items if str(item).strip())
+    except ValueError:
+        raise ValueError(f"rpc_tensor_split must be numbers such as 3,1; got {value!r}") from None
+
+
 def option(flag: str, help: str, default_text: Optional[str] = None, **kw):
     """A config field's command-line flag and help: `python -m dgr run --help` is
     built from these (dgr/cli.py), so a default and its explanation live in one
@@ -108,6 +117,9 @@ class NodeConfig:
     rpc_layers: Optional[int] = option(
         "--rpc-layers", "Layers placed on the RPC workers (split evenly among them).",
         "an even share for this machine and each worker", default=None)
+    rpc_tensor_split: tuple[float, ...] = option(
+        "--tensor-split", "Shares of the workers' layers, one per worker in --rpc order (3,1: "
+        "three quarters on the first).", "even shares", default=(), converter=_shares)
     rpc_timeout_s: float = option(
         "--rpc-timeout", "Seconds an RPC worker may go without answering (its share of a step "
         "included) before the node counts it lost: the sessions end with an error and the node "
@@ -119,6 +131,11 @@ class NodeConfig:
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rpc_tensor_split and (
+                len(self.rpc_tensor_split) != len(self.rpc_workers)
+                or min(self.rpc_tensor_split) < 0 or sum(self.rpc_tensor_split) <= 0):
+            raise ValueError(f"rpc_tensor_split needs one non-negative share per RPC worker "
+                             f"({len(self.rpc_workers)}), not all zero; got {self.rpc_tensor_split}")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
         if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):
@@ -175,6 +192,8 @@ class ServerConfig:
 _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_structure_hook_func(lambda kind: kind == tuple[str, ...],
                                         lambda value, _: _endpoints(value))
+_converter.register_structure_hook_func(lambda kind: kind == tuple[float, ...],
+                                        lambda value, _: _shares(value))
 
 
 def load_config(data: dict) -> NodeConfig:

@@ -62,7 +62,7 @@ def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _batch.Engine:
         n_ubatch=config.n_ubatch, n_threads=config.n_threads, kv_unified=config.kv_unified,
         weight_repack=config.weight_repack, rpc_servers=config.rpc_workers,
         rpc_layers=-1 if config.rpc_layers is None else config.rpc_layers,
-        rpc_timeout_s=config.rpc_timeout_s)
+        rpc_split=config.rpc_tensor_split, rpc_timeout_s=config.rpc_timeout_s)
 
 
 def default_ctx(config: NodeConfig, model_path: str) -> int:

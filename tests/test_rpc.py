@@ -84,6 +84,15 @@ async def test_layers_placed_as_asked(deep_model):
             result = await node.generate("x", dgr.SamplingParams(max_tokens=3, ignore_eos=True))
     assert [d["layers"] for d in devices] == [1, 5]
     assert len(result.token_ids) == 3
+    with worker() as first, worker() as second:
+        async with dgr.open_node(config(deep_model, rpc_workers=(first, second), rpc_layers=4,
+                                        rpc_tensor_split="3,1")) as node:
+            devices = node.capabilities()["devices"]
+            result = await node.generate("x", dgr.SamplingParams(max_tokens=3, ignore_eos=True))
+    assert [d["layers"] for d in devices] == [2, 3, 1]
+    assert len(result.token_ids) == 3
+    with pytest.raises(ValueError, match="one non-negative share per RPC worker"):
+        config(deep_model, rpc_workers=(first,), rpc_tensor_split=(1, 1))
 
 
 async def test_a_worker_that_is_down_is_a_clear_error(deep_model):
