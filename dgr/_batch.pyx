@@ -1108,7 +1108,9 @@ cdef class Engine:
             rc = llama_decode(self.ctx, self.batch)
             if rc == 0 and injected != 0:
                 rc = injected
-        if self.n_rpc and (rc == 0 or rc < -1) and self._worker_lost():
+        if rc == 0:
+            self._resolve_logits(n, want)
+        if self.n_rpc and (rc == 0 or rc < -1) and self._worker_lost(rc != 0):
             rc = WORKER_LOST_C
         t2 = _now()
         if rc == 0:
@@ -1123,13 +1125,28 @@ cdef class Engine:
         return {name.decode(): bool(self.rpc_connected(self.rpc_endpoints[i]))
                 for i, name in enumerate(self.rpc_names or [])}
 
-    cdef bint _worker_lost(self) noexcept nogil:
+    cdef void _resolve_logits(self, int n, const int8_t * want) noexcept nogil:
+        """Each output row's logits, in row_logits (NULL for the others). One
+        llama_get_logits, so the context is synchronized once a call, not once a
+        row (with RPC workers each is a round trip to ggml's dispatcher thread):
+        llama.cpp keeps the output rows in the batch's order."""
+        cdef float * logits = llama_get_logits(self.ctx)
+        cdef int i, j = 0
+        for i in range(n):
+            self.row_logits[i] = NULL
+            if want[i] != 0:
+                if logits != NULL:
+                    self.row_logits[i] = logits + <size_t> j * self.vocab_size
+                j += 1
+
+    cdef bint _worker_lost(self, bint synchronize) noexcept nogil:
         """Whether an RPC worker was lost during (or before) the last llama_decode:
         its results are then not the model's. The decode's graph computes on the
-        workers are asynchronous: synchronizing first (sampling would anyway) lets
-        every command of the step settle."""
+        workers are asynchronous: every command of the step has settled once the
+        context is synchronized (by _resolve_logits after a decode that succeeded)."""
         cdef int i
-        llama_synchronize(self.ctx)
+        if synchronize:
+            llama_synchronize(self.ctx)
         for i in range(self.n_rpc):
             if not self.rpc_connected(self.rpc_endpoints[i]):
                 return True
@@ -1141,12 +1158,11 @@ cdef class Engine:
         """Sample every row with want != 0 (see _run_call). Rows are independent (one
         slot each, its own sampler), so several are sampled at once on llama.cpp's
         OpenMP threads, which spin idle between two llama_decode calls; a row's
-        result does not depend on which thread samples it. The logits are looked
-        up first, on this thread: llama_get_logits_ith synchronizes the context."""
+        result does not depend on which thread samples it. Their logits were
+        looked up before (_resolve_logits), on this thread."""
         cdef int i, wanted = 0
         for i in range(n):
             if want[i] != 0:
-                self.row_logits[i] = llama_get_logits_ith(self.ctx, i)
                 wanted += 1
         cdef int threads = min(self.sample_threads, wanted)
         if threads > 1:

@@ -150,7 +150,7 @@ cdef extern from "llama.h" nogil:
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
     void llama_synchronize(llama_context * ctx)
     void llama_set_abort_callback(llama_context * ctx, ggml_abort_callback abort_callback, void * abort_callback_data)
-    float * llama_get_logits_ith(llama_context * ctx, int32_t i)
+    float * llama_get_logits(llama_context * ctx)
 
     bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)
     bint llama_vocab_is_control(const llama_vocab * vocab, llama_token token)
