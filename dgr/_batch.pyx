@@ -318,8 +318,9 @@ def _rpc_placement(path, list servers, int rpc_layers, split=()):
     """Connect to the RPC workers and place layers on them: None without workers,
     else {"offloaded": repeating layers on workers, "devices": [{endpoint, name,
     handle, free_bytes, total_bytes, layers}]}; the output layer stays here
-    (Engine); `split`: the devices' shares of the offloaded layers (default even). A worker that is down, or one with less free memory than its
-    share of the weights (about: the file size per layer), is a ModelLoadError."""
+    (Engine); `split`: the devices' shares of the offloaded layers (default:
+    even). A worker that is down, or one with less free memory than its share
+    of the weights (about: the file size per layer), is a ModelLoadError."""
     if not servers:
         return None
     cdef rpc_add_server_fn add_server = <rpc_add_server_fn> _rpc_proc(
@@ -355,7 +356,8 @@ def _rpc_placement(path, list servers, int rpc_layers, split=()):
         raise ModelLoadError(f"rpc_tensor_split has {len(split)} shares for {len(devices)} "
                              f"RPC devices")
     weights = os.path.getsize(path)
-    for j, (device, layers) in enumerate(zip(devices, _layer_shares(offloaded, len(devices), split))):
+    shares = _layer_shares(offloaded, len(devices), split)
+    for j, (device, layers) in enumerate(zip(devices, shares)):
         device["layers"] = layers
         # llama.cpp offloads the output unit with the last layers; Engine keeps it here
         device["output"] = offloaded > 0 and j == len(devices) - 1
@@ -483,10 +485,10 @@ cdef class Engine:
         rpc_servers: "host:port" of ggml RPC servers (`python -m dgr worker`); the
         last rpc_layers layers (-1: an even share for this machine and each
         worker) are placed on them, split evenly or by rpc_split (one share per
-        worker device), the rest stay here. A worker
-        that closes its connection, or does not answer within rpc_timeout_s
-        (0: no limit), fails the step it was in and every later one
-        (WorkerLost, or WORKER_LOST from a BatchLoop call).
+        worker device), the rest stay here. A worker that closes its connection,
+        or does not answer within rpc_timeout_s (0: no limit), fails the step it
+        was in and every later one (WorkerLost, or WORKER_LOST from a BatchLoop
+        call).
 
         kv_unified=True: one pool of n_ctx cells that any slot may fill, each
         slot's cells kept in position order (patch 0004, LLAMA_KV_CACHE_ORDERED)
