@@ -62,16 +62,23 @@ async def test_generate_and_stream_agree(tiny_model):
         assert "".join(pieces) == result.text
 
 
+def _outputs(result):
+    return result.token_ids, result.token_logprobs, result.logprobs
+
+
 @pytest.mark.parametrize("concurrency", [1, 2, 4, 8])
 async def test_no_cross_session_corruption(tiny_model, concurrency):
-    params = dgr.SamplingParams(max_tokens=24)
+    """Tokens and log-probabilities bitwise those of each session alone (the tiny
+    model's weights are F32: its batched matmuls take llamafile's sgemm, and a
+    row alone takes it too with patch 0007)."""
+    params = dgr.SamplingParams(max_tokens=24, logprobs=2)
     prompts = PROMPTS[:concurrency]
     async with dgr.open_node(config(tiny_model)) as node:
-        solo = [(await node.generate(p, params)).token_ids for p in prompts]
+        solo = [_outputs(await node.generate(p, params)) for p in prompts]
         together = [None] * concurrency
 
         async def run(i):
-            together[i] = (await node.generate(prompts[i], params)).token_ids
+            together[i] = _outputs(await node.generate(prompts[i], params))
 
         async with trio.open_nursery() as nursery:
             for i in range(concurrency):
