@@ -264,17 +264,43 @@ cdef void * _rpc_proc(const char * name) except NULL:
     return fn
 
 
-def _check_reachable(endpoint, timeout_s=5.0):
-    """ggml's RPC client aborts the process when it cannot connect: try first."""
+def _check_worker(endpoint, timeout_s=5.0):
+    """ggml's RPC client aborts the process when it cannot connect or its handshake
+    fails: try both first (connect, HELLO, the answer's protocol version), each
+    within timeout_s. A worker that accepts but does not answer is hung, or busy
+    with another node (it serves one connection at a time)."""
     import socket
+    import struct
 
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ModelLoadError(f"RPC worker {endpoint!r} is not host:port")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except OSError as exc:
         raise ModelLoadError(f"RPC worker {endpoint} is not reachable: {exc}") from None
+    # HELLO (command 14) with empty transport capabilities; the answer: its size, then
+    # major, minor, patch, padding and the capabilities (ggml-rpc.cpp, rpc_msg_hello_*)
+    caps = 24
+    with sock:
+        try:
+            sock.sendall(bytes([14]) + struct.pack("<Q", caps) + bytes(caps))
+            answer = b""
+            while len(answer) < 8 + 4 + caps:
+                more = sock.recv(8 + 4 + caps - len(answer))
+                if not more:
+                    break
+                answer += more
+        except OSError:
+            answer = None
+    if answer is None or len(answer) < 8 + 4:
+        raise ModelLoadError(f"RPC worker {endpoint} accepted the connection but did not answer "
+                             f"ggml's handshake within {timeout_s:g} s (hung, or serving "
+                             f"another node)")
+    major, minor = answer[8], answer[9]
+    if major != RPC_PROTO_MAJOR_VERSION or minor > RPC_PROTO_MINOR_VERSION:
+        raise ModelLoadError(f"RPC worker {endpoint} speaks ggml RPC protocol {major}.{minor}; "
+                             f"this node speaks {RPC_PROTO_MAJOR_VERSION}.{RPC_PROTO_MINOR_VERSION}")
 
 
 cdef int _n_layer(bytes path) except -1:
@@ -332,7 +358,7 @@ def _rpc_placement(path, list servers, int rpc_layers, split=()):
     cdef const char * c_endpoint
     devices = []
     for server in servers:
-        _check_reachable(server)
+        _check_worker(server)
         endpoint = server.encode()
         c_endpoint = endpoint
         # network round trips: without the GIL, so other threads (a Trio loop) run

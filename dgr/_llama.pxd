@@ -37,6 +37,10 @@ cdef extern from "ggml-backend.h" nogil:
     ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
     ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
 
+cdef extern from "ggml-rpc.h":
+    int RPC_PROTO_MAJOR_VERSION
+    int RPC_PROTO_MINOR_VERSION
+
 # ggml-rpc.h's entry points, looked up through the RPC backend's registry
 # (ggml_backend_reg_get_proc_address) as llama.cpp's rpc-server does
 ctypedef ggml_backend_reg_t (*rpc_add_server_fn)(const char * endpoint) noexcept nogil

@@ -104,6 +104,21 @@ async def test_a_worker_that_is_down_is_a_clear_error(deep_model):
         config(deep_model, rpc_layers=2)
 
 
+async def test_a_worker_that_does_not_answer_at_start_is_a_clear_error(deep_model):
+    """A worker that accepts the connection but never answers ggml's handshake
+    (stopped here; in life: hung, or serving another node) is a ModelLoadError,
+    not an abort of the node's process."""
+    with worker_process() as (endpoint, proc):
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ModelLoadError, match=f"RPC worker {endpoint} accepted the "
+                                                     "connection but did not answer"):
+                async with dgr.open_node(config(deep_model, rpc_workers=(endpoint,))):
+                    pass
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+
+
 def test_cli_exits_2_with_one_line_when_a_worker_is_down(deep_model):
     down = f"127.0.0.1:{free_port()}"
     run = subprocess.run([sys.executable, "-m", "dgr", "run", "--model", deep_model, "--port",
