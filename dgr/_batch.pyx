@@ -23,8 +23,8 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
 
 from dgr._llama cimport *
-from dgr._scheduler cimport (EV_FINISH, EV_STEP, FINISH_CANCELLED, MAX_LOGPROBS, Event, Scheduler,
-                             StepFigures, event_tuple)
+from dgr._scheduler cimport (EV_FINISH, EV_STEP, FINISH_CANCELLED, FINISH_ERROR, MAX_LOGPROBS,
+                             SLOT_PREFILL, Event, Scheduler, Slot, StepFigures, event_tuple)
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
                         InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
 
@@ -243,6 +243,13 @@ def system_info():
     _init_backend()
     return llama_print_system_info().decode("utf-8", "replace")
 
+
+# Every flash-attention row on the one-row path (patch 0008): a token's KV is then the
+# same whether it was prefilled in a chunk of any size or decoded, so the prefix cache
+# may share any prefix, generated tokens included. ggml reads it once per process, at
+# the first flash attention: set when dgr is imported, before any (llama_cpp.Llama in
+# the same process takes the same path).
+os.environ["GGML_CPU_FA_TILED"] = "0"
 
 _MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
@@ -1316,7 +1323,7 @@ cdef class BatchLoop:
     one more step's events; a full ring (the node fell behind) stops it until
     the node drains, so nothing between the two grows without bound. Ended
     slots' KV cells are freed before their EV_FINISH is published, but for
-    the whole prompt chunks a slot was told to keep (a prefix cache entry).
+    what a slot was told to keep (a prefix cache entry).
 
     KV changes the node asks for (a start that reuses cells of another slot's
     sequence, an eviction) are queued and applied by the loop between steps,
@@ -1349,7 +1356,7 @@ cdef class BatchLoop:
     cdef double mark
     cdef int cells_used_now
     cdef int * pos_max_now
-    cdef int * keep_cells          # per slot: prompt cells kept when it ends (whole chunks)
+    cdef int * keep_cells          # per slot: positions its sequence may keep when it ends
     cdef int * op_slot             # queued KV changes: see _apply_kv_ops
     cdef int * op_src
     cdef int * op_keep
@@ -1433,10 +1440,10 @@ cdef class BatchLoop:
 
         The slot's sequence first drops what it holds (a cache entry), but for
         the KV of prompt positions [0, n_reused) taken from slot `reuse_from`'s
-        sequence (its own when reuse_from == slot): whole chunks of a shared
-        prefix, which the session then does not prefill. When the session
-        ends, its sequence keeps the KV of its first `keep` prompt positions
-        (rounded down to the whole chunks it prefilled)."""
+        sequence (its own when reuse_from == slot): a shared prefix, which the
+        session then does not prefill. When the session ends (but with an
+        error), its sequence keeps the KV of its first `keep` positions, at most
+        all it holds: the prompt it prefilled and the tokens it fed back."""
         if n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
@@ -1681,19 +1688,32 @@ cdef class BatchLoop:
                 llama_memory_seq_cp(self.engine.mem, src, s, 0, keep)
             else:
                 llama_memory_seq_rm(self.engine.mem, s, keep, -1)
+            if keep > 0 and (llama_memory_seq_pos_min(self.engine.mem, s) != 0
+                             or llama_memory_seq_pos_max(self.engine.mem, s) != keep - 1):
+                # the sequence lacks positions the node counted on (a bug, never expected):
+                # prefill the whole prompt rather than compute on missing KV
+                llama_memory_seq_rm(self.engine.mem, s, -1, -1)
+                if self.scheduler.slots[s].phase == SLOT_PREFILL:
+                    self.scheduler.slots[s].n_prefilled = 0
         n, self.n_ops = self.n_ops, 0
         if n:
             pthread_cond_broadcast(&self.ops_room)
         return n
 
     cdef void _release_finished(self, int n_events) noexcept nogil:
-        """Ended slots: their samplers reset, their KV freed but for the whole
-        prefilled prompt chunks they were told to keep."""
-        cdef int i, s, keep, chunk = self.scheduler.prefill_chunk
+        """Ended slots: their samplers reset, their KV freed but for the positions
+        they were told to keep (a prefix cache entry: the prompt it prefilled and the
+        tokens it fed back; nothing after an error)."""
+        cdef int i, s, keep
+        cdef Slot * sl
         for i in range(n_events):
             if self.scratch[i].kind == EV_FINISH:
                 s = self.scratch[i].slot
-                keep = min(self.keep_cells[s], self.scheduler.slots[s].n_prefilled // chunk * chunk)
+                sl = &self.scheduler.slots[s]
+                keep = 0
+                if self.scratch[i].reason != FINISH_ERROR:
+                    keep = sl.n_prefilled + (sl.n_generated - 1 if sl.n_generated > 0 else 0)
+                    keep = min(self.keep_cells[s], keep)
                 llama_memory_seq_rm(self.engine.mem, s, keep, -1)
                 llama_sampler_reset(self.engine.samplers[s])
 

@@ -12,15 +12,14 @@ Policy (re-planned every step; sessions join and leave between steps):
    (slow reader) is skipped, so backpressure reaches the model step instead
    of memory.
 2. Prefill fills what the token budget leaves, oldest session first, in
-   chunks of `prefill_chunk` tokens whose boundaries are multiples of
-   `prefill_chunk` from position 0: a function of the session alone, never of
-   what others left in the budget (batch invariance). A chunk that does not
-   fit waits for the next step, and so do younger sessions' chunks (strict
-   age order: a long prompt is never starved).
+   chunks of `prefill_chunk` tokens from where its prefill starts (after a
+   shared prefix). A chunk that does not fit waits for the next step, and so
+   do younger sessions' chunks (strict age order: a long prompt is never
+   starved).
 3. At most `prefill_sessions` chunks per step. The decode rows run in one
-   llama_decode call, each chunk in a call of its own, exactly as it runs
-   when its session is alone (a chunk of 64+ rows takes llama.cpp's tiled
-   flash attention, a reduction the patch stack leaves as it is).
+   llama_decode call, each chunk in a call of its own. A row's results do not
+   depend on the rows it shares a call with (the patch stack, and flash
+   attention on its one-row path for every row: GGML_CPU_FA_TILED=0).
 
 Bounds: rows per step <= token_budget; calls per step <= 1 + prefill_sessions;
 events per step <= max_step_events().
@@ -120,8 +119,8 @@ cdef class Scheduler:
     def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
               int credits=1, int n_reused=0):
         """Give a free slot a session: prefill `prompt` from position n_reused (the
-        KV of the positions before it is already in the slot's sequence: whole
-        chunks of a shared prefix), then generate up to max_tokens."""
+        KV of the positions before it is already in the slot's sequence: a
+        shared prefix), then generate up to max_tokens."""
         self._check(slot)
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
@@ -129,9 +128,8 @@ cdef class Scheduler:
         if n < 1 or max_tokens < 1 or credits < 1 or not 0 <= n_logprobs <= MAX_LOGPROBS:
             raise ValueError("a session needs a prompt, max_tokens >= 1, credits >= 1 and "
                              f"0..{MAX_LOGPROBS} logprobs")
-        if not 0 <= n_reused < n or n_reused % self.prefill_chunk:
-            raise ValueError(f"n_reused ({n_reused}) must be whole chunks before the prompt's "
-                             "last token")
+        if not 0 <= n_reused < n:
+            raise ValueError(f"n_reused ({n_reused}) must lie before the prompt's last token")
         cdef int32_t * copy = <int32_t *> malloc(n * sizeof(int32_t))
         if copy == NULL:
             raise MemoryError()
@@ -260,7 +258,7 @@ cdef class Scheduler:
             s = self.order_buf[i]
             sl = &self.slots[s]
             start = sl.n_prefilled
-            end = (start // self.prefill_chunk + 1) * self.prefill_chunk
+            end = start + self.prefill_chunk
             if end > sl.n_prompt:
                 end = sl.n_prompt
             if end - start > left or self.n_chunks == self.prefill_sessions:
@@ -351,10 +349,10 @@ cdef class Scheduler:
             return self._finish(s, sl.finish_requested, 0, out)
         if token < 0 or token >= self.n_vocab:
             return self._finish(s, FINISH_ERROR, NO_LOGITS, out)
-        sl.n_generated += 1
         sl.last_token = token
         if self.eog[token] and not sl.ignore_eos:
             return self._finish(s, FINISH_STOP, 0, out)
+        sl.n_generated += 1  # the tokens reported: the node's Session.generated
         out.kind = EV_TOKEN
         out.slot = s
         out.token = token

@@ -13,11 +13,12 @@ Budgets (see DESIGN.md):
 - health: once the node has failed for good (an RPC worker lost), every new
   session is rejected (`unhealthy`, saying why) until the node is restarted.
 - weights and scratch are checked once, when the node starts (see Budgets.check_memory).
-- prefix cache (dgr.prefix_cache): a session starts on the slot that holds the
-  longest whole-chunk prefix of its prompt when that slot is free, copies it
-  from a running slot otherwise; free slots' prefixes are evictable: they are
-  evicted (least recently used first) when a starting session's reservation
-  needs their cells, never counted against admission.
+- prefix cache (dgr.prefix_cache): a session takes the longest prefix of its
+  prompt some slot holds, to the token: on that slot when it is free and the
+  session extends all it holds, copied into another slot otherwise; free
+  slots' prefixes are evictable: they are evicted (least recently used first)
+  when a starting session's reservation needs their cells, never counted
+  against admission.
 
 The waiting queue is strict FIFO: a session that does not fit blocks younger
 ones, so a large request is never starved by a stream of small ones.
@@ -32,7 +33,7 @@ from typing import Optional
 import attrs
 
 from dgr.errors import AdmissionRejected, BudgetError
-from dgr.prefix_cache import PrefixCache
+from dgr.prefix_cache import PrefixCache, shareable
 from dgr.sequence import Phase, Session
 
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy")
@@ -167,8 +168,6 @@ class Admission:
                 "queue_tokens_full",
                 f"{self._waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
         for session in sessions:
-            if self.prefix_cache is not None:
-                session.prefix_keys = self.prefix_cache.keys_for(session.prompt)
             self.waiting.append(session)
             self._waiting_tokens += len(session.prompt)
         return self.promote()
@@ -196,42 +195,50 @@ class Admission:
         if cache is None:
             session.start(self._free_slots.pop())
             return
-        holder, n_reused = cache.match(session.prefix_keys)
+        holder, n_reused = cache.match(session.prompt_array)
         self._follow(session, n_reused)
         if session.leader is not None:
             # it shares when it starts, from its leader or what holds the prefix then
             holder, n_reused = None, 0
-        if holder in self._free_slots:
-            slot = holder
+        empty = [s for s in self._free_slots if not cache.cells(s)]
+        if holder in self._free_slots and (cache.cells(holder) <= n_reused or not empty):
+            slot = holder  # the session goes on from its prefix in place
         else:
-            # a free slot holding nothing, else the least recently used cache entry
-            empty = [s for s in self._free_slots if not cache.cells(s)]
+            # a free slot holding nothing (a cache entry it only partly shares survives),
+            # else the least recently used cache entry
             slot = empty[-1] if empty else cache.cached_slots[0]
         self._free_slots.remove(slot)
-        cache.assign(slot, session.prefix_keys[:n_reused // cache.chunk])
+        cache.assign(slot, session.prompt[:n_reused])
         while self._reserved_cells + cache.cached_cells > self.budgets.kv_cells_total:
-            victim = cache.cached_slots[0]
+            # evictions reach the BatchLoop before the start: the entry copied from goes last
+            victim = next((s for s in cache.cached_slots if s != holder), holder)
             cache.drop(victim)
             self._evicted.append(victim)
+            if victim == holder:
+                holder, n_reused = None, 0
+                cache.assign(slot, [])
         session.start(slot, holder if n_reused else None, n_reused)
 
     def _follow(self, session: Session, n_cached: int) -> None:
-        """A session whose prompt shares more whole chunks with a running session
-        still prefilling them (its own leader, for a request's samples) than the
-        cache holds follows it: it waits for those chunks and takes them."""
-        chunk = self.prefix_cache.chunk
+        """A session whose prompt shares more with a running session still
+        prefilling it (its own leader, for a request's samples) than the cache
+        holds follows it: it waits for that prefix and takes it. Another running
+        session is followed only when that saves at least `min_follow` tokens."""
+        cache = self.prefix_cache
         best, common = session.leader, 0
         if best is not None:
-            common = _common_chunks(session.prefix_keys, best.prefix_keys)
+            common = shareable(session.prompt_array, best.prompt_array)
         else:
             for other in self.running:
                 if other is session or other.leader is not None or other.done:
                     continue
-                n = _common_chunks(session.prefix_keys, other.prefix_keys)
-                if n > common and other.n_prefilled < n * chunk:
+                n = shareable(session.prompt_array, other.prompt_array)
+                if n > common and other.n_prefilled < n:
                     best, common = other, n
-        if best is not None and not best.done and common * chunk > n_cached:
-            session.leader, session.share_len = best, common * chunk
+            if common < n_cached + cache.min_follow:
+                best = None
+        if best is not None and not best.done and common > n_cached:
+            session.leader, session.share_len = best, common
         else:
             session.leader, session.share_len = None, 0
 
@@ -257,12 +264,3 @@ class Admission:
         session.release()
         return self.promote()
 
-
-def _common_chunks(a: list, b: list) -> int:
-    """Leading chunk keys two prompts share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -96,9 +96,9 @@ class NodeConfig:
         "position order so results stay bitwise equal to solo ones; --no-kv-unified gives "
         "every session a fixed ctx/max-running share instead.", default=True)
     prefix_cache: bool = option(
-        "--prefix-cache", "Share the KV of whole prompt chunks between sessions whose prompts "
-        "begin alike, and keep finished sessions' prompt chunks in free slots until their cells "
-        "are needed (needs --kv-unified).", default=True)
+        "--prefix-cache", "Share the KV of a prompt's prefix with sessions whose prompts begin "
+        "alike (to the token), and keep finished sessions' prompt and generated tokens in free "
+        "slots until their cells are needed (needs --kv-unified).", default=True)
     weight_repack: bool = option(
         "--weight-repack", "Let llama.cpp repack weights for its CPU kernels (faster on some "
         "CPUs, but batched logits then differ from solo ones).", default=False)

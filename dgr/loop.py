@@ -153,22 +153,20 @@ class StepLoop:
 
     def _release_followers(self, leader: Session, ended: bool = False) -> None:
         """Start the sessions waiting for `leader` that it has prefilled enough for
-        (all of them when it ended), sharing the whole chunks it prefilled (its
-        sequence holds them: running, or kept by its ended slot), or, if the cache
-        now holds more of their prompt (the leader ended early), what it holds."""
-        chunk = self._cache.chunk
+        (all of them when it ended), sharing what it prefilled, or, if a slot (the
+        leader's ended one among them) now holds more of their prompt, that."""
         waiting = self._held.pop(leader.id, [])
         for session in waiting:
             if not ended and leader.n_prefilled < session.share_len:
                 self._held.setdefault(leader.id, []).append(session)
                 continue
-            source, n = leader.slot, min(session.share_len, leader.n_prefilled // chunk * chunk)
-            holder, cached = self._cache.match(session.prefix_keys)
+            source, n = leader.slot, 0 if ended else session.share_len
+            holder, cached = self._cache.match(session.prompt_array)
             if cached > n:
                 source, n = holder, cached
             if n:
                 session.share(source, n)
-                self._cache.assign(session.slot, session.prefix_keys[:n // chunk])
+                self._cache.assign(session.slot, session.prompt[:n])
             self._requests.send_nowait((_START, session))
 
     def _unhold(self, session: Session) -> bool:
@@ -242,7 +240,7 @@ class StepLoop:
                             min_tokens=p.min_tokens, stop_token_ids=p.stop_token_ids,
                             reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                             n_reused=session.n_reused,
-                            keep=len(session.prefix_keys) * self.settings.prefill_chunk)
+                            keep=session.reserved_cells if self._cache is not None else 0)
                 if self._cache is not None:
                     self._cache.activate(slot)
                 if session.n_reused:
@@ -282,7 +280,7 @@ class StepLoop:
             session = self._by_slot[slot]
             session.record_prefill(event[3])
             if self._cache is not None:
-                self._cache.hold(slot, session.prefix_keys[:event[3] // self._cache.chunk])
+                self._cache.hold(slot, session.prompt[:event[3]])
                 if session.id in self._held:
                     self._release_followers(session)
             self._step_prefill.append((session.id, event[2], event[3]))
@@ -296,6 +294,9 @@ class StepLoop:
                     session.finish(reason, failure_message(code))
             else:
                 session.finish(reason)
+            if self._cache is not None:
+                # the BatchLoop kept what the sequence holds, but after an error
+                self._cache.hold(slot, [] if reason is FinishReason.ERROR else session.kv_tokens())
             self._retire(session)
         elif kind == _scheduler.EVENT_FAILURE:
             code = event[1]

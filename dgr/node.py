@@ -52,7 +52,7 @@ class Node:
         self.telemetry = Telemetry()
         self._engine = engine
         self._nursery = nursery
-        cache = (PrefixCache(config.prefill_chunk)
+        cache = (PrefixCache(min_follow=config.prefill_chunk)
                  if config.prefix_cache and config.kv_unified else None)
         self._admission = Admission(budgets, cache)
         settings = StepSettings(token_budget=budgets.step_tokens,
@@ -216,7 +216,6 @@ class Node:
             },
             "prefix_cache": {
                 "enabled": self._admission.prefix_cache is not None,
-                "chunk_tokens": self.config.prefill_chunk,
                 "cached_cells": load.cached_cells,
                 **self.telemetry.prefix_totals(),
             },

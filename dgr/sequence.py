@@ -14,6 +14,7 @@ import enum
 from typing import Optional
 
 import attrs
+import numpy as np
 
 from dgr import _scheduler
 from dgr.config import SamplingParams
@@ -63,11 +64,10 @@ class Session:
     arrived_at: float = 0.0
     phase: Phase = Phase.WAITING
     slot: Optional[int] = None
-    prefix_keys: list = attrs.field(factory=list)  # shareable prompt chunks (dgr.prefix_cache)
     reuse_from: Optional[int] = None  # the slot whose sequence holds its first n_reused positions
     n_reused: int = 0
-    leader: Optional["Session"] = None  # a running session prefilling the chunks this one
-    # shares (a sample of the same prompt, or a prompt arriving while they are computed)
+    leader: Optional["Session"] = None  # a running session prefilling the prefix this one
+    # shares (a sample of the same prompt, or a prompt arriving while it is computed)
     share_len: int = 0  # prompt positions to take from the leader once it has them
     n_prefilled: int = 0
     generated: list[int] = attrs.field(factory=list)
@@ -75,6 +75,11 @@ class Session:
     error: Optional[str] = None
     first_token_at: Optional[float] = None
     last_token_at: Optional[float] = None
+    prompt_array: np.ndarray = attrs.field(init=False)  # the prompt, for prefix matching
+
+    @prompt_array.default
+    def _prompt_array(self) -> np.ndarray:
+        return np.asarray(self.prompt, dtype=np.int32)
 
     @property
     def reserved_cells(self) -> int:
@@ -85,6 +90,10 @@ class Session:
     def n_past(self) -> int:
         """Positions in this session's KV (the last token is not fed back yet)."""
         return self.n_prefilled + max(0, len(self.generated) - 1)
+
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose KV this session's sequence holds (n_past of them)."""
+        return (self.prompt[:self.n_prefilled] + self.generated)[:self.n_past]
 
     @property
     def done(self) -> bool:
@@ -99,7 +108,8 @@ class Session:
         self.phase = Phase.PREFILL
 
     def share(self, reuse_from: int, n_reused: int) -> None:
-        """Its leader's prefill is done (or ended): take its first n_reused positions."""
+        """Its leader has prefilled the shared prefix (or ended): take the first
+        n_reused positions from slot `reuse_from`."""
         self.reuse_from = reuse_from if n_reused else None
         self.n_reused = self.n_prefilled = n_reused
 

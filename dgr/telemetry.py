@@ -51,12 +51,12 @@ class Telemetry:
         self.prefill_tokens = Counter("dgr_prefill_tokens", "Prompt tokens decoded (prefill rows).",
                                       registry=r)
         self.prefix_hits = Counter("dgr_prefix_hits", "Sessions that started with a shared "
-                                   "prompt prefix (whole chunks) already in the KV pool.", registry=r)
+                                   "prompt prefix already in the KV pool.", registry=r)
         self.prefix_tokens_reused = Counter("dgr_prefix_tokens_reused", "Prompt tokens not "
                                             "prefilled because their KV was shared.", registry=r)
         self.prefix_evictions = Counter("dgr_prefix_evictions", "Cached prefixes evicted to make "
                                         "room for a starting session.", registry=r)
-        self.kv_cells_cached = Gauge("dgr_kv_cells_cached", "KV cells of prompt prefixes kept "
+        self.kv_cells_cached = Gauge("dgr_kv_cells_cached", "KV cells of token prefixes kept "
                                      "by free slots (evictable).", registry=r)
         self.decode_tokens = Counter("dgr_decode_tokens", "Decode rows: generated tokens fed back.",
                                      registry=r)

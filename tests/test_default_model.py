@@ -204,8 +204,46 @@ async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default
                 got.append(await node.generate(prompts[2], params))
                 nursery.cancel_scope.cancel()
         reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
-        assert reused >= 3 * 1024
+        assert reused >= 3 * 1100  # to the token, not whole 256-token chunks
     _assert_bitwise(expected, got, "shared prefix")
+
+
+async def test_a_chat_turn_reusing_the_previous_answer_gives_the_bits_of_a_fresh_node(
+        default_model, gemma):
+    """A conversation's next turn resends the first turn's prompt and answer: it
+    takes all of them from the cache, to the token (the answer's KV was computed
+    by decode rows beside other sessions, the prompt's in 256-token chunks), and
+    its tokens and log-probabilities are bitwise those of a fresh node
+    prefilling the whole history in chunks."""
+    import trio
+
+    import dgr
+
+    params = dgr.SamplingParams(max_tokens=24, logprobs=2, ignore_eos=True)
+    config = dgr.NodeConfig(model_path=default_model, n_ctx=16384)
+    first = long_prompts(gemma, 1, 700)[0] + " User: tell me more."
+    async with dgr.open_node(config) as node:
+        async with trio.open_nursery() as nursery:  # company for turn 1's decode rows
+            async with node.stream(long_prompts(gemma, 1, 300)[0],
+                                   dgr.SamplingParams(max_tokens=10_000, ignore_eos=True)) as other:
+                await other.__anext__()
+
+                async def read_on():
+                    async for _ in other:
+                        pass
+
+                nursery.start_soon(read_on)
+                turn1 = await node.generate(first, params)
+                nursery.cancel_scope.cancel()
+        history = (node.tokenize(first) + turn1.token_ids
+                   + node.tokenize(" User: and after that?", add_special=False))
+        reused_before = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
+        turn2 = await node.generate(history, params)
+        reused = (node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
+                  - reused_before)
+    assert reused == len(node.tokenize(first)) + len(turn1.token_ids) - 1
+    expected, = await _without_prefix_cache(config, [history], params)
+    _assert_bitwise([expected], [turn2], "next chat turn")
 
 
 async def test_n_samples_share_one_prefill_and_match_solo(default_model, gemma):
@@ -230,7 +268,7 @@ async def test_n_samples_share_one_prefill_and_match_solo(default_model, gemma):
 
 async def test_a_burst_behind_one_system_prompt_prefills_it_once(default_model, gemma):
     """4 sessions arriving together behind a 1,100-token preamble: the first
-    prefills it, the others wait for its chunks and take them; all bitwise equal
+    prefills it, the others wait for it and take it; all bitwise equal
     to the same prompts on a node without the prefix cache."""
     import dgr
 
@@ -243,7 +281,7 @@ async def test_a_burst_behind_one_system_prompt_prefills_it_once(default_model, 
         got = await _all_at_once(node, prompts, params)
         hits = node.telemetry.registry.get_sample_value("dgr_prefix_hits_total")
         reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
-    assert hits == 3 and reused >= 3 * 1024
+    assert hits == 3 and reused >= 3 * 1100
     _assert_bitwise(expected, got, "burst behind a shared prefix")
 
 

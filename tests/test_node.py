@@ -9,6 +9,7 @@ import trio
 
 import dgr
 from dgr.errors import AdmissionRejected, BudgetError, InvalidRequest, ModelLoadError
+from dgr.prefix_cache import common_prefix, tokens_array
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -258,18 +259,13 @@ async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(tin
         long_id = max(s for r in node.steps for s, _, _ in r.prefill)
         prefill_steps = [r for r in node.steps
                          if r.index > first_step and any(s == long_id for s, _, _ in r.prefill)]
-        assert len(prefill_steps) == -(-(len(node.tokenize(long_prompt))) // 16)
+        chunks = [(start, end) for r in prefill_steps for s, start, end in r.prefill if s == long_id]
+        # one 16-token chunk a step from where its prefill starts (after the shared BOS)
+        assert len(prefill_steps) == len(chunks) == -(-(len(node.tokenize(long_prompt)) - chunks[0][0]) // 16)
+        assert all(end == start + 16 for start, end in chunks[:-1])
         for record in prefill_steps:
             assert set(decoding.values()) <= set(record.decode), record
-            for sid, start, end in record.prefill:
-                assert start % 16 == 0
         assert result.finish_reason == "length"
-
-
-def kept_prefix(session, chunk):
-    """Prompt cells a finished session's slot keeps for the prefix cache: the whole
-    chunks it prefilled, before its prompt's last token."""
-    return min(len(session.prompt) - 1, session.n_prefilled) // chunk * chunk
 
 
 async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
@@ -297,8 +293,9 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                             scope.cancel()
                             await trio.sleep(0)
             await wait_next_step(node)
-            # as llama.cpp reported after the last step: the slot keeps its whole prompt chunks
-            assert node._loop.batch.pos_max(slot) == kept_prefix(chunks.session, 8) - 1
+            # as llama.cpp reported after the last step: the slot keeps its prompt and the
+            # tokens it fed back (a prefix cache entry)
+            assert node._loop.batch.pos_max(slot) == chunks.session.n_past - 1 > len(chunks.session.prompt)
             assert chunks.session.finish_reason == "cancelled"
 
             # waiting phase: both slots busy with blockers, so this one queues
@@ -341,7 +338,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                     scope.cancel()
                     await trio.sleep(0)
             await wait_next_step(node)
-            assert node._loop.batch.pos_max(slot) == kept_prefix(chunks.session, 8) - 1
+            assert node._loop.batch.pos_max(slot) == chunks.session.n_prefilled - 1
         assert survivor["ids"] == reference
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
         # cells in use come back to exactly the cached prompt prefixes, and to 0 after a flush
@@ -361,8 +358,9 @@ async def test_a_session_cancelled_at_once_costs_no_engine_work(tiny_model):
         cancelled_id = 2  # ids count sessions in arrival order
         assert not [r for r in node.steps if any(sid == cancelled_id for sid, _, _ in r.prefill)]
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 1
-        assert metric(node, "dgr_prefill_tokens_total") == sum(
-            len(node.tokenize(p)) for p in ("warm up", "after"))
+        assert metric(node, "dgr_prefill_tokens_total") == sum(  # "after" shares the BOS
+            len(node.tokenize(p)) for p in ("warm up", "after")) - metric(
+                node, "dgr_prefix_tokens_reused_total")
         assert node.waiting_sessions == node.active_sessions == 0
 
 
@@ -426,10 +424,11 @@ PREAMBLE = "A shared preamble that several requests begin with, long enough for 
 
 
 async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
-    """A session whose prompt begins with whole chunks another session prefilled
-    (finished and cached, or still running) prefills only the rest; from the cache
-    its tokens and log-probabilities are bitwise those of a fresh node (the
-    default-model tests check bitwise equality beside running sessions too)."""
+    """A session whose prompt begins with tokens another session prefilled
+    (finished and cached, or still running) prefills only the rest, to the token;
+    from the cache its tokens and log-probabilities are bitwise those of a fresh
+    node (the default-model tests check bitwise equality beside running sessions
+    too)."""
     cfg = config(tiny_model, prefill_chunk=16)
     params = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
     prompt = PREAMBLE + "Q1: cached?"
@@ -441,7 +440,8 @@ async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
         got = await node.generate(prompt, params)
         assert metric(node, "dgr_prefix_hits_total") == 1
         reused = metric(node, "dgr_prefix_tokens_reused_total")
-        assert reused > 0 and reused % 16 == 0
+        assert reused == common_prefix(tokens_array(node.tokenize(PREAMBLE + "Q0: the first")),
+                                       tokens_array(node.tokenize(prompt))) > 16
         assert metric(node, "dgr_prefill_tokens_total") == (
             first.prompt_tokens + got.prompt_tokens - reused)
         async with trio.open_nursery() as nursery:  # from a running session
@@ -457,6 +457,35 @@ async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
     assert got.token_ids == expected.token_ids
     assert got.token_logprobs == expected.token_logprobs  # bitwise
     assert got.logprobs == expected.logprobs
+
+
+async def test_a_conversations_next_turn_reuses_the_answer_it_resends(tiny_model):
+    """A finished session keeps its prompt and the tokens it generated and fed back:
+    a next turn whose prompt resends them (and more) prefills only what is new, and
+    gets bitwise what a fresh node computing the whole prompt gets. A session that
+    shares only a few tokens with a cached conversation copies them to an empty slot
+    and leaves the conversation cached."""
+    cfg = config(tiny_model, prefill_chunk=16)
+    params = dgr.SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
+    async with dgr.open_node(cfg) as node:
+        turn1 = await node.generate(PREAMBLE + "User: hello", params)
+        prompt1 = node.tokenize(PREAMBLE + "User: hello")
+        turn2_prompt = prompt1 + turn1.token_ids + node.tokenize(" User: and then?", add_special=False)
+        stranger = await node.generate(PREAMBLE[:12] + " unrelated", params)
+        before = metric(node, "dgr_prefill_tokens_total")
+        turn2 = await node.generate(turn2_prompt, params)
+        # all of turn 1 but its last token (never fed back) came from the cache
+        assert (metric(node, "dgr_prefix_tokens_reused_total")
+                >= len(prompt1) + len(turn1.token_ids) - 1)
+        assert metric(node, "dgr_prefill_tokens_total") - before == (
+            len(turn2_prompt) - len(prompt1) - len(turn1.token_ids) + 1)
+        assert len(stranger.token_ids) == 12
+    async with dgr.open_node(cfg) as fresh:
+        expected = await fresh.generate(turn2_prompt, params)
+        assert metric(fresh, "dgr_prefix_hits_total") == 0
+    assert turn2.token_ids == expected.token_ids
+    assert turn2.token_logprobs == expected.token_logprobs  # bitwise
+    assert turn2.logprobs == expected.logprobs
 
 
 async def test_cached_prefixes_are_evicted_before_admission_rejects(tiny_model):
@@ -499,11 +528,11 @@ async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model
             assert ids == alone[i // 3].token_ids
             leader = [c.logprob for c in results[i // 3 * 3] if c.token_id is not None]
             assert lps == leader  # bitwise; against solo runs: the default-model tests
-        # each prompt prefilled once in whole chunks, its 2 other samples shared them, and
-        # the second prompt's first sample shared the preamble's chunks with the first's
+        # each prompt prefilled once, its 2 other samples shared all of it but the last
+        # token, and the second prompt's first sample shared the preamble with the first's
         assert metric(node, "dgr_prefix_hits_total") == 5
         shared = metric(node, "dgr_prefix_tokens_reused_total")
-        assert shared > 2 * sum((len(node.tokenize(p)) - 1) // 16 * 16 for p in prompts)
+        assert shared > 2 * sum(len(node.tokenize(p)) - 1 for p in prompts)
         assert metric(node, "dgr_prefill_tokens_total") == 3 * sum(
             len(node.tokenize(p)) for p in prompts) - shared
 
@@ -520,7 +549,7 @@ async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model
 
 async def test_sessions_arriving_together_prefill_a_shared_prefix_once(tiny_model):
     """The second of two sessions whose prompts begin alike, arriving while the
-    first still prefills those chunks, waits for them and takes them."""
+    first still prefills that prefix, waits for it and takes it."""
     cfg = config(tiny_model, prefill_chunk=16)
     params = dgr.SamplingParams(max_tokens=4, ignore_eos=True)
     prompts = [PREAMBLE + "first of two", PREAMBLE + "second of two"]
@@ -533,9 +562,9 @@ async def test_sessions_arriving_together_prefill_a_shared_prefix_once(tiny_mode
         async with trio.open_nursery() as nursery:
             for i in range(2):
                 nursery.start_soon(run, i)
-        shared = (len(node.tokenize(PREAMBLE)) - 1) // 16 * 16
+        shared = common_prefix(*(tokens_array(node.tokenize(p)) for p in prompts))
         assert metric(node, "dgr_prefix_hits_total") == 1
-        assert metric(node, "dgr_prefix_tokens_reused_total") >= shared - 16
+        assert metric(node, "dgr_prefix_tokens_reused_total") == shared
         assert metric(node, "dgr_prefill_tokens_total") == (
             sum(r.prompt_tokens for r in results) - metric(node, "dgr_prefix_tokens_reused_total"))
         assert all(len(r.token_ids) == 4 for r in results)

@@ -272,35 +272,39 @@ def test_memory_budget():
 
 # ---------------------------------------------------------------------- prefix cache
 
-def test_prefix_keys_are_whole_chunks_before_the_last_token():
-    from dgr.prefix_cache import PrefixCache
+def test_a_prefix_is_shared_to_the_token_but_never_a_prompts_last():
+    from dgr.prefix_cache import common_prefix, shareable, tokens_array
 
-    cache = PrefixCache(chunk=4)
-    assert len(cache.keys_for(list(range(8)))) == 1  # [0,4); [4,8) holds the last token
-    assert len(cache.keys_for(list(range(9)))) == 2
-    a, b = cache.keys_for([1, 2, 3, 4, 5, 6, 7, 8, 9]), cache.keys_for([1, 2, 3, 4, 0, 6, 7, 8, 9])
-    assert a[0] == b[0] and a[1] != b[1]  # a key covers every token up to its chunk's end
+    a = tokens_array([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert common_prefix(a, tokens_array([1, 2, 3, 4, 0, 6])) == 4
+    assert common_prefix(a, tokens_array([])) == 0
+    assert shareable(a, a) == 8  # the last token is prefilled for its logits
+    assert shareable(tokens_array([1, 2, 3]), tokens_array([1, 2, 3, 4, 5])) == 2
+    assert shareable(a, tokens_array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])) == 8
 
 
 def test_prefix_cache_matches_longest_active_prefix_and_evicts_lru():
-    from dgr.prefix_cache import PrefixCache
+    from dgr.prefix_cache import PrefixCache, tokens_array
 
-    cache = PrefixCache(chunk=2)
-    keys = cache.keys_for(list(range(11)))  # 5 chunks
-    cache.assign(0, keys[:2])
-    assert cache.match(keys) == (None, 0)  # placed, its start not queued yet: nothing to copy
+    cache = PrefixCache(min_follow=2)
+    prompt = tokens_array(range(11))
+    cache.assign(0, list(range(5)))
+    assert cache.match(prompt) == (None, 0)  # placed, its start not queued yet: nothing to copy
     cache.activate(0)
-    assert cache.match(keys) == (0, 4)
-    cache.hold(0, keys[:4])  # it prefilled two more chunks
-    cache.assign(1, keys[:1])
+    assert cache.match(prompt) == (0, 5)
+    cache.hold(0, list(range(9)))  # it prefilled four more tokens
+    cache.assign(1, [0, 1, 2])
     cache.activate(1)
-    assert cache.match(keys) == (0, 8)
-    assert cache.match(keys[:1]) == (0, 2)  # both hold it; no cached slot: the lowest
-    cache.keep(1)  # slot 1's session ended: its chunk is a cache entry, preferred
-    assert cache.match(keys[:1]) == (1, 2)
+    assert cache.match(prompt) == (0, 9)
+    assert cache.match(tokens_array([0, 1, 2, 7])) == (0, 3)  # both hold it; none cached: the lowest
+    cache.keep(1)  # slot 1's session ended: what it holds is a cache entry, preferred
+    assert cache.match(tokens_array([0, 1, 2, 7])) == (1, 3)
     cache.keep(0)
-    assert cache.cached_slots == [1, 0] and cache.cached_cells == 2 + 8
+    assert cache.cached_slots == [1, 0] and cache.cached_cells == 3 + 9
+    # a finished session holds its prompt and what it generated and fed back
+    cache.hold(1, [0, 1, 2, 50, 51])
+    assert cache.match(tokens_array([0, 1, 2, 50, 51, 60])) == (1, 5)
     cache.drop(1)
-    assert cache.cached_slots == [0] and cache.match(keys[:1]) == (0, 2)
+    assert cache.cached_slots == [0] and cache.match(tokens_array([0, 1, 2, 7])) == (0, 3)
     cache.assign(0, [])  # a new session on slot 0 without a shared prefix
-    assert cache.match(keys) == (None, 0) and cache.cached_cells == 0
+    assert cache.match(prompt) == (None, 0) and cache.cached_cells == 0

@@ -358,9 +358,52 @@ static int test_flash_attn() {
     return failures + test_flash_attn_spread_cells();
 }
 
+// A prompt chunk's rows against the same rows decoded one at a time: row r of a 96-row
+// chunk (which the tiled path takes by default) must give what a lone query row at its
+// position gives over the same cells. With GGML_CPU_FA_TILED=0 (patch 0008) every row takes
+// the one-row path; CTest runs this case with it set.
+static int test_flash_attn_prompt_rows() {
+    int failures = 0;
+    const int n_rows = 96;
+    for (int len : { 100, 600, 1100 }) {
+        for (int window : { 0, 512 }) {
+            if (window && len <= window) {
+                continue;
+            }
+            const fa_rows chunk(len, window, n_rows, 7000 + len);
+            const std::vector<float> rows = fa_placed({ { &chunk, strided(len, 0, 1) } });
+            int bad = 0;
+            float worst = 0.0f;
+            for (int r : { 0, 1, 37, 63, 64, 95 }) {
+                fa_rows one(len - n_rows + r + 1, window, 1, 0);
+                one.q.assign(chunk.q.begin() + (size_t) r * FA_HEADS * FA_D,
+                             chunk.q.begin() + (size_t) (r + 1) * FA_HEADS * FA_D);
+                one.k.assign(chunk.k.begin(), chunk.k.begin() + (size_t) one.len * FA_D);  // FA_HEADS_KV == 1
+                one.v.assign(chunk.v.begin(), chunk.v.begin() + (size_t) one.len * FA_D);
+                const std::vector<float> alone = fa_placed({ { &one, strided(one.len, 0, 1) } });
+                const float * in_chunk = rows.data() + (size_t) r * FA_HEADS * FA_D;
+                if (memcmp(in_chunk, alone.data(), alone.size() * sizeof(float)) != 0) {
+                    bad++;
+                    for (size_t i = 0; i < alone.size(); i++) {
+                        worst = fmaxf(worst, fabsf(in_chunk[i] - alone[i]));
+                    }
+                }
+            }
+            printf("flash_attn kv=%4d window=%3d 96-row prompt chunk vs rows decoded alone: %s",
+                   len, window, bad ? "DIFFERS" : "bitwise equal");
+            if (bad) {
+                printf(" (%d of 6 rows, max |diff| %g)", bad, worst);
+            }
+            printf("\n");
+            failures += bad ? 1 : 0;
+        }
+    }
+    return failures;
+}
+
 int main(int argc, char ** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s mul_mat|flash_attn [n_threads]\n", argv[0]);
+        fprintf(stderr, "usage: %s mul_mat|flash_attn|flash_attn_prompt_rows [n_threads]\n", argv[0]);
         return 2;
     }
     if (argc > 2) {
@@ -372,6 +415,8 @@ int main(int argc, char ** argv) {
         failures = test_mul_mat();
     } else if (what == "flash_attn") {
         failures = test_flash_attn();
+    } else if (what == "flash_attn_prompt_rows") {
+        failures = test_flash_attn_prompt_rows();
     } else {
         fprintf(stderr, "unknown test %s\n", what.c_str());
         return 2;
