@@ -744,6 +744,10 @@ cdef class Engine:
             llama_model_free(self.model)
             self.model = NULL
 
+    @property
+    def is_open(self):
+        return self.ctx != NULL
+
     cdef void _check_open(self) except *:
         if self.ctx == NULL:
             raise DecodeError("engine is closed")
@@ -798,6 +802,7 @@ cdef class Engine:
 
     def chat_template(self):
         """The model's chat template from its GGUF metadata, or None."""
+        self._check_open()
         cdef const char * tmpl = llama_model_chat_template(self.model, NULL)
         return None if tmpl == NULL else tmpl.decode("utf-8", "replace")
 
@@ -807,6 +812,7 @@ cdef class Engine:
         `template` is a template string or a llama.cpp built-in name ("gemma",
         "chatml", ...); None means the model's own. llama.cpp recognizes the
         family of a template string; an unknown one raises ValueError."""
+        self._check_open()
         tmpl = template if template is not None else self.chat_template()
         if tmpl is None:
             raise ValueError("the model has no chat template")
@@ -836,6 +842,7 @@ cdef class Engine:
 
     def tokenize(self, text, bint add_special=True, bint parse_special=False):
         """Token ids of `text` (str or UTF-8 bytes) as an int32 array."""
+        self._check_open()
         cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         cdef int cap = len(data) + 8
         cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(cap, dtype=np.int32)
@@ -852,6 +859,7 @@ cdef class Engine:
 
     def token_to_piece(self, int token, bint special=False):
         """The bytes of one token (possibly part of a UTF-8 character)."""
+        self._check_open()
         if token < 0 or token >= self.vocab_size:
             raise ValueError(f"token id {token} out of vocabulary (n_vocab={self.vocab_size})")
         cdef char buf[128]
@@ -865,6 +873,7 @@ cdef class Engine:
 
     def detokenize(self, tokens, bint remove_special=True, bint unparse_special=False):
         """Text of a whole token sequence."""
+        self._check_open()
         cdef cnp.ndarray[int32_t, ndim=1] ids = np.ascontiguousarray(tokens, dtype=np.int32)
         if ids.shape[0] and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"token id out of vocabulary (n_vocab={self.vocab_size})")

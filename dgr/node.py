@@ -85,15 +85,22 @@ class Node:
     def engine_info(self) -> dict:
         return dict(self._engine.info)
 
+    def _open_engine(self):
+        """The engine, for the vocabulary; NodeClosed once the node has shut down
+        (the model is freed then)."""
+        if not self._engine.is_open:
+            raise NodeClosed("the node is shut down")
+        return self._engine
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of text; parse_special reads control-token text (chat templates)."""
-        return self._engine.tokenize(text, add_special=add_special,
-                                     parse_special=parse_special).tolist()
+        return self._open_engine().tokenize(text, add_special=add_special,
+                                            parse_special=parse_special).tolist()
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids, as a prompt given as ids reads (special tokens removed)."""
         try:
-            return self._engine.detokenize(tokens)
+            return self._open_engine().detokenize(tokens)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 
@@ -104,12 +111,12 @@ class Node:
     def token_bytes(self, token: int) -> bytes:
         """One token's raw bytes: a byte-fallback token (part of a multi-byte
         character) is its own byte, not a replacement character."""
-        return bytes(self._engine.token_to_piece(token, special=True))
+        return bytes(self._open_engine().token_to_piece(token, special=True))
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Render a chat with the model's template from its GGUF metadata. A GGUF
         without one gets llama.cpp's built-in template of its model family."""
-        template = self._engine.chat_template()
+        template = self._open_engine().chat_template()
         if template is None:
             template = _FAMILY_TEMPLATES.get(self._engine.info["architecture"])
         if template is None:

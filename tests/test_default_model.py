@@ -241,7 +241,7 @@ async def test_a_chat_turn_reusing_the_previous_answer_gives_the_bits_of_a_fresh
         turn2 = await node.generate(history, params)
         reused = (node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
                   - reused_before)
-    assert reused == len(node.tokenize(first)) + len(turn1.token_ids) - 1
+        assert reused == len(node.tokenize(first)) + len(turn1.token_ids) - 1
     expected, = await _without_prefix_cache(config, [history], params)
     _assert_bitwise([expected], [turn2], "next chat turn")
 

@@ -383,6 +383,10 @@ async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
     assert not [t for t in threading.enumerate() if t.name == "dgr-engine"]
     with pytest.raises(dgr.NodeClosed):
         await node.generate("after close")
+    with pytest.raises(dgr.NodeClosed):  # the model is freed: an error, not a crash
+        node.tokenize("after close")
+    with pytest.raises(dgr.NodeClosed):
+        node.detokenize([1, 2])
 
 
 async def test_telemetry_counts_a_known_workload(tiny_model):
