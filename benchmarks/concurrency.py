@@ -124,8 +124,8 @@ def llama_server(binary, model, c, ctx_per_slot, threads, port, log=None):
 async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
     """One streaming completion: token timestamps, text pieces, tokens (with logprobs).
     llama-server is asked not to reuse a cached prompt (its `cache_prompt`; dgr
-    refuses fields it does not implement, and its prefix cache only shares whole
-    chunks of repeated prompts, which these workloads do not have)."""
+    refuses fields it does not implement, and its prefix cache shares what prompts
+    have in common, here no more than their first few tokens)."""
     body = {"prompt": prompt, "max_tokens": n_new, "temperature": 0, "ignore_eos": True,
             "stream": True}
     if not is_dgr:
