@@ -1615,16 +1615,18 @@ cdef class BatchLoop:
         cdef double times[3]
         cdef double started = self.mark, unlocked, relocked, ended
         cdef double fill_s = 0.0, decode_s = 0.0, sample_s = 0.0
-        cdef int rows = self.scheduler.plan_rows(), call, start, end, bad_row, rc, n_calls = 0
+        cdef int rows = self.scheduler.plan_rows(), call, c, start, end, bad_row, rc, n_calls = 0
         memset(&figures, 0, sizeof(StepFigures))
         self._fill_rows()
         unlocked = _now()
         pthread_mutex_unlock(&self.lock)
         self._wake_node()
-        # Call 0: the decode rows (when there are any); call 1 + c: chunk c, alone.
-        for call in range(1 + self.scheduler.n_chunks):
+        # one_call: every row in call 0. Otherwise call 0: the decode rows (when there
+        # are any); call 1 + c: chunk c, alone.
+        for call in range(1 if self.scheduler.one_call else 1 + self.scheduler.n_chunks):
             start = 0 if call == 0 else self.scheduler.chunk_offset(call - 1)
-            end = self.scheduler.n_decode if call == 0 else self.scheduler.chunk_offset(call)
+            end = (rows if self.scheduler.one_call else
+                   self.scheduler.n_decode if call == 0 else self.scheduler.chunk_offset(call))
             if end == start:
                 continue
             bad_row = -1
@@ -1638,6 +1640,9 @@ cdef class BatchLoop:
             elif rc == 0 and bad_row >= 0:
                 self.sampled[start + bad_row] = -1  # the scheduler ends that session
             self.call_rc[call] = rc
+            if self.scheduler.one_call:
+                for c in range(self.scheduler.n_chunks):
+                    self.call_rc[1 + c] = rc
             n_calls += 1
             fill_s += times[0]
             decode_s += times[1]

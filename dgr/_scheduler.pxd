@@ -80,6 +80,7 @@ cdef class Scheduler:
     cdef readonly int token_budget
     cdef readonly int prefill_chunk
     cdef readonly int prefill_sessions
+    cdef readonly bint one_call     # a step's rows run in one llama_decode
     cdef char * eog                 # per vocabulary entry: ends generation
     cdef int n_vocab
     cdef int64_t next_order

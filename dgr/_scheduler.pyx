@@ -16,10 +16,13 @@ Policy (re-planned every step; sessions join and leave between steps):
    shared prefix). A chunk that does not fit waits for the next step, and so
    do younger sessions' chunks (strict age order: a long prompt is never
    starved).
-3. At most `prefill_sessions` chunks per step. The decode rows run in one
-   llama_decode call, each chunk in a call of its own. A row's results do not
-   depend on the rows it shares a call with (the patch stack, and flash
-   attention on its one-row path for every row: GGML_CPU_FA_TILED=0).
+3. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
+   pool) the whole step, decode rows and chunks, is one llama_decode: a row's
+   results do not depend on the rows it shares a call with (the patch stack,
+   and flash attention on its one-row path for every row:
+   GGML_CPU_FA_TILED=0). Otherwise (split KV, where llama.cpp would cut a
+   mixed call into many equal-length ubatches) the decode rows run in one
+   call and each chunk in a call of its own.
 
 Bounds: rows per step <= token_budget; calls per step <= 1 + prefill_sessions;
 events per step <= max_step_events().
@@ -77,7 +80,7 @@ cdef class Scheduler:
         self.order_buf = NULL
 
     def __init__(self, int n_slots, int token_budget, int prefill_chunk, int prefill_sessions,
-                 int n_vocab, eog_tokens=()):
+                 int n_vocab, eog_tokens=(), bint one_call=False):
         if n_slots < 1 or prefill_chunk < 1 or prefill_sessions < 1 or n_vocab < 1:
             raise ValueError("n_slots, prefill_chunk, prefill_sessions and n_vocab must be positive")
         if token_budget <= n_slots or prefill_chunk > token_budget:
@@ -86,6 +89,7 @@ cdef class Scheduler:
         self.token_budget = token_budget
         self.prefill_chunk = prefill_chunk
         self.prefill_sessions = min(prefill_sessions, n_slots)
+        self.one_call = one_call
         self.n_vocab = n_vocab
         self.slots = <Slot *> calloc(n_slots, sizeof(Slot))
         self.eog = <char *> calloc(n_vocab, 1)
@@ -284,10 +288,11 @@ cdef class Scheduler:
                     const int32_t * top_ids, const float * top_lp, Event * out,
                     StepFigures * figures) noexcept nogil:
         """Apply the planned step's results. call_rc[0]: the decode rows' call,
-        call_rc[1 + c]: chunk c's; sampled, chosen_lp: per row; top_*: per row,
-        MAX_LOGPROBS apart. Returns the events written (the step record is the
-        loop's)."""
+        call_rc[1 + c]: chunk c's (with one_call, all the one call's); sampled,
+        chosen_lp: per row; top_*: per row, MAX_LOGPROBS apart. Returns the
+        events written (the step record is the loop's)."""
         cdef int n = 0, i, c, s, row, last
+        cdef bint reported = False  # with one_call, one failed call is one EV_FAILURE
         cdef Event * e
         figures.decode_rows = self.n_decode
         figures.prefill_rows = 0
@@ -306,6 +311,7 @@ cdef class Scheduler:
             n += 1
         if self.n_decode and call_rc[0] != 0:
             n += self._failure(call_rc[0], out + n)
+            reported = self.one_call
         for i in range(self.n_decode):
             s = self.decode_slots[i]
             if self.slots[s].phase == SLOT_FREE:
@@ -319,7 +325,9 @@ cdef class Scheduler:
         for c in range(self.n_chunks):
             s = self.chunk_slot[c]
             if call_rc[1 + c] != 0:
-                n += self._failure(call_rc[1 + c], out + n)
+                if not reported:
+                    n += self._failure(call_rc[1 + c], out + n)
+                    reported = self.one_call
                 if self.slots[s].phase != SLOT_FREE:
                     n += self._finish(s, FINISH_ERROR, call_rc[1 + c], out + n)
                 continue

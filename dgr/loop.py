@@ -87,7 +87,8 @@ class StepLoop:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
                                          settings.prefill_chunk, settings.prefill_sessions,
-                                         engine.n_vocab, engine.eog_tokens)
+                                         engine.n_vocab, engine.eog_tokens,
+                                         one_call=engine.info["kv_unified"])
         self.batch = _batch.BatchLoop(engine, scheduler, self._wake_fd)
         # Bounded by construction: per session one start and one finish, per slot an
         # eviction, and a flush's mark are in flight.

@@ -14,9 +14,9 @@ EOG = 99
 E = _scheduler
 
 
-def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4):
+def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4, one_call=False):
     return _scheduler.Scheduler(n_slots, token_budget, prefill_chunk, prefill_sessions,
-                                n_vocab=100, eog_tokens=[EOG])
+                                n_vocab=100, eog_tokens=[EOG], one_call=one_call)
 
 
 def decoding(sched, slots, prompt_len=3, max_tokens=1000, credits=1000, **kw):
@@ -151,6 +151,21 @@ def test_a_failed_call_ends_only_its_sessions():
     assert kinds(events, E.EVENT_TOKEN) == [(E.EVENT_TOKEN, 4, 7, None, None)]
     _, decode, chunks = sched.plan_step()
     assert decode == [4] and chunks == []
+
+
+def test_one_failed_call_for_the_whole_step_is_one_failure():
+    """With one_call (unified KV) decode rows and chunks are one llama_decode: its
+    failure ends every session in it and is reported once."""
+    sched = scheduler(prefill_chunk=16, one_call=True)
+    decoding(sched, [0, 1])
+    sched.start(4, list(range(10)), 5, credits=4)
+    sched.start(5, list(range(12)), 5, credits=4)
+    _, decode, chunks = sched.plan_step()
+    assert decode == [0, 1] and chunks == [(4, 0, 10), (5, 0, 12)]
+    events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3, -3, -3])
+    assert kinds(events, E.EVENT_FAILURE) == [(E.EVENT_FAILURE, -3)]
+    assert [e[1] for e in kinds(events, E.EVENT_FINISH)] == [0, 1, 4, 5]
+    assert sched.plan_step() == ([], [], [])
 
 
 def test_a_row_without_logits_ends_its_session_with_an_error():
