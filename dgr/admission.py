@@ -263,4 +263,3 @@ class Admission:
                 self.prefix_cache.keep(session.slot)
         session.release()
         return self.promote()
-
