@@ -95,11 +95,12 @@ async def measure(one_call):
         dgr.loop._scheduler.Scheduler = REAL_SCHEDULER
 
 
-for rnd in range(3):
-    order = (True, False) if rnd % 2 == 0 else (False, True)
-    got = {one_call: trio.run(measure, one_call) for one_call in order}
-    (b1, m1), (b0, m0) = got[True], got[False]
-    print(f"round {rnd}: burst TTFT p50/p99 ms one call {b1[0]:.0f}/{b1[1]:.0f}, a call per "
-          f"chunk {b0[0]:.0f}/{b0[1]:.0f} (p50 ratio {b1[0] / b0[0]:.2f}); mixed: long-prompt "
-          f"TTFT ms {m1[0]:.0f} vs {m0[0]:.0f} ({m1[0] / m0[0]:.2f}), worst decoder gap ms "
-          f"{m1[1]:.0f} vs {m0[1]:.0f}", flush=True)
+if __name__ == "__main__":
+    for rnd in range(3):
+        order = (True, False) if rnd % 2 == 0 else (False, True)
+        got = {one_call: trio.run(measure, one_call) for one_call in order}
+        (b1, m1), (b0, m0) = got[True], got[False]
+        print(f"round {rnd}: burst TTFT p50/p99 ms one call {b1[0]:.0f}/{b1[1]:.0f}, a call per "
+              f"chunk {b0[0]:.0f}/{b0[1]:.0f} (p50 ratio {b1[0] / b0[0]:.2f}); mixed: long-prompt "
+              f"TTFT ms {m1[0]:.0f} vs {m0[0]:.0f} ({m1[0] / m0[0]:.2f}), worst decoder gap ms "
+              f"{m1[1]:.0f} vs {m0[1]:.0f}", flush=True)
