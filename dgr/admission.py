@@ -82,7 +82,9 @@ class Admission:
     def __init__(self, budgets: Budgets, prefix_cache: PrefixCache | None = None):
         self.budgets = budgets
         self.prefix_cache = prefix_cache
-        self._evicted: list[int] = []
+        # cached prefixes evicted since take_evictions, each with the session whose
+        # placement evicted it (None: a flush)
+        self._evicted: list[tuple[int, Optional[Session]]] = []
         self.waiting: collections.deque[Session] = collections.deque()
         self.running: list[Session] = []
         self._waiting_tokens = 0
@@ -118,9 +120,11 @@ class Admission:
                     cached_cells=self.prefix_cache.cached_cells if self.prefix_cache else 0,
                     failure=self._failure)
 
-    def take_evictions(self) -> list[int]:
-        """Free slots whose cached prefix was evicted since the last call, in order:
-        their sequences must be emptied before the sessions started meanwhile run."""
+    def take_evictions(self) -> list[tuple[int, Optional[Session]]]:
+        """(slot, session) for each free slot whose cached prefix was evicted since the
+        last call, in order: its sequence must be emptied before that session starts
+        (which may take the slot) and after the sessions placed before it start (which
+        may copy from it); session None: a flush, before any start."""
         evicted, self._evicted = self._evicted, []
         return evicted
 
@@ -210,10 +214,10 @@ class Admission:
         self._free_slots.remove(slot)
         cache.assign(slot, session.prompt[:n_reused])
         while self._reserved_cells + cache.cached_cells > self.budgets.kv_cells_total:
-            # evictions reach the BatchLoop before the start: the entry copied from goes last
+            # evictions reach the BatchLoop before this start: the entry copied from goes last
             victim = next((s for s in cache.cached_slots if s != holder), holder)
             cache.drop(victim)
-            self._evicted.append(victim)
+            self._evicted.append((victim, session))
             if victim == holder:
                 holder, n_reused = None, 0
                 cache.assign(slot, [])
@@ -247,7 +251,7 @@ class Admission:
         if self.prefix_cache is not None:
             for slot in self.prefix_cache.cached_slots:
                 self.prefix_cache.drop(slot)
-                self._evicted.append(slot)
+                self._evicted.append((slot, None))
 
     def release(self, session: Session) -> list[Session]:
         """Forget a finished session: free its queue place or its slot and KV

@@ -135,15 +135,21 @@ class StepLoop:
         self.batch.stop()
 
     def _start(self, sessions: list[Session]) -> None:
-        # evictions first; KV changes travel with the starts, in the order decided here
-        for slot in self._admission.take_evictions():
-            self._requests.send_nowait((_EVICT, slot))
-            self._telemetry.prefix_evictions.inc()
+        # KV changes travel in the order admission decided them: a flush's evictions,
+        # then for each session the evictions its placement made, then its start
+        evictions = self._admission.take_evictions()
+        self._evict([slot for slot, owner in evictions if owner is None])
         for session in sessions:
+            self._evict([slot for slot, owner in evictions if owner is session])
             if self._waits_for_leader(session):
                 self._held.setdefault(session.leader.id, []).append(session)
             else:
                 self._requests.send_nowait((_START, session))
+
+    def _evict(self, slots: list[int]) -> None:
+        for slot in slots:
+            self._requests.send_nowait((_EVICT, slot))
+            self._telemetry.prefix_evictions.inc()
 
     def _waits_for_leader(self, session: Session) -> bool:
         """A session with a leader (admission: a running session prefilling chunks it

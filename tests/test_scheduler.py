@@ -323,3 +323,32 @@ def test_prefix_cache_matches_longest_active_prefix_and_evicts_lru():
     assert cache.cached_slots == [0] and cache.match(tokens_array([0, 1, 2, 7])) == (0, 3)
     cache.assign(0, [])  # a new session on slot 0 without a shared prefix
     assert cache.match(prompt) == (None, 0) and cache.cached_cells == 0
+
+
+def test_an_entry_copied_from_is_evicted_only_after_the_copy():
+    """Evictions are tagged with the session whose placement made them: the loop
+    sends them just before that session's start, after the starts placed earlier
+    (which may copy from the evicted entry)."""
+    from dgr.prefix_cache import PrefixCache
+
+    budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=3, max_waiting=2,
+                      max_waiting_tokens=1000, step_tokens=256, step_outputs=3,
+                      memory_bytes=10_000)
+    adm = Admission(budgets, PrefixCache(min_follow=64))
+    cached = []
+    for sid, first in ((1, 1), (2, 1001)):  # two finished sessions leave 300-token entries
+        session = Session(id=sid, prompt=list(range(first, first + 300)), params=SamplingParams(),
+                          max_tokens=10)
+        adm.submit(session)
+        adm.prefix_cache.activate(session.slot)
+        adm.prefix_cache.hold(session.slot, session.prompt)  # as the loop does on prefill
+        adm.release(session)
+        cached.append(session.slot)
+    sharer = Session(id=3, prompt=list(range(1, 151)) + [5000 + i for i in range(150)],
+                     params=SamplingParams(), max_tokens=10)
+    big = Session(id=4, prompt=list(range(3000, 3500)), params=SamplingParams(), max_tokens=10)
+    adm.submit_group([sharer, big])
+    assert sharer.reuse_from == cached[0] and sharer.n_reused == 150
+    assert sharer.slot not in cached  # copied into the empty slot: the entry survives it
+    assert big.slot == cached[0]  # the least recently used entry, after the copy's start
+    assert adm.take_evictions() == [(cached[1], big)]
