@@ -86,8 +86,9 @@ class NodeConfig:
         "--prefill-chunk", "Prompt tokens per prefill chunk (chunk boundaries are its "
         "multiples); bounds how long a long prompt can delay decoders in one step.", default=256)
     prefill_sessions_per_step: int = option(
-        "--prefill-sessions", "Sessions that may prefill a chunk in one step, each in a "
-        "llama_decode call of its own; bounds how many chunks decoders wait for in one step.",
+        "--prefill-sessions", "Sessions that may prefill a chunk in one step (in the step's "
+        "llama_decode with --kv-unified, each in a call of its own with split KV); bounds how "
+        "many chunks decoders wait for in one step.",
         default=4)
     n_threads: Optional[int] = option("--threads", "CPU threads for llama.cpp.", "all cores",
                                       default=None)
