@@ -339,7 +339,10 @@ class StepLoop:
 
     def _retire(self, session: Session) -> None:
         """A finished session leaves: its place goes to the next ones, its reader
-        gets the end."""
+        gets the end. Once: a session whose opening was cancelled just after its
+        task started is abandoned by the opener and ended by its task."""
+        if session.phase is Phase.FINISHED:
+            return
         if (self._cache is not None and session.phase is Phase.PREFILL
                 and session.id not in self._on_engine):
             # admission counted on a prefix in its slot that the BatchLoop never set up

@@ -10,6 +10,7 @@ import trio
 import dgr
 from dgr.errors import AdmissionRejected, BudgetError, InvalidRequest, ModelLoadError
 from dgr.prefix_cache import common_prefix, tokens_array
+from dgr.sequence import Phase
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -36,12 +37,11 @@ def metric(node, name, **labels):
     return 0.0 if value is None else value
 
 
-async def wait_next_step(node):
-    """Wait until a step that started after this call has finished (the one in
-    flight now may have been planned before what the caller just did)."""
-    target = (node.steps[-1].index if node.steps else 0) + 2
+async def wait_retired(session):
+    """Wait until the node has processed the session's end (the BatchLoop's finish
+    event for a session on the engine): its KV figures are then final."""
     with trio.fail_after(10):
-        while node.steps[-1].index < target and (node.active_sessions or node.waiting_sessions):
+        while session.phase is not Phase.FINISHED:
             await trio.sleep(0.001)
 
 
@@ -292,7 +292,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                         if seen == 5:
                             scope.cancel()
                             await trio.sleep(0)
-            await wait_next_step(node)
+            await wait_retired(chunks.session)
             # as llama.cpp reported after the last step: the slot keeps its prompt and the
             # tokens it fed back (a prefix cache entry)
             assert node._loop.batch.pos_max(slot) == chunks.session.n_past - 1 > len(chunks.session.prompt)
@@ -323,8 +323,11 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
             while node.waiting_sessions < 1:
                 await trio.sleep(0.001)
             queued.cancel()
-            await wait_next_step(node)
-            assert node.waiting_sessions == 0
+            # the cancel reaches admission through the request channel (no engine step):
+            # wait for that, not for steps, which may be published before it is read
+            with trio.fail_after(10):
+                while node.waiting_sessions:
+                    await trio.sleep(0.001)
             assert metric(node, "dgr_queue_sessions") == 0
             blockers.cancel()
 
@@ -337,7 +340,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
                     assert chunks.session.n_prefilled < len(chunks.session.prompt)
                     scope.cancel()
                     await trio.sleep(0)
-            await wait_next_step(node)
+            await wait_retired(chunks.session)
             assert node._loop.batch.pos_max(slot) == chunks.session.n_prefilled - 1
         assert survivor["ids"] == reference
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
