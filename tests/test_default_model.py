@@ -1,5 +1,6 @@
 """Checks on the default model (Gemma 3 270M Q4_K_M). Select with -m default_model."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -86,6 +87,28 @@ async def _solo_and_together(config, prompts, params, stagger_s=0.0):
         alone = [await node.generate(p, params) for p in prompts]
         together = await _all_at_once(node, prompts, params, stagger_s)
     return alone, together
+
+
+@contextlib.asynccontextmanager
+async def _decoding_beside(node, prompt):
+    """A session on `prompt` that has started decoding and keeps decoding while the
+    body runs (its tokens read and dropped); cancelled when the body ends."""
+    import trio
+
+    import dgr
+
+    async with trio.open_nursery() as nursery:
+        async with node.stream(prompt, dgr.SamplingParams(max_tokens=10_000,
+                                                          ignore_eos=True)) as running:
+            await running.__anext__()
+
+            async def read_on():
+                async for _ in running:
+                    pass
+
+            nursery.start_soon(read_on)
+            yield
+            nursery.cancel_scope.cancel()
 
 
 def _assert_bitwise(alone, together, label):
@@ -180,8 +203,6 @@ async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default
     """Sessions reusing a 1,000+-token prefix, from the cache and from a running
     session that decodes beside them: tokens and log-probabilities bitwise those
     of the same prompts on a fresh node; only the rest is prefilled."""
-    import trio
-
     import dgr
 
     preamble = long_prompts(gemma, 1, 1100)[0]
@@ -191,18 +212,8 @@ async def test_a_shared_1000_token_prefix_gives_the_bits_of_a_fresh_node(default
     expected = await _without_prefix_cache(config, prompts, params)
     async with dgr.open_node(config) as node:
         got = [await node.generate(prompts[0], params), await node.generate(prompts[1], params)]
-        async with trio.open_nursery() as nursery:
-            async with node.stream(preamble + " A long answer follows.",
-                                   dgr.SamplingParams(max_tokens=10_000, ignore_eos=True)) as running:
-                await running.__anext__()
-
-                async def read_on():
-                    async for _ in running:
-                        pass
-
-                nursery.start_soon(read_on)
-                got.append(await node.generate(prompts[2], params))
-                nursery.cancel_scope.cancel()
+        async with _decoding_beside(node, preamble + " A long answer follows."):
+            got.append(await node.generate(prompts[2], params))
         reused = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
         assert reused >= 3 * 1100  # to the token, not whole 256-token chunks
     _assert_bitwise(expected, got, "shared prefix")
@@ -215,26 +226,14 @@ async def test_a_chat_turn_reusing_the_previous_answer_gives_the_bits_of_a_fresh
     by decode rows beside other sessions, the prompt's in 256-token chunks), and
     its tokens and log-probabilities are bitwise those of a fresh node
     prefilling the whole history in chunks."""
-    import trio
-
     import dgr
 
     params = dgr.SamplingParams(max_tokens=24, logprobs=2, ignore_eos=True)
     config = dgr.NodeConfig(model_path=default_model, n_ctx=16384)
     first = long_prompts(gemma, 1, 700)[0] + " User: tell me more."
     async with dgr.open_node(config) as node:
-        async with trio.open_nursery() as nursery:  # company for turn 1's decode rows
-            async with node.stream(long_prompts(gemma, 1, 300)[0],
-                                   dgr.SamplingParams(max_tokens=10_000, ignore_eos=True)) as other:
-                await other.__anext__()
-
-                async def read_on():
-                    async for _ in other:
-                        pass
-
-                nursery.start_soon(read_on)
-                turn1 = await node.generate(first, params)
-                nursery.cancel_scope.cancel()
+        async with _decoding_beside(node, long_prompts(gemma, 1, 300)[0]):  # company for turn 1
+            turn1 = await node.generate(first, params)
         history = (node.tokenize(first) + turn1.token_ids
                    + node.tokenize(" User: and after that?", add_special=False))
         reused_before = node.telemetry.registry.get_sample_value("dgr_prefix_tokens_reused_total")
