@@ -1365,7 +1365,7 @@ cdef class BatchLoop:
     cdef double mark
     cdef int cells_used_now
     cdef int * pos_max_now
-    cdef int * keep_cells          # per slot: positions its sequence may keep when it ends
+    cdef bint * keep_kv            # per slot: its sequence keeps its KV when it ends (cache)
     cdef int * op_slot             # queued KV changes: see _apply_kv_ops
     cdef int * op_src
     cdef int * op_keep
@@ -1379,7 +1379,8 @@ cdef class BatchLoop:
         self.row_want = NULL
         self.chosen_lp = self.top_lp = NULL
         self.call_rc = self.pos_max_now = NULL
-        self.keep_cells = self.op_slot = self.op_src = self.op_keep = NULL
+        self.op_slot = self.op_src = self.op_keep = NULL
+        self.keep_kv = NULL
 
     def __init__(self, Engine engine, Scheduler scheduler, int wake_fd, int ring_steps=32):
         engine._check_open()
@@ -1404,14 +1405,14 @@ cdef class BatchLoop:
         self.top_lp = <float *> calloc(rows * MAX_LOGPROBS, sizeof(float))
         self.call_rc = <int *> calloc(1 + scheduler.n_slots, sizeof(int))
         self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
-        self.keep_cells = <int *> calloc(scheduler.n_slots, sizeof(int))
+        self.keep_kv = <bint *> calloc(scheduler.n_slots, sizeof(bint))
         # a start and an eviction or two per slot between two loop iterations; more
         # waits for the loop (_queue_kv_op)
         self.ops_cap = 4 * scheduler.n_slots + 4
         self.op_slot = <int *> calloc(self.ops_cap, sizeof(int))
         self.op_src = <int *> calloc(self.ops_cap, sizeof(int))
         self.op_keep = <int *> calloc(self.ops_cap, sizeof(int))
-        if (self.keep_cells == NULL or self.op_slot == NULL or self.op_src == NULL
+        if (self.keep_kv == NULL or self.op_slot == NULL or self.op_src == NULL
                 or self.op_keep == NULL):
             raise MemoryError()
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
@@ -1435,13 +1436,13 @@ cdef class BatchLoop:
         free(self.row_tok); free(self.row_pos); free(self.row_seq); free(self.row_want)
         free(self.sampled); free(self.chosen_lp); free(self.top_ids); free(self.top_lp)
         free(self.call_rc); free(self.pos_max_now)
-        free(self.keep_cells); free(self.op_slot); free(self.op_src); free(self.op_keep)
+        free(self.keep_kv); free(self.op_slot); free(self.op_src); free(self.op_keep)
 
     # ------------------------------------------------------------ the node's side (GIL held)
 
     def start(self, int slot, prompt, int max_tokens, *, int n_logprobs=0, bint ignore_eos=False,
               int credits=1, double temperature=0.0, int top_k=0, double top_p=1.0,
-              double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, int keep=0,
+              double min_p=0.0, seed=0, int reuse_from=-1, int n_reused=0, bint keep_kv=False,
               logit_bias=(), int repeat_last_n=64, double repeat_penalty=1.0,
               double frequency_penalty=0.0, double presence_penalty=0.0, grammar=None,
               int min_tokens=0, stop_token_ids=()):
@@ -1450,9 +1451,9 @@ cdef class BatchLoop:
         The slot's sequence first drops what it holds (a cache entry), but for
         the KV of prompt positions [0, n_reused) taken from slot `reuse_from`'s
         sequence (its own when reuse_from == slot): a shared prefix, which the
-        session then does not prefill. When the session ends (but with an
-        error), its sequence keeps the KV of its first `keep` positions, at most
-        all it holds: the prompt it prefilled and the tokens it fed back."""
+        session then does not prefill. With keep_kv, when the session ends (but
+        with an error) its sequence keeps its KV: the prompt it prefilled and the
+        tokens it fed back (a prefix cache entry); otherwise it is freed."""
         if n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
@@ -1463,7 +1464,7 @@ cdef class BatchLoop:
         try:
             self.scheduler.start(slot, prompt, max_tokens, n_logprobs, ignore_eos, credits, n_reused)
             self._queue_kv_op(slot, reuse_from if n_reused else -1, n_reused)
-            self.keep_cells[slot] = keep
+            self.keep_kv[slot] = keep_kv
             pthread_cond_signal(&self.wake)
         finally:
             pthread_mutex_unlock(&self.lock)
@@ -1725,9 +1726,8 @@ cdef class BatchLoop:
                 s = self.scratch[i].slot
                 sl = &self.scheduler.slots[s]
                 keep = 0
-                if self.scratch[i].reason != FINISH_ERROR:
+                if self.keep_kv[s] and self.scratch[i].reason != FINISH_ERROR:
                     keep = sl.n_prefilled + (sl.n_generated - 1 if sl.n_generated > 0 else 0)
-                    keep = min(self.keep_cells[s], keep)
                 llama_memory_seq_rm(self.engine.mem, s, keep, -1)
                 llama_sampler_reset(self.engine.samplers[s])
 

@@ -247,7 +247,7 @@ class StepLoop:
                             min_tokens=p.min_tokens, stop_token_ids=p.stop_token_ids,
                             reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                             n_reused=session.n_reused,
-                            keep=session.reserved_cells if self._cache is not None else 0)
+                            keep_kv=self._cache is not None)
                 if self._cache is not None:
                     self._cache.activate(slot)
                 if session.n_reused:
