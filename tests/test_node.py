@@ -135,10 +135,11 @@ async def test_per_session_cap_is_the_pool_or_what_is_configured(tiny_model):
             assert (await node.generate("still fine", dgr.SamplingParams(max_tokens=2))).token_ids
 
 
-def test_unified_kv_caps_max_running_below_the_attention_tile():
-    with pytest.raises(ValueError, match="at most 63"):
-        dgr.NodeConfig(max_running=64)
-    assert dgr.NodeConfig(max_running=64, kv_unified=False).max_running == 64
+def test_max_running_is_capped_at_llamas_sequence_limit():
+    assert dgr.NodeConfig(max_running=256, n_batch=512).max_running == 256
+    for kv_unified in (True, False):
+        with pytest.raises(ValueError, match="at most 256"):
+            dgr.NodeConfig(max_running=257, n_batch=512, kv_unified=kv_unified)
 
 
 async def test_bad_requests_get_clear_errors(tiny_model):
