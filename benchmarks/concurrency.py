@@ -360,13 +360,15 @@ def engine_decode_rate(model, levels, n_new, threads):
     return rates
 
 
-def batched_bench(binary, model, levels, n_new, threads, n_prompt=64):
-    """{batch size: (prompt tokens/s, generated tokens/s)} from llama-batched-bench."""
+def batched_bench(binary, model, levels, n_new, threads, n_prompt=64, env=None):
+    """{batch size: (prompt tokens/s, generated tokens/s)} from llama-batched-bench
+    (`env`: variables added to its environment)."""
     n_ctx = max(levels) * max(512, n_prompt + n_new)
     out = subprocess.run([str(binary), "-m", model, "-c", str(n_ctx), "-b", "512",
                           "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_new),
                           "-npl", ",".join(map(str, levels)), "-t", str(threads), *NO_REPACK],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, **(env or {})}).stdout
     rates = {}
     for line in out.splitlines():
         cells = [x.strip() for x in line.strip().strip("|").split("|")]
@@ -376,13 +378,18 @@ def batched_bench(binary, model, levels, n_new, threads, n_prompt=64):
 
 
 def patch_cost(pristine, patched, model, levels, n_new, threads, n_prompt=64, rounds=3):
-    """llama-batched-bench from the pristine and the patched pin, alternating
-    (the machine drifts by 10-30 % within a run): the best of `rounds` runs of
-    each, per batch size."""
-    best = {"pristine": {}, "patched": {}, "n_prompt": n_prompt, "n_new": n_new}
+    """llama-batched-bench from the pristine and the patched pin, the patched one
+    also as dgr runs it (every flash-attention row on the one-row path, patch
+    0008), alternating (the machine drifts by 10-30 % within a run): the best of
+    `rounds` runs of each, per batch size."""
+    best = {"pristine": {}, "patched": {}, "patched_one_row": {}, "n_prompt": n_prompt,
+            "n_new": n_new}
+    variants = (("pristine", pristine, None), ("patched", patched, None),
+                ("patched_one_row", patched, {"GGML_CPU_FA_TILED": "0"}))
     for _ in range(rounds):
-        for name, binary in (("pristine", pristine), ("patched", patched)):
-            for c, (pp, tg) in batched_bench(binary, model, levels, n_new, threads, n_prompt).items():
+        for name, binary, env in variants:
+            for c, (pp, tg) in batched_bench(binary, model, levels, n_new, threads, n_prompt,
+                                             env).items():
                 old = best[name].get(str(c), (0.0, 0.0))
                 best[name][str(c)] = (max(old[0], pp), max(old[1], tg))
     return best
@@ -412,6 +419,13 @@ def markdown_patch_cost(cost, rounds) -> list[str]:
         (pp0, tg0), (pp1, tg1) = cost["pristine"][c], cost["patched"][c]
         lines.append(f"| {c} | {pp0:.1f} | {pp1:.1f} | {pp1 / pp0:.3f} | {tg0:.1f} | {tg1:.1f} | "
                      f"{tg1 / tg0:.3f} |")
+    if cost.get("patched_one_row"):
+        lines += ["", "The patched pin as dgr runs it (GGML_CPU_FA_TILED=0: every flash-attention "
+                  "row on the one-row path, patch 0008), against the pristine pin:", "",
+                  "| batch | PP | PP ratio | TG | TG ratio |", "|---|---|---|---|---|"]
+        for c in sorted((k for k in cost["pristine"]), key=int):
+            (pp0, tg0), (pp2, tg2) = cost["pristine"][c], cost["patched_one_row"][c]
+            lines.append(f"| {c} | {pp2:.1f} | {pp2 / pp0:.3f} | {tg2:.1f} | {tg2 / tg0:.3f} |")
     return lines
 
 
@@ -593,7 +607,7 @@ def main(argv=None) -> int:
     if args.skip_mixed:
         cases.discard("mixed")
     levels = [int(x) for x in args.levels.split(",")] if "levels" in cases else []
-    peers = ensure_peers(log=lambda m: print(m, file=sys.stderr))
+    peers = ensure_peers(log=lambda m: print(m, file=sys.stderr), batched_bench="levels" in cases)
     ctx_per_slot = 1024
     report: dict = {"model": model, "levels": levels, "new_tokens": args.new_tokens,
                     "threads": args.threads, "dgr": [], "llama_server": [],

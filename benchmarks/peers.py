@@ -42,12 +42,15 @@ def _build(tree: Path, build: Path, targets: tuple[str, ...], log) -> dict[str, 
     return binaries
 
 
-def ensure_peers(log=print) -> dict[str, Path]:
-    """{"llama-server", "llama-batched-bench"} from the pristine pin and
-    "llama-batched-bench-patched" from the patched one."""
+def ensure_peers(log=print, batched_bench: bool = True) -> dict[str, Path]:
+    """{"llama-server"} from the pristine pin; with batched_bench also
+    "llama-batched-bench" from it and "llama-batched-bench-patched" from the
+    patched one (only the levels case runs them)."""
     vendor_llama.main()
-    peers = _build(*PRISTINE, log)
-    peers["llama-batched-bench-patched"] = _build(*PATCHED, log)["llama-batched-bench"]
+    tree, build, targets = PRISTINE
+    peers = _build(tree, build, targets if batched_bench else ("llama-server",), log)
+    if batched_bench:
+        peers["llama-batched-bench-patched"] = _build(*PATCHED, log)["llama-batched-bench"]
     return peers
 
 
