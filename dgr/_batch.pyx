@@ -1616,7 +1616,7 @@ cdef class BatchLoop:
         cdef double times[3]
         cdef double started = self.mark, unlocked, relocked, ended
         cdef double fill_s = 0.0, decode_s = 0.0, sample_s = 0.0
-        cdef int rows = self.scheduler.plan_rows(), call, c, start, end, bad_row, rc, n_calls = 0
+        cdef int rows = self.scheduler.plan_rows(), call, start, end, bad_row, rc, n_calls = 0
         memset(&figures, 0, sizeof(StepFigures))
         self._fill_rows()
         unlocked = _now()
@@ -1641,9 +1641,6 @@ cdef class BatchLoop:
             elif rc == 0 and bad_row >= 0:
                 self.sampled[start + bad_row] = -1  # the scheduler ends that session
             self.call_rc[call] = rc
-            if self.scheduler.one_call:
-                for c in range(self.scheduler.n_chunks):
-                    self.call_rc[1 + c] = rc
             n_calls += 1
             fill_s += times[0]
             decode_s += times[1]

@@ -196,11 +196,13 @@ cdef class Scheduler:
 
     def apply(self, sampled, call_rc=None):
         """Run the post-step update of the last plan with `sampled` tokens, one per
-        row (-1 for rows without output) and each call's return code (default 0)."""
+        row (-1 for rows without output) and each call's return code (default 0):
+        with one_call a single call, else the decode rows' (if any) and each chunk's."""
         cdef int rows = self.plan_rows()
         if len(sampled) != rows:
             raise ValueError(f"the plan has {rows} rows, got {len(sampled)} tokens")
-        n_calls = (1 if self.n_decode else 0) + self.n_chunks
+        n_calls = ((1 if rows else 0) if self.one_call
+                   else (1 if self.n_decode else 0) + self.n_chunks)
         call_rc = list(call_rc) if call_rc is not None else [0] * n_calls
         if len(call_rc) != n_calls:
             raise ValueError(f"the plan has {n_calls} calls")
@@ -214,7 +216,7 @@ cdef class Scheduler:
         try:
             for i in range(rows):
                 tok[i] = sampled[i]
-            offset = 0 if self.n_decode else 1
+            offset = 0 if self.one_call or self.n_decode else 1
             for i, code in enumerate(call_rc):
                 rc[i + offset] = code
             n = self.update(tok, rc, lp, top, top_lp, events, &figures)
@@ -287,11 +289,12 @@ cdef class Scheduler:
     cdef int update(self, const int32_t * sampled, const int * call_rc, const float * chosen_lp,
                     const int32_t * top_ids, const float * top_lp, Event * out,
                     StepFigures * figures) noexcept nogil:
-        """Apply the planned step's results. call_rc[0]: the decode rows' call,
-        call_rc[1 + c]: chunk c's (with one_call, all the one call's); sampled,
+        """Apply the planned step's results. call_rc[0]: the decode rows' call (with
+        one_call: the step's one call, chunks included), call_rc[1 + c]: chunk c's
+        (without one_call); sampled,
         chosen_lp: per row; top_*: per row, MAX_LOGPROBS apart. Returns the
         events written (the step record is the loop's)."""
-        cdef int n = 0, i, c, s, row, last
+        cdef int n = 0, i, c, s, row, last, rc
         cdef bint reported = False  # with one_call, one failed call is one EV_FAILURE
         cdef Event * e
         figures.decode_rows = self.n_decode
@@ -324,12 +327,13 @@ cdef class Scheduler:
             figures.generated += 1
         for c in range(self.n_chunks):
             s = self.chunk_slot[c]
-            if call_rc[1 + c] != 0:
+            rc = call_rc[0 if self.one_call else 1 + c]
+            if rc != 0:
                 if not reported:
-                    n += self._failure(call_rc[1 + c], out + n)
+                    n += self._failure(rc, out + n)
                     reported = self.one_call
                 if self.slots[s].phase != SLOT_FREE:
-                    n += self._finish(s, FINISH_ERROR, call_rc[1 + c], out + n)
+                    n += self._finish(s, FINISH_ERROR, rc, out + n)
                 continue
             figures.prefill_rows += self.chunk_end[c] - self.chunk_start[c]
             if self.slots[s].phase == SLOT_FREE:

@@ -162,7 +162,7 @@ def test_one_failed_call_for_the_whole_step_is_one_failure():
     sched.start(5, list(range(12)), 5, credits=4)
     _, decode, chunks = sched.plan_step()
     assert decode == [0, 1] and chunks == [(4, 0, 10), (5, 0, 12)]
-    events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3, -3, -3])
+    events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3])
     assert kinds(events, E.EVENT_FAILURE) == [(E.EVENT_FAILURE, -3)]
     assert [e[1] for e in kinds(events, E.EVENT_FINISH)] == [0, 1, 4, 5]
     assert sched.plan_step() == ([], [], [])
