@@ -37,6 +37,14 @@ QUESTIONS = [f"Question {i}: what should a beginner know first about {t}?"
              for i, t in enumerate(TOPICS)]
 
 
+def http_client() -> httpx.AsyncClient:
+    """A connection per request, for every server alike: llama-server (cpp-httplib) at
+    times closed a kept-alive connection under the client's next request ("Server
+    disconnected without sending a response": the chat's 8th turn in DGR-015 and DGR-020,
+    3 of 4 rounds of a c=1 client in DGR-022)."""
+    return httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def pct(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
@@ -80,7 +88,7 @@ async def stream(client, url, path, body):
 
 
 async def burst(url, is_dgr, n=16, n_new=32, warm=True):
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with http_client() as client:
         if warm:
             await stream(client, url, "/v1/completions",
                          {"prompt": SYSTEM_PROMPT + "\nWarm-up: say hello.", "max_tokens": 4})
@@ -112,7 +120,7 @@ async def burst(url, is_dgr, n=16, n_new=32, warm=True):
 async def chat(url, is_dgr, turns=8, n_new=48):
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
     per_turn = []
-    async with httpx.AsyncClient(timeout=600) as client:
+    async with http_client() as client:
         before = await prefill_counter(client, url, is_dgr)
         reported = []
         for t in range(turns):
