@@ -40,8 +40,8 @@ QUESTIONS = [f"Question {i}: what should a beginner know first about {t}?"
 def http_client() -> httpx.AsyncClient:
     """A connection per request, for every server alike: llama-server (cpp-httplib) at
     times closed a kept-alive connection under the client's next request ("Server
-    disconnected without sending a response": the chat's 8th turn in DGR-020, one of
-    two chats and 3 of 4 rounds of a c=1 client in DGR-022)."""
+    disconnected without sending a response": the chat's 8th turn in DGR-020; in DGR-022
+    one of two kept-alive chats and 3 of 4 rounds of a kept-alive c=1 client)."""
     return httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
 
