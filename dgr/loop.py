@@ -111,11 +111,6 @@ class StepLoop:
         self._outboxes.update(outboxes)
         self._start(started)
 
-    def abandon(self, session: Session) -> None:
-        """A session cancelled before it was handed over leaves without engine work."""
-        session.finish(FinishReason.CANCELLED)
-        self._retire(session)
-
     def credit(self, session: Session) -> None:
         """The session's task took a token: its reader may be sent one more. Straight
         to the BatchLoop (a credit needs no order with other requests): a slot that
@@ -339,8 +334,9 @@ class StepLoop:
 
     def _retire(self, session: Session) -> None:
         """A finished session leaves: its place goes to the next ones, its reader
-        gets the end. Once: a session whose opening was cancelled just after its
-        task started is abandoned by the opener and ended by its task."""
+        gets the end. One path retires each session (its start reaching the feeder
+        after it ended, its finish request while it waits or is held, or the
+        BatchLoop's finish event); the check keeps a second call harmless."""
         if session.phase is Phase.FINISHED:
             return
         if (self._cache is not None and session.phase is Phase.PREFILL

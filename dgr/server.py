@@ -90,7 +90,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             prompt = node.apply_chat_template(messages)
         except ValueError as exc:
             raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
-        ids = node.tokenize(prompt, add_special=True, parse_special=True)
+        ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
         return await _generate(request, node, parsed, [ids])
 
     async def _generate(request: Request, node: Node, parsed, prompts: list) -> Response:

@@ -8,7 +8,7 @@ import pytest
 
 from dgr import _batch
 from dgr.detok import IncrementalDetokenizer
-from dgr.errors import ContextError, InvalidBatch, ModelLoadError
+from dgr.errors import ContextError, DecodeError, InvalidBatch, ModelLoadError
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,38 @@ def test_tokenize_detokenize_round_trip(engine, text):
     assert ids.dtype == np.int32
     assert engine.detokenize(ids) == text
     assert b"".join(engine.token_to_piece(int(t)) for t in ids).decode() == text
+
+
+def test_close_waits_for_tokenize_calls_on_other_threads(tiny_model):
+    """tokenize runs without the GIL, so the node tokenizes long prompts on worker
+    threads beside its loop; closing the engine must not free the vocabulary under
+    a call in flight, and calls after it get an error, not a crash."""
+    engine = _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1)
+    text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 2000
+    expected = engine.tokenize(text)
+    matches, errors = [], []
+    tokenized_once = threading.Barrier(3)
+
+    def tokenize_until_closed():
+        matches.append(np.array_equal(engine.tokenize(text), expected))
+        tokenized_once.wait()
+        while True:
+            try:
+                ids = engine.tokenize(text)
+            except DecodeError as exc:
+                errors.append(str(exc))
+                return
+            matches.append(np.array_equal(ids, expected))
+
+    workers = [threading.Thread(target=tokenize_until_closed) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    tokenized_once.wait()
+    engine.close()
+    for worker in workers:
+        worker.join()
+    assert len(matches) >= 2 and all(matches)
+    assert errors == ["engine is closed"] * 2
 
 
 def test_incremental_detokenization_never_splits_a_character(engine):

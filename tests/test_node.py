@@ -77,9 +77,10 @@ async def test_no_cross_session_corruption(tiny_model, concurrency):
     async with dgr.open_node(config(tiny_model)) as node:
         solo = [_outputs(await node.generate(p, params)) for p in prompts]
         together = [None] * concurrency
+        ids = [node.tokenize(p) for p in prompts]  # admitted in one tick: they share steps
 
         async def run(i):
-            together[i] = _outputs(await node.generate(prompts[i], params))
+            together[i] = _outputs(await node.generate(ids[i], params))
 
         async with trio.open_nursery() as nursery:
             for i in range(concurrency):
@@ -98,15 +99,57 @@ async def test_as_many_sessions_as_llama_cpp_has_sequences(tiny_model):
     async with dgr.open_node(cfg) as node:
         solo = [_outputs(await node.generate(p, params)) for p in PROMPTS]
         together = [None] * 256
+        ids = [node.tokenize(p) for p in PROMPTS]  # admitted in one tick: they share steps
 
         async def run(i):
-            together[i] = _outputs(await node.generate(PROMPTS[i % len(PROMPTS)], params))
+            together[i] = _outputs(await node.generate(ids[i % len(PROMPTS)], params))
 
         async with trio.open_nursery() as nursery:
             for i in range(256):
                 nursery.start_soon(run, i)
         assert max(len(r.decode) for r in node.steps) > 64
     assert together == [solo[i % len(PROMPTS)] for i in range(256)]
+
+
+async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(
+        tiny_model, monkeypatch):
+    """Admission places A to copy a cached prefix from slot S, then B, arriving
+    later, into S (the least recently used entry; no slot is empty). A's copy must
+    reach the batch loop before B overwrites S, however long A's opening takes
+    after admission: A's result is bitwise what a fresh node gives it."""
+    params = dgr.SamplingParams(max_tokens=16, logprobs=2, ignore_eos=True)
+    cached, other, long_prompt = PROMPTS[2], PROMPTS[3], PROMPTS[6] * 3
+    a_prompt = cached + " and then some more"
+    async with dgr.open_node(config(tiny_model, max_running=3)) as node:
+        expected = _outputs(await node.generate(a_prompt, params))
+        a_ids = node.tokenize(a_prompt)
+
+    opening = dgr.Node._session_task
+
+    async def slow_opening_for_a(self, session, tokens, chunks,
+                                 task_status=trio.TASK_STATUS_IGNORED):
+        if session.prompt == a_ids:
+            await trio.sleep(0.5)  # B is admitted and prefilled meanwhile
+        await opening(self, session, tokens, chunks, task_status=task_status)
+
+    monkeypatch.setattr(dgr.Node, "_session_task", slow_opening_for_a)
+    async with dgr.open_node(config(tiny_model, max_running=3)) as node:
+        await node.generate(cached, params)  # slot S, least recently used
+        await node.generate(other, params)   # another slot; the third stays empty
+        results = {}
+
+        async def run(name, prompt, delay):
+            await trio.sleep(delay)
+            async with node.stream(prompt, params) as chunks:
+                results[name] = [c async for c in chunks if c.token_id is not None]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "a", a_ids, 0)
+            nursery.start_soon(run, "b", long_prompt, 0.1)
+        got = results["a"]
+        assert metric(node, "dgr_prefix_hits_total") >= 1
+    assert ([c.token_id for c in got], [c.logprob for c in got],
+            [c.top_logprobs for c in got]) == expected
 
 
 async def test_logprobs_and_stop_strings(tiny_model):
@@ -371,21 +414,51 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
         assert await node.kv_cells_in_use() == 0
 
 
-async def test_a_session_cancelled_at_once_costs_no_engine_work(tiny_model):
+async def test_a_caller_gone_at_once_costs_no_engine_work(tiny_model):
+    """A caller cancelled before its session is admitted, its prompt text or token
+    ids, leaves nothing: no admission, no prefill, no finished session."""
     params = dgr.SamplingParams(max_tokens=8, ignore_eos=True)
     async with dgr.open_node(config(tiny_model)) as node:
         await node.generate("warm up", params)
-        with trio.move_on_after(0):
-            await node.generate("cancelled before its first checkpoint", params)
+        with trio.move_on_after(0):  # gone while its text would be tokenized
+            await node.generate("cancelled before tokenizing", params)
+        with trio.move_on_after(0):  # gone before admission
+            await node.generate(node.tokenize("cancelled before admission"), params)
         after = await node.generate("after", params)
         assert after.finish_reason == "length"
-        cancelled_id = 2  # ids count sessions in arrival order
-        assert not [r for r in node.steps if any(sid == cancelled_id for sid, _, _ in r.prefill)]
-        assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 1
+        assert metric(node, "dgr_admissions_total") == 2
+        assert len({sid for r in node.steps for sid, _, _ in r.prefill}) == 2  # warm up, after
+        assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 0
         assert metric(node, "dgr_prefill_tokens_total") == sum(  # "after" shares the BOS
             len(node.tokenize(p)) for p in ("warm up", "after")) - metric(
                 node, "dgr_prefix_tokens_reused_total")
         assert node.waiting_sessions == node.active_sessions == 0
+
+
+async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(tiny_model):
+    """Cancelled once admitted, before its session's task started: the session ends
+    "cancelled" (within a step, if the loop had started it) and gives back its
+    slot, its KV cells and any cached prefix it was placed to share."""
+    params = dgr.SamplingParams(max_tokens=8, ignore_eos=True)
+    async with dgr.open_node(config(tiny_model)) as node:
+        warm = await node.generate(PROMPTS[2], params)
+        admit = node._loop.admit
+        with trio.CancelScope() as caller:
+            def admit_then_cancel(outboxes, started):
+                admit(outboxes, started)
+                caller.cancel()
+
+            node._loop.admit = admit_then_cancel
+            await node.generate(PROMPTS[2] + " and more", params)
+        node._loop.admit = admit
+        assert caller.cancelled_caught
+        again = await node.generate(PROMPTS[2], params)
+        assert again.token_ids == warm.token_ids
+        assert metric(node, "dgr_admissions_total") == 3
+        assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 1
+        assert node.waiting_sessions == node.active_sessions == 0
+        await node.flush_prefix_cache()
+        assert await node.kv_cells_in_use() == 0
 
 
 async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
@@ -413,6 +486,28 @@ async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
         node.detokenize([1, 2])
 
 
+async def test_text_prompts_are_tokenized_off_the_trio_thread(tiny_model, monkeypatch):
+    """llama.cpp takes ~0.1 s to tokenize a 30,000-token text: on the Trio thread
+    that would hold back every session's tokens. A text prompt is tokenized on a
+    worker thread, to the ids the caller would get from tokenize."""
+    on_trio_thread = []
+    tokenize = dgr.Node.tokenize
+
+    def recording_tokenize(node, text, add_special=True, parse_special=False):
+        on_trio_thread.append(trio.lowlevel.in_trio_run())
+        return tokenize(node, text, add_special, parse_special)
+
+    monkeypatch.setattr(dgr.Node, "tokenize", recording_tokenize)
+    params = dgr.SamplingParams(max_tokens=8)
+    async with dgr.open_node(config(tiny_model)) as node:
+        from_text = await node.generate(PROMPTS[2], params)
+        assert on_trio_thread == [False]
+        ids = tokenize(node, PROMPTS[2])
+        from_ids = await node.generate(ids, params)
+    assert from_text.prompt_tokens == len(ids)
+    assert from_text.token_ids == from_ids.token_ids
+
+
 async def test_telemetry_counts_a_known_workload(tiny_model):
     async with dgr.open_node(config(tiny_model)) as node:
         prompts = PROMPTS[:4]
@@ -427,7 +522,8 @@ async def test_telemetry_counts_a_known_workload(tiny_model):
                 nursery.start_soon(run, p, 5 + i)
         prompt_tokens = sum(len(node.tokenize(p)) for p in prompts)
         generated = sum(len(r.token_ids) for _, r in results)
-        assert metric(node, "dgr_prefill_tokens_total") == prompt_tokens
+        assert metric(node, "dgr_prefill_tokens_total") == prompt_tokens - metric(
+            node, "dgr_prefix_tokens_reused_total")  # a common BOS, arriving apart
         assert metric(node, "dgr_generated_tokens_total") == generated == 5 + 6 + 7 + 8
         assert metric(node, "dgr_decode_tokens_total") == generated - len(prompts)
         assert metric(node, "dgr_sessions_finished_total", reason="length") == 4
