@@ -138,17 +138,21 @@ async def test_node_batching_matches_solo_on_the_default_model(default_model, co
 
 
 async def test_node_batching_matches_solo_past_63_sessions(default_model):
-    """72 sessions decoding at once, 72 rows in one llama_decode per step: 64 or
+    """72 sessions decoding at once, up to 72 decode rows in one llama_decode: 64 or
     more query rows of one stream would take flash attention's tiled path but for
-    GGML_CPU_FA_TILED=0 (patch 0008), which dgr sets. Each of the 8 prompts runs
-    in 9 sessions (sharing its prompt's KV): all bitwise equal to its solo run."""
+    GGML_CPU_FA_TILED=0 (patch 0008), which dgr sets. Each of the 8 prompts runs in
+    9 sessions, admitted in one tick (token ids) and 16 prefills a step so that
+    their decode steps overlap: all bitwise equal to its solo run."""
     import dgr
 
-    config = dgr.NodeConfig(model_path=default_model, max_running=72, n_ctx=8192)
+    config = dgr.NodeConfig(model_path=default_model, max_running=72, n_ctx=8192,
+                            prefill_sessions_per_step=16)
     greedy = dgr.SamplingParams(max_tokens=16, logprobs=2, ignore_eos=True)
     async with dgr.open_node(config) as node:
         alone = [await node.generate(p, greedy) for p in PROMPTS]
-        together = await _all_at_once(node, PROMPTS * 9, greedy)
+        first = len(node.steps)
+        together = await _all_at_once(node, [node.tokenize(p) for p in PROMPTS] * 9, greedy)
+        assert max(len(r.decode) for r in list(node.steps)[first:]) >= 64
     _assert_bitwise(alone * 9, together, "c=72")
 
 
