@@ -1,5 +1,7 @@
-"""Builds the Cython engine dgr._batch (against the pinned llama.cpp) and its
-scheduler dgr._scheduler (pure C).
+"""Builds dgr's Cython modules: the engine (dgr._engine), its sampling
+(dgr._sampling), the batch loop (dgr._batch) and the RPC worker (dgr._rpc)
+against the pinned llama.cpp, with their C helpers from dgr/csrc; the
+scheduler (dgr._scheduler) and the shared codes (dgr._codes) are pure C.
 
 Headers come from vendor/llama.cpp (materialized by scripts/vendor_llama.py
 from the sha256-pinned llama-cpp-python sdist). The extension links the
@@ -37,22 +39,36 @@ if not (VENDOR / "include" / "llama.h").exists():
     subprocess.run([sys.executable, str(ROOT / "scripts" / "vendor_llama.py")], check=True)
 
 lib_dir = llama_cpp_lib_dir()
-extension = Extension(
-    "dgr._batch",
-    sources=["dgr/_batch.pyx"],
-    # ggml/src: ggml-backend-impl.h, for a worker's memory-capped CPU device (dgr_cpu_offering)
-    include_dirs=[str(VENDOR / "include"), str(VENDOR / "ggml" / "include"),
-                  str(VENDOR / "ggml" / "src"), numpy.get_include()],
-    library_dirs=[str(lib_dir)],
-    libraries=["llama", "ggml", "ggml-base"],
-    runtime_library_dirs=[str(lib_dir)],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    # OpenMP, as llama.cpp's CPU backend: rows are sampled on the same thread team
-    extra_compile_args=["-O3", "-fopenmp"],
-    extra_link_args=["-fopenmp"],
-)
+CSRC = "dgr/csrc"
 
-# The scheduler is pure C: no llama.cpp, so its tests need no model.
-scheduler = Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"])
 
-setup(ext_modules=cythonize([scheduler, extension], compiler_directives={"language_level": 3}))
+def llama_extension(name: str, *c_sources: str, openmp: bool = False) -> Extension:
+    """A module that calls llama.cpp: the pinned headers, the installed libllama."""
+    flags = ["-fopenmp"] if openmp else []
+    return Extension(
+        name, sources=[name.replace(".", "/") + ".pyx", *(f"{CSRC}/{c}" for c in c_sources)],
+        # ggml/src: ggml-backend-impl.h, for a worker's memory-capped CPU device
+        include_dirs=[CSRC, str(VENDOR / "include"), str(VENDOR / "ggml" / "include"),
+                      str(VENDOR / "ggml" / "src"), numpy.get_include()],
+        library_dirs=[str(lib_dir)],
+        libraries=["llama", "ggml", "ggml-base"],
+        runtime_library_dirs=[str(lib_dir)],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=["-O3", *flags],
+        extra_link_args=flags,
+    )
+
+
+extensions = [
+    # pure C, no llama.cpp: their tests need no model
+    Extension("dgr._codes", sources=["dgr/_codes.pyx"]),
+    Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"]),
+    # rows are sampled on llama.cpp's OpenMP thread team
+    llama_extension("dgr._sampling", "dgr_argmax.c", openmp=True),
+    # llama.cpp's log goes to one process-wide callback: its buffer lives here only
+    llama_extension("dgr._engine", "dgr_log.c"),
+    llama_extension("dgr._batch"),
+    llama_extension("dgr._rpc", "dgr_rpc_offer.c"),
+]
+
+setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3}))

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dgr import _batch  # noqa: E402
+from dgr import _engine  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
 
@@ -85,7 +85,7 @@ def main(argv=None):
     model = resolve_model_path(args.model)
     for unified in (False, True):
         for repack in (False, True) if args.with_repack else (False,):
-            engine = _batch.Engine(model, n_ctx=4096, n_seq_max=8, n_batch=512, n_ubatch=512,
+            engine = _engine.Engine(model, n_ctx=4096, n_seq_max=8, n_batch=512, n_ubatch=512,
                                    kv_unified=unified, weight_repack=repack)
             prompts = [list(engine.tokenize(p)) for p in PROMPTS]
             reference = [solo(engine, p, args.new_tokens) for p in prompts]
@@ -102,7 +102,7 @@ def main(argv=None):
 
 
 def rows_per_call(model, steps=16):
-    engine = _batch.Engine(model, n_ctx=32768, n_seq_max=32, n_batch=512, n_ubatch=512)
+    engine = _engine.Engine(model, n_ctx=32768, n_seq_max=32, n_batch=512, n_ubatch=512)
     texts = PROMPTS + ["A much longer prompt about nothing in particular. " * 12, "Hi",
                        "def f(x):\n    return x", "Zz"]
     texts = [f"{t} ({i})" if i >= len(texts) else t for i, t in enumerate(texts * 3)][:32]

@@ -337,9 +337,9 @@ def engine_decode_rate(model, levels, n_new, threads):
     """dgr's engine alone, in this process: decode tokens/s with c rows per step
     (dgr's default split KV, no repacking), to compare with batched-bench's
     ceiling without HTTP, Python serving work or the client sharing the CPU."""
-    from dgr import _batch
+    from dgr import _engine
 
-    engine = _batch.Engine(model, n_ctx=max(levels) * 512, n_seq_max=max(levels), n_batch=512,
+    engine = _engine.Engine(model, n_ctx=max(levels) * 512, n_seq_max=max(levels), n_batch=512,
                            n_ubatch=512, n_threads=threads)
     rates = {}
     prompt = list(engine.tokenize(PROMPTS[0]))

@@ -3,33 +3,14 @@
 
 from libc.stdint cimport int32_t, int64_t
 
-cdef enum:
-    MAX_LOGPROBS = 20          # SamplingParams.logprobs is at most 20
+from dgr._codes cimport (EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_STEP, EV_TOKEN,
+                        FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, FINISH_STOP,
+                        MAX_LOGPROBS, NO_LOGITS)
 
 cdef enum SlotPhase:
     SLOT_FREE = 0
     SLOT_PREFILL = 1
     SLOT_DECODE = 2
-
-# dgr.sequence.FinishReason reads these through dgr._scheduler.FINISH_CODES.
-cdef enum FinishCode:
-    FINISH_NONE = 0
-    FINISH_STOP = 1            # an end-of-generation token (or a stop string, seen by the node)
-    FINISH_LENGTH = 2
-    FINISH_CANCELLED = 3
-    FINISH_ERROR = 4
-
-# The error code of a row that llama.cpp gave no logits for.
-cdef enum:
-    NO_LOGITS = -1001
-
-cdef enum EventKind:
-    EV_DECODE = 1              # `slot` had a decode row in the step
-    EV_PREFILL = 2             # `slot` prefilled prompt positions [start, end)
-    EV_TOKEN = 3               # `slot` sampled `token` (logprob, top when it asked)
-    EV_FINISH = 4              # `slot` ended with `reason` (`code`: llama_decode's); its KV is free
-    EV_FAILURE = 5             # a llama_decode call of the step failed with `code`
-    EV_STEP = 6                # the step ended; `step` holds its figures
 
 cdef struct Slot:
     int phase
@@ -43,6 +24,7 @@ cdef struct Slot:
     int finish_requested       # a FinishCode the node asked for (cancel, stop string)
     int n_logprobs
     bint ignore_eos
+    bint keep_kv               # its sequence keeps its KV when it ends (a prefix cache entry)
     int64_t order              # admission order: prefill goes oldest first
 
 cdef struct StepFigures:
@@ -67,6 +49,7 @@ cdef struct Event:
     int end
     int reason
     int code
+    int kept                   # EV_FINISH: positions [0, kept) stay in its sequence
     float logprob
     int n_top
     int32_t top_ids[MAX_LOGPROBS]
@@ -107,4 +90,4 @@ cdef class Scheduler:
     cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil
 
 
-cdef tuple event_tuple(const Event * e)
+cdef object event_record(const Event * e)

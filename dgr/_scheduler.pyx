@@ -39,35 +39,26 @@ publishes the events, so the node reuses a slot only after its EV_FINISH.
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
-EVENT_DECODE = EV_DECODE
-EVENT_PREFILL = EV_PREFILL
-EVENT_TOKEN = EV_TOKEN
-EVENT_FINISH = EV_FINISH
-EVENT_FAILURE = EV_FAILURE
-EVENT_STEP = EV_STEP
-NO_LOGITS_CODE = NO_LOGITS
-# The FinishCode of each finish reason (dgr.sequence.FinishReason reads them here).
-FINISH_CODES = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "cancelled": FINISH_CANCELLED,
-                "error": FINISH_ERROR}
+from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, StepEnded
 
 
-cdef tuple event_tuple(const Event * e):
-    """The Python form of one event (see EventKind)."""
+cdef object event_record(const Event * e):
+    """The typed record of one event (dgr.events)."""
     cdef int j
     if e.kind == EV_TOKEN:
         if e.n_top == 0:
-            return (EV_TOKEN, e.slot, e.token, None, None)
-        return (EV_TOKEN, e.slot, e.token, e.logprob,
-                [(e.top_ids[j], e.top_lp[j]) for j in range(e.n_top)])
+            return Sampled(e.slot, e.token)
+        return Sampled(e.slot, e.token, e.logprob,
+                       [(e.top_ids[j], e.top_lp[j]) for j in range(e.n_top)])
     if e.kind == EV_DECODE:
-        return (EV_DECODE, e.slot)
+        return Decoded(e.slot)
     if e.kind == EV_PREFILL:
-        return (EV_PREFILL, e.slot, e.start, e.end)
+        return Prefilled(e.slot, e.start, e.end)
     if e.kind == EV_FINISH:
-        return (EV_FINISH, e.slot, e.reason, e.code)
+        return Finished(e.slot, e.reason, e.code, e.kept)
     if e.kind == EV_FAILURE:
-        return (EV_FAILURE, e.code)
-    return (EV_STEP, e.step)
+        return CallFailed(e.code)
+    return StepEnded(e.step)
 
 
 cdef class Scheduler:
@@ -121,10 +112,12 @@ cdef class Scheduler:
     # ------------------------------------------------------------ the node's side
 
     def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
-              int credits=1, int n_reused=0):
+              int credits=1, int n_reused=0, bint keep_kv=False):
         """Give a free slot a session: prefill `prompt` from position n_reused (the
         KV of the positions before it is already in the slot's sequence: a
-        shared prefix), then generate up to max_tokens."""
+        shared prefix), then generate up to max_tokens. With keep_kv its sequence
+        keeps what it computed when it ends (but after an error): the finish
+        event's `kept` positions."""
         self._check(slot)
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
@@ -150,6 +143,7 @@ cdef class Scheduler:
         sl.finish_requested = FINISH_NONE
         sl.n_logprobs = n_logprobs
         sl.ignore_eos = ignore_eos
+        sl.keep_kv = keep_kv
         sl.order = self.next_order
         self.next_order += 1
         sl.phase = SLOT_PREFILL
@@ -186,7 +180,7 @@ cdef class Scheduler:
         cdef Event * events = <Event *> malloc(self.max_step_events() * sizeof(Event))
         try:
             n = self.take_finish_requests(events)
-            finished = [event_tuple(&events[i]) for i in range(n)]
+            finished = [event_record(&events[i]) for i in range(n)]
         finally:
             free(events)
         self.plan()
@@ -220,7 +214,7 @@ cdef class Scheduler:
             for i, code in enumerate(call_rc):
                 rc[i + offset] = code
             n = self.update(tok, rc, lp, top, top_lp, events, &figures)
-            return [event_tuple(&events[i]) for i in range(n)]
+            return [event_record(&events[i]) for i in range(n)]
         finally:
             free(tok); free(rc); free(lp); free(top); free(top_lp); free(events)
 
@@ -384,6 +378,11 @@ cdef class Scheduler:
         out.slot = s
         out.reason = reason
         out.code = code
+        # the KV that stays: the prompt as far as prefilled and the tokens fed back
+        # (all generated but the last); nothing after an error
+        out.kept = 0
+        if sl.keep_kv and reason != FINISH_ERROR:
+            out.kept = sl.n_prefilled + (sl.n_generated - 1 if sl.n_generated > 0 else 0)
         free(sl.prompt)
         sl.prompt = NULL
         sl.phase = SLOT_FREE

@@ -1,6 +1,6 @@
 """Admission: admit, queue or reject a session against explicit budgets.
 
-Budgets (see DESIGN.md):
+Budgets (docs/design.md):
 
 - KV: a session reserves prompt + max_tokens cells when it starts running, so
   decode never runs out of KV mid-session. It starts only when its
@@ -13,12 +13,9 @@ Budgets (see DESIGN.md):
 - health: once the node has failed for good (an RPC worker lost), every new
   session is rejected (`unhealthy`, saying why) until the node is restarted.
 - weights and scratch are checked once, when the node starts (see Budgets.check_memory).
-- prefix cache (dgr.prefix_cache): a session takes the longest prefix of its
-  prompt some slot holds, to the token: on that slot when it is free and the
-  session extends all it holds, copied into another slot otherwise; free
-  slots' prefixes are evictable: they are evicted (least recently used first)
-  when a starting session's reservation needs their cells, never counted
-  against admission.
+- prefix cache: which slot a starting session takes and what it shares is
+  placement's (dgr.placement); cached prefixes are evicted when a starting
+  session's reservation needs their cells, never counted against admission.
 
 The waiting queue is strict FIFO: a session that does not fit blocks younger
 ones, so a large request is never starved by a stream of small ones.
@@ -33,7 +30,7 @@ from typing import Optional
 import attrs
 
 from dgr.errors import AdmissionRejected, BudgetError
-from dgr.prefix_cache import PrefixCache, shareable
+from dgr.placement import Placement
 from dgr.sequence import Phase, Session
 
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy")
@@ -79,12 +76,9 @@ class Load:
 class Admission:
     """Tracks waiting and running sessions and the KV cells they reserve."""
 
-    def __init__(self, budgets: Budgets, prefix_cache: PrefixCache | None = None):
+    def __init__(self, budgets: Budgets, placement: Placement | None = None):
         self.budgets = budgets
-        self.prefix_cache = prefix_cache
-        # cached prefixes evicted since take_evictions, each with the session whose
-        # placement evicted it (None: a flush)
-        self._evicted: list[tuple[int, Optional[Session]]] = []
+        self.placement = placement or Placement(budgets.kv_cells_total)
         self.waiting: collections.deque[Session] = collections.deque()
         self.running: list[Session] = []
         self._waiting_tokens = 0
@@ -117,16 +111,8 @@ class Admission:
                     waiting_tokens=self._waiting_tokens, reserved_cells=self._reserved_cells,
                     free_cells=b.kv_cells_total - self._reserved_cells,
                     free_slots=len(self._free_slots), draining=self._draining,
-                    cached_cells=self.prefix_cache.cached_cells if self.prefix_cache else 0,
+                    cached_cells=self.placement.cached_cells,
                     failure=self._failure)
-
-    def take_evictions(self) -> list[tuple[int, Optional[Session]]]:
-        """(slot, session) for each free slot whose cached prefix was evicted since the
-        last call, in order: its sequence must be emptied before that session starts
-        (which may take the slot) and after the sessions placed before it start (which
-        may copy from it); session None: a flush, before any start."""
-        evicted, self._evicted = self._evicted, []
-        return evicted
 
     def max_new_tokens(self, prompt_len: int, requested: int | None, default: int) -> int:
         """max_tokens for a session: as requested, else what its context leaves (capped)."""
@@ -187,71 +173,12 @@ class Admission:
             session = self.waiting.popleft()
             self._waiting_tokens -= len(session.prompt)
             self._reserved_cells += session.reserved_cells
-            self._place(session)
+            slot = self.placement.place(session, self._free_slots, self._reserved_cells,
+                                        self.running)
+            self._free_slots.remove(slot)
             self.running.append(session)
             started.append(session)
         return started
-
-    def _place(self, session: Session) -> None:
-        """Give `session` a free slot and, with a prefix cache, a shared prefix; evict
-        cached prefixes until the reservations and the cache fit the pool."""
-        cache = self.prefix_cache
-        if cache is None:
-            session.start(self._free_slots.pop())
-            return
-        holder, n_reused = cache.match(session.prompt_array)
-        self._follow(session, n_reused)
-        if session.leader is not None:
-            # it shares when it starts, from its leader or what holds the prefix then
-            holder, n_reused = None, 0
-        empty = [s for s in self._free_slots if not cache.cells(s)]
-        if holder in self._free_slots and (cache.cells(holder) <= n_reused or not empty):
-            slot = holder  # the session goes on from its prefix in place
-        else:
-            # a free slot holding nothing (a cache entry it only partly shares survives),
-            # else the least recently used cache entry
-            slot = empty[-1] if empty else cache.cached_slots[0]
-        self._free_slots.remove(slot)
-        cache.assign(slot, session.prompt[:n_reused])
-        while self._reserved_cells + cache.cached_cells > self.budgets.kv_cells_total:
-            # evictions reach the BatchLoop before this start: the entry copied from goes last
-            victim = next((s for s in cache.cached_slots if s != holder), holder)
-            cache.drop(victim)
-            self._evicted.append((victim, session))
-            if victim == holder:
-                holder, n_reused = None, 0
-                cache.assign(slot, [])
-        session.start(slot, holder if n_reused else None, n_reused)
-
-    def _follow(self, session: Session, n_cached: int) -> None:
-        """A session whose prompt shares more with a running session still
-        prefilling it (its own leader, for a request's samples) than the cache
-        holds follows it: it waits for that prefix and takes it. Another running
-        session is followed only when that saves at least `min_follow` tokens."""
-        cache = self.prefix_cache
-        best, common = session.leader, 0
-        if best is not None:
-            common = shareable(session.prompt_array, best.prompt_array)
-        else:
-            for other in self.running:
-                if other is session or other.leader is not None or other.done:
-                    continue
-                n = shareable(session.prompt_array, other.prompt_array)
-                if n > common and other.n_prefilled < n:
-                    best, common = other, n
-            if common < n_cached + cache.min_follow:
-                best = None
-        if best is not None and not best.done and common > n_cached:
-            session.leader, session.share_len = best, common
-        else:
-            session.leader, session.share_len = None, 0
-
-    def flush_cache(self) -> None:
-        """Evict every cached prefix."""
-        if self.prefix_cache is not None:
-            for slot in self.prefix_cache.cached_slots:
-                self.prefix_cache.drop(slot)
-                self._evicted.append((slot, None))
 
     def release(self, session: Session) -> list[Session]:
         """Forget a finished session: free its queue place or its slot and KV
@@ -263,7 +190,6 @@ class Admission:
             self.running.remove(session)
             self._reserved_cells -= session.reserved_cells
             self._free_slots.append(session.slot)
-            if self.prefix_cache is not None:
-                self.prefix_cache.keep(session.slot)
+            self.placement.release(session)
         session.release()
         return self.promote()

@@ -73,7 +73,7 @@ def run_worker(args: argparse.Namespace) -> int:
     import os
     import signal
 
-    from dgr import _batch
+    from dgr import _rpc
 
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"dgr worker: WARNING: listening on {args.host}: ggml RPC has no authentication "
@@ -87,7 +87,7 @@ def run_worker(args: argparse.Namespace) -> int:
     try:
         if args.mem is not None and args.mem < 1:
             raise DgrError("--mem must be a positive number of bytes")
-        _batch.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, args.cache,
+        _rpc.serve_rpc(endpoint, args.threads or os.cpu_count() or 1, args.cache,
                          args.mem or 0)
     except DgrError as exc:
         print(f"dgr worker: error: {exc}", file=sys.stderr)

@@ -14,11 +14,11 @@ from typing import Optional
 import attrs
 import cattrs
 
+from dgr._codes import MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS
 from dgr.errors import InvalidRequest
 
-# llama.cpp's limit on sequences per context (LLAMA_MAX_SEQ): one per running session
-MAX_RUNNING = 256
-MAX_STOP_IDS = 64  # stop_token_ids per session (dgr._batch MAX_STOP_IDS)
+MAX_STOP_STRINGS = 8        # stop strings per session
+MAX_STOP_STRING_CHARS = 256
 
 
 def _total_memory_bytes() -> int:
@@ -233,7 +233,7 @@ class SamplingParams:
     """How one session samples and when it stops.
 
     temperature 0 is greedy. stop: strings that end generation (not included in
-    the text). logprobs: report the top-k log-probabilities of each token (0..20),
+    the text). logprobs: report the top-k log-probabilities of each token (0..MAX_LOGPROBS),
     from the model's distribution (before penalties and biases).
     seed: per-session seed for temperature > 0, any integer (None picks one at
     random); equal seeds repeat a session exactly, different seeds are hashed to
@@ -288,10 +288,13 @@ class SamplingParams:
             bad(f"top_k must be a non-negative integer, got {self.top_k!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             bad(f"seed must be an integer, got {self.seed!r}")
-        if isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
-            bad(f"logprobs must be an integer within 0..20, got {self.logprobs!r}")
-        if len(self.stop) > 8 or any(not isinstance(s, str) or not s or len(s) > 256 for s in self.stop):
-            bad("stop must be at most 8 non-empty strings of at most 256 characters")
+        if (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad(f"logprobs must be an integer within 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
+        if len(self.stop) > MAX_STOP_STRINGS or any(
+                not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            bad(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
+                f"{MAX_STOP_STRING_CHARS} characters")
         for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
                              ("repeat_penalty", 1e-6, 10.0)):
             value = getattr(self, name)

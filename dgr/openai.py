@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import attrs
 
-from dgr.config import SamplingParams
+from dgr._codes import MAX_LOGPROBS
+from dgr.config import MAX_STOP_STRINGS, SamplingParams
 from dgr.errors import InvalidRequest
 from dgr.stream import Chunk, TopLogprobs
 
-MAX_STOP = 8
 MAX_CHOICES = 32  # prompts x n in one request
 
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
@@ -91,8 +91,8 @@ def _stop(body: dict) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
         raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
-    if len(value) > MAX_STOP:
-        raise BadRequest(f"'stop' takes at most {MAX_STOP} strings", "stop")
+    if len(value) > MAX_STOP_STRINGS:
+        raise BadRequest(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
     return tuple(value)
 
 
@@ -231,7 +231,7 @@ def parse_completion(body: Any) -> ParsedRequest:
                   and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
             raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a "
                              "list of those", "prompt")
-    logprobs = _int(body, "logprobs", 0, 20) or 0
+    logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS) or 0
     echo = _bool(body, "echo")
     if echo and body.get("logprobs") is not None:
         # OpenAI would report the prompt's tokens too; prefill computes no logits for them
@@ -267,7 +267,7 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
         clean.append({"role": m["role"], "content": content})
     logprobs = top = 0
     if _bool(body, "logprobs"):
-        top = _int(body, "top_logprobs", 0, 20) or 0
+        top = _int(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
         logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
     elif body.get("top_logprobs") is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")

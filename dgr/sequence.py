@@ -2,10 +2,12 @@
 
 Phases: WAITING (queued, no slot) -> PREFILL (a slot and a KV reservation;
 the batch loop decodes its prompt in chunks) -> DECODE (one row per step) ->
-FINISHED (slot and KV released). Admission moves a session into PREFILL and
-out to FINISHED; the node's step loop records prefill progress and tokens
-from the batch loop's events; anyone may `finish` it (first reason wins),
-after which the slot is released before another session gets it.
+FINISHED (slot and KV released). Admission moves a session out to FINISHED,
+placement (dgr.placement) into PREFILL with its slot, prefix and leader; the
+step loop (dgr.loop) records prefill progress and tokens from the batch
+loop's events and alone ends sessions (`finish`, first reason wins), after
+which the slot is released before another session gets it. Every field
+changes only through the methods below.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import Optional
 import attrs
 import numpy as np
 
-from dgr import _scheduler
+from dgr._codes import FinishCode
 from dgr.config import SamplingParams
 
 
 class FinishReason(str, enum.Enum):
     """Why a session ended. Compares equal to its string (OpenAI's finish_reason);
-    `code` is its number in the batch loop (dgr/_scheduler.pxd, FinishCode)."""
+    `code` is its number in the batch loop (dgr/_codes.pxd, FinishCode)."""
 
     STOP = "stop"            # an end-of-generation token or a stop string
     LENGTH = "length"        # max_tokens reached
@@ -41,7 +43,7 @@ class FinishReason(str, enum.Enum):
         return _REASONS[code]
 
 
-_CODES = {reason: _scheduler.FINISH_CODES[reason.value] for reason in FinishReason}
+_CODES = {reason: FinishCode[f"FINISH_{reason.name}"] for reason in FinishReason}
 _REASONS = {code: reason for reason, code in _CODES.items()}
 
 
@@ -54,8 +56,9 @@ class Phase(enum.Enum):
 
 @attrs.define(eq=False)
 class Session:
-    """One generation request, as admission and the node's step loop see it.
-    The fields change only through the methods below."""
+    """One generation request, as admission, placement and the step loop see it.
+    The fields change only through the methods below; `leader` may be given at
+    construction (the first sample of the same prompt)."""
 
     id: int
     prompt: list[int]
@@ -86,14 +89,10 @@ class Session:
         """KV cells reserved while running: the whole prompt plus every new token."""
         return len(self.prompt) + self.max_tokens
 
-    @property
-    def n_past(self) -> int:
-        """Positions in this session's KV (the last token is not fed back yet)."""
-        return self.n_prefilled + max(0, len(self.generated) - 1)
-
-    def kv_tokens(self) -> list[int]:
-        """The tokens whose KV this session's sequence holds (n_past of them)."""
-        return (self.prompt[:self.n_prefilled] + self.generated)[:self.n_past]
+    def kv_tokens(self, kept: int) -> list[int]:
+        """The tokens of the first `kept` positions of this session's sequence: its
+        prompt as far as prefilled, then what it generated and fed back."""
+        return (self.prompt[:self.n_prefilled] + self.generated)[:kept]
 
     @property
     def done(self) -> bool:
@@ -107,6 +106,11 @@ class Session:
         self.n_reused = self.n_prefilled = n_reused
         self.phase = Phase.PREFILL
 
+    def follow(self, leader: Optional["Session"], share_len: int) -> None:
+        """Placement: the session takes its first share_len prompt positions from
+        `leader` once the leader has prefilled them (None: it follows nobody)."""
+        self.leader, self.share_len = leader, share_len
+
     def share(self, reuse_from: int, n_reused: int) -> None:
         """Its leader has prefilled the shared prefix (or ended): take the first
         n_reused positions from slot `reuse_from`."""
@@ -114,6 +118,7 @@ class Session:
         self.n_reused = self.n_prefilled = n_reused
 
     def record_prefill(self, end: int) -> None:
+        """The batch loop prefilled the prompt up to position `end`."""
         self.n_prefilled = end
 
     def record_token(self, token: int, now: float) -> float:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dgr import _batch
+from dgr import _codes, _engine
 from dgr.consistency import Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -19,7 +19,7 @@ N_NEW = 24
 
 @pytest.fixture(scope="module")
 def gemma(default_model):
-    eng = _batch.Engine(default_model, n_ctx=4096, n_seq_max=8, n_batch=512, n_ubatch=512)
+    eng = _engine.Engine(default_model, n_ctx=4096, n_seq_max=8, n_batch=512, n_ubatch=512)
     yield eng
     eng.close()
 

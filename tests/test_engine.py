@@ -6,14 +6,14 @@ import threading
 import numpy as np
 import pytest
 
-from dgr import _batch
+from dgr import _codes, _engine
 from dgr.detok import IncrementalDetokenizer
 from dgr.errors import ContextError, DecodeError, InvalidBatch, ModelLoadError
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    eng = _batch.Engine(tiny_model, n_ctx=2048, n_seq_max=4, n_batch=256, n_ubatch=256)
+    eng = _engine.Engine(tiny_model, n_ctx=2048, n_seq_max=4, n_batch=256, n_ubatch=256)
     yield eng
     eng.close()
 
@@ -21,7 +21,7 @@ def engine(tiny_model):
 def prefill_rows(tokens, slot, start=0):
     n = len(tokens)
     want = np.zeros(n, dtype=np.int8)
-    want[-1] = _batch.WANT_SAMPLE
+    want[-1] = _codes.WANT_SAMPLE
     return list(tokens), list(range(start, start + n)), [slot] * n, list(want)
 
 
@@ -65,7 +65,7 @@ def test_close_waits_for_tokenize_calls_on_other_threads(tiny_model):
     """tokenize runs without the GIL, so the node tokenizes long prompts on worker
     threads beside its loop; closing the engine must not free the vocabulary under
     a call in flight, and calls after it get an error, not a crash."""
-    engine = _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1)
+    engine = _engine.Engine(tiny_model, n_ctx=256, n_seq_max=1)
     text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 2000
     expected = engine.tokenize(text)
     matches, errors = [], []
@@ -152,7 +152,7 @@ def test_logprobs_are_a_sorted_normalized_top_k(engine):
     prompt = list(engine.tokenize("log probabilities"))
     engine.release(0)
     toks, pos, seq, want = prefill_rows(prompt, 0)
-    want[-1] = _batch.WANT_SAMPLE | _batch.WANT_LOGPROBS
+    want[-1] = _codes.WANT_SAMPLE | _codes.WANT_LOGPROBS
     sampled, top_ids, top_lp, chosen_lp = engine.step(toks, pos, seq, want, n_logprobs=5)
     engine.release(0)
     row = len(prompt) - 1
@@ -164,7 +164,7 @@ def test_logprobs_are_a_sorted_normalized_top_k(engine):
 
 
 def test_gil_is_released_during_step(wide_model):
-    eng = _batch.Engine(wide_model, n_ctx=2048, n_seq_max=1, n_batch=2048, n_ubatch=512, n_threads=1)
+    eng = _engine.Engine(wide_model, n_ctx=2048, n_seq_max=1, n_batch=2048, n_ubatch=512, n_threads=1)
     prompt = (list(eng.tokenize("x" * 50)) * 40)[:2000]
     started = threading.Event()
 
@@ -193,7 +193,7 @@ def test_gil_is_released_during_step(wide_model):
 def test_missing_model_path_names_the_path(tmp_path):
     missing = tmp_path / "nope.gguf"
     with pytest.raises(ModelLoadError, match="nope.gguf"):
-        _batch.Engine(missing)
+        _engine.Engine(missing)
 
 
 def test_truncated_gguf_is_a_clear_error(tiny_model, tmp_path):
@@ -201,29 +201,29 @@ def test_truncated_gguf_is_a_clear_error(tiny_model, tmp_path):
     bad = tmp_path / "truncated.gguf"
     bad.write_bytes(data[: len(data) // 3])
     with pytest.raises(ModelLoadError, match="truncated.gguf"):
-        _batch.Engine(bad)
+        _engine.Engine(bad)
 
 
 def test_non_gguf_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "junk.gguf"
     bad.write_bytes(b"this is not a model" * 10)
     with pytest.raises(ModelLoadError, match="not a GGUF"):
-        _batch.Engine(bad)
+        _engine.Engine(bad)
 
 
 def test_bad_context_parameters(tiny_model):
     with pytest.raises(ContextError):
-        _batch.Engine(tiny_model, n_seq_max=0)
+        _engine.Engine(tiny_model, n_seq_max=0)
 
 
 def test_weight_repack_is_refused_where_amx_would_crash_and_works_elsewhere(tiny_model):
     """On CPUs with AMX the pinned llama.cpp's repacked AMX matmul dies with
     SIGSEGV: the engine refuses weight_repack there with a clear error."""
-    if "AMX_INT8 = 1" in _batch.system_info():
+    if "AMX_INT8 = 1" in _engine.system_info():
         with pytest.raises(ContextError, match="weight_repack is not supported on this CPU"):
-            _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
+            _engine.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
     else:
-        eng = _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
+        eng = _engine.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
         sampled, *_ = eng.step([1, 2, 3], [0, 1, 2], [0, 0, 0], [0, 0, 1])
         assert sampled[-1] >= 0
         eng.close()

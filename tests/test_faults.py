@@ -5,14 +5,14 @@ import pytest
 import trio
 
 import dgr
-from dgr import _batch
+from dgr import _codes, _engine
 from dgr.errors import DecodeAborted, DgrError, FatalDecodeError, InvalidBatch, KVSlotUnavailable
 from dgr.config import ServerConfig
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    eng = _batch.Engine(tiny_model, n_ctx=1024, n_seq_max=2, n_batch=64, n_ubatch=64)
+    eng = _engine.Engine(tiny_model, n_ctx=1024, n_seq_max=2, n_batch=64, n_ubatch=64)
     yield eng
     eng.close()
 
@@ -48,7 +48,7 @@ def config(tiny_model):
                           n_ubatch=128, prefill_chunk=16, n_threads=2)
 
 
-@pytest.mark.parametrize("code", [1, 2, -1, -3, _batch.FAULT_RAISE])
+@pytest.mark.parametrize("code", [1, 2, -1, -3, _codes.FAULT_RAISE])
 async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
     params = dgr.SamplingParams(max_tokens=50, ignore_eos=True)
     async with dgr.open_node(config(tiny_model)) as node:
@@ -72,7 +72,7 @@ async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
         assert await node.kv_cells_in_use() == node.capabilities()["load"]["kv_cells_cached"]
         await node.flush_prefix_cache()
         assert await node.kv_cells_in_use() == 0
-        label = str(code if code != _batch.FAULT_RAISE else -1000)
+        label = str(code if code != _codes.FAULT_RAISE else -1000)
         assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",
                                                         {"code": label}) == 1
         again = await node.generate("after the fault", params)

@@ -359,7 +359,9 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
             await wait_retired(chunks.session)
             # as llama.cpp reported after the last step: the slot keeps its prompt and the
             # tokens it fed back (a prefix cache entry)
-            assert node._loop.batch.pos_max(slot) == chunks.session.n_past - 1 > len(chunks.session.prompt)
+            session = chunks.session
+            assert (node._loop.batch.pos_max(slot) == session.n_prefilled + len(session.generated) - 2
+                    > len(session.prompt))
             assert chunks.session.finish_reason == "cancelled"
 
             # waiting phase: both slots busy with blockers, so this one queues
@@ -444,8 +446,8 @@ async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(tiny_mo
         warm = await node.generate(PROMPTS[2], params)
         admit = node._loop.admit
         with trio.CancelScope() as caller:
-            def admit_then_cancel(outboxes, started):
-                admit(outboxes, started)
+            def admit_then_cancel(outboxes):
+                admit(outboxes)
                 caller.cancel()
 
             node._loop.admit = admit_then_cancel

@@ -4,14 +4,15 @@ isolation: no llama.cpp, no model."""
 import pytest
 
 from dgr import _scheduler
+from dgr._codes import NO_LOGITS
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.errors import AdmissionRejected, BudgetError
+from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled
 from dgr.sequence import FinishReason, Phase, Session
 
 
 EOG = 99
-E = _scheduler
 
 
 def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4, one_call=False):
@@ -37,7 +38,7 @@ def tokens_for(sched, decode, chunks, token=7):
 
 
 def kinds(events, kind):
-    return [e for e in events if e[0] == kind]
+    return [e for e in events if isinstance(e, kind)]
 
 
 def test_long_prefill_never_starves_decoders():
@@ -76,11 +77,11 @@ def test_final_chunk_is_the_remainder_and_yields_the_first_token():
     sched.start(2, list(range(70)), 5)
     _, _, chunks = sched.plan_step()
     assert chunks == [(2, 0, 64)]
-    assert sched.apply([-1] * 64) == [(E.EVENT_PREFILL, 2, 0, 64)]
+    assert sched.apply([-1] * 64) == [Prefilled(2, 0, 64)]
     _, _, chunks = sched.plan_step()
     assert chunks == [(2, 64, 70)]
     events = sched.apply([-1] * 5 + [42])
-    assert events == [(E.EVENT_PREFILL, 2, 64, 70), (E.EVENT_TOKEN, 2, 42, None, None)]
+    assert events == [Prefilled(2, 64, 70), Sampled(2, 42)]
     assert sched.slot_state(2) == (2, 70, 1, 0)  # decoding, prefilled, one token, credit spent
 
 
@@ -115,16 +116,16 @@ def test_post_step_update_ends_sessions_on_length_eog_and_request():
     sched.apply(tokens_for(sched, decode, chunks))  # each session's first token
     sched.request_finish(3, FinishReason.STOP.code)  # a stop string, seen by the node
     finished, decode, _ = sched.plan_step()
-    assert finished == [(E.EVENT_FINISH, 3, FinishReason.STOP.code, 0)] and decode == [0, 1, 2]
+    assert finished == [Finished(3, FinishReason.STOP.code, 0)] and decode == [0, 1, 2]
     events = sched.apply([7, EOG, EOG])
-    assert kinds(events, E.EVENT_TOKEN) == [(E.EVENT_TOKEN, 0, 7, None, None),
-                                            (E.EVENT_TOKEN, 2, EOG, None, None)]
-    assert kinds(events, E.EVENT_FINISH) == [(E.EVENT_FINISH, 1, FinishReason.STOP.code, 0)]
+    assert kinds(events, Sampled) == [Sampled(0, 7),
+                                            Sampled(2, EOG)]
+    assert kinds(events, Finished) == [Finished(1, FinishReason.STOP.code, 0)]
     _, decode, _ = sched.plan_step()
     events = sched.apply([8, 8])
-    assert events[2:] == [(E.EVENT_TOKEN, 0, 8, None, None),  # its third: max_tokens
-                          (E.EVENT_FINISH, 0, FinishReason.LENGTH.code, 0),
-                          (E.EVENT_TOKEN, 2, 8, None, None)]
+    assert events[2:] == [Sampled(0, 8),  # its third: max_tokens
+                          Finished(0, FinishReason.LENGTH.code, 0),
+                          Sampled(2, 8)]
     assert sched.slot_state(0)[0] == 0 and sched.slot_state(2)[2] == 3 and sched.slot_state(2)[3] == 6
 
 
@@ -133,8 +134,8 @@ def test_a_finish_requested_during_the_step_wins_over_its_token():
     decoding(sched, [0])
     _, decode, _ = sched.plan_step()
     sched.request_finish(0, FinishReason.CANCELLED.code)  # the caller left mid-step
-    assert kinds(sched.apply([7]), E.EVENT_FINISH) == [
-        (E.EVENT_FINISH, 0, FinishReason.CANCELLED.code, 0)]
+    assert kinds(sched.apply([7]), Finished) == [
+        Finished(0, FinishReason.CANCELLED.code, 0)]
     assert sched.plan_step() == ([], [], [])
 
 
@@ -145,10 +146,10 @@ def test_a_failed_call_ends_only_its_sessions():
     _, decode, chunks = sched.plan_step()
     assert decode == [0, 1] and chunks == [(4, 0, 10)]
     events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3, 0])
-    assert kinds(events, E.EVENT_FAILURE) == [(E.EVENT_FAILURE, -3)]
-    assert kinds(events, E.EVENT_FINISH) == [(E.EVENT_FINISH, 0, FinishReason.ERROR.code, -3),
-                                             (E.EVENT_FINISH, 1, FinishReason.ERROR.code, -3)]
-    assert kinds(events, E.EVENT_TOKEN) == [(E.EVENT_TOKEN, 4, 7, None, None)]
+    assert kinds(events, CallFailed) == [CallFailed(-3)]
+    assert kinds(events, Finished) == [Finished(0, FinishReason.ERROR.code, -3),
+                                             Finished(1, FinishReason.ERROR.code, -3)]
+    assert kinds(events, Sampled) == [Sampled(4, 7)]
     _, decode, chunks = sched.plan_step()
     assert decode == [4] and chunks == []
 
@@ -163,8 +164,8 @@ def test_one_failed_call_for_the_whole_step_is_one_failure():
     _, decode, chunks = sched.plan_step()
     assert decode == [0, 1] and chunks == [(4, 0, 10), (5, 0, 12)]
     events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3])
-    assert kinds(events, E.EVENT_FAILURE) == [(E.EVENT_FAILURE, -3)]
-    assert [e[1] for e in kinds(events, E.EVENT_FINISH)] == [0, 1, 4, 5]
+    assert kinds(events, CallFailed) == [CallFailed(-3)]
+    assert [e.slot for e in kinds(events, Finished)] == [0, 1, 4, 5]
     assert sched.plan_step() == ([], [], [])
 
 
@@ -172,8 +173,8 @@ def test_a_row_without_logits_ends_its_session_with_an_error():
     sched = scheduler()
     decoding(sched, [0])
     sched.plan_step()
-    assert sched.apply([-1]) == [(E.EVENT_DECODE, 0),
-                                 (E.EVENT_FINISH, 0, FinishReason.ERROR.code, E.NO_LOGITS_CODE)]
+    assert sched.apply([-1]) == [Decoded(0),
+                                 Finished(0, FinishReason.ERROR.code, NO_LOGITS)]
 
 
 def test_prefill_sessions_per_step_bound():
@@ -326,22 +327,28 @@ def test_prefix_cache_matches_longest_active_prefix_and_evicts_lru():
 
 
 def test_an_entry_copied_from_is_evicted_only_after_the_copy():
-    """Evictions are tagged with the session whose placement made them: the loop
-    sends them just before that session's start, after the starts placed earlier
-    (which may copy from the evicted entry)."""
+    """Placement's outbox keeps the order of KV operations: an eviction a
+    session's placement made goes just before that session's start, after the
+    starts placed earlier (which may copy from the evicted entry)."""
+    from dgr.placement import Evict, Placement, Start
     from dgr.prefix_cache import PrefixCache
 
     budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=3, max_waiting=2,
                       max_waiting_tokens=1000, step_tokens=256, step_outputs=3,
                       memory_bytes=10_000)
-    adm = Admission(budgets, PrefixCache(min_follow=64))
+    adm = Admission(budgets, Placement(budgets.kv_cells_total, PrefixCache(min_follow=64)))
+    placement = adm.placement
     cached = []
     for sid, first in ((1, 1), (2, 1001)):  # two finished sessions leave 300-token entries
         session = Session(id=sid, prompt=list(range(first, first + 300)), params=SamplingParams(),
                           max_tokens=10)
         adm.submit(session)
-        adm.prefix_cache.activate(session.slot)
-        adm.prefix_cache.hold(session.slot, session.prompt)  # as the loop does on prefill
+        assert placement.take_ops() == [Start(session)]
+        placement.started(session)  # as the step loop does once the start is fed
+        session.record_prefill(300)
+        placement.prefilled(session, 300)
+        session.finish(FinishReason.LENGTH)
+        placement.finished(session, kept=300)
         adm.release(session)
         cached.append(session.slot)
     sharer = Session(id=3, prompt=list(range(1, 151)) + [5000 + i for i in range(150)],
@@ -351,4 +358,4 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
     assert sharer.reuse_from == cached[0] and sharer.n_reused == 150
     assert sharer.slot not in cached  # copied into the empty slot: the entry survives it
     assert big.slot == cached[0]  # the least recently used entry, after the copy's start
-    assert adm.take_evictions() == [(cached[1], big)]
+    assert placement.take_ops() == [Start(sharer), Evict(cached[1]), Start(big)]

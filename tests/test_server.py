@@ -307,9 +307,9 @@ async def test_openai_shapes_404_405_and_chat_logprobs(start_server, tiny_model)
 def test_a_byte_fallback_token_reports_its_own_byte(tiny_model):
     """A token that is one byte of a multi-byte character reports that byte, not
     the replacement character's three."""
-    from dgr import _batch
+    from dgr import _engine
 
-    engine = _batch.Engine(tiny_model, n_ctx=256, n_seq_max=1)
+    engine = _engine.Engine(tiny_model, n_ctx=256, n_seq_max=1)
     try:
         ids = engine.tokenize("é", add_special=False)
         pieces = [bytes(engine.token_to_piece(t, special=True)) for t in ids]

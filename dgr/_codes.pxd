@@ -1,0 +1,42 @@
+# Every number the node and the batch loop agree on, defined once: Cython cimports
+# them from here, Python imports them from dgr._codes (cpdef enums are both).
+
+# Why a slot ended (dgr.sequence.FinishReason maps each to OpenAI's finish_reason).
+cpdef enum FinishCode:
+    FINISH_NONE = 0
+    FINISH_STOP = 1            # an end-of-generation token, a stop token id or a stop string
+    FINISH_LENGTH = 2          # max_tokens
+    FINISH_CANCELLED = 3       # the caller left, or the node shut down
+    FINISH_ERROR = 4           # a llama_decode call failed (the event's code says how)
+
+# What a batch loop event reports (dgr.events decodes each into a record).
+cpdef enum EventKind:
+    EV_DECODE = 1              # a slot had a decode row in the step
+    EV_PREFILL = 2             # a slot prefilled prompt positions [start, end)
+    EV_TOKEN = 3               # a slot sampled a token (with log-probabilities when asked)
+    EV_FINISH = 4              # a slot ended; its KV is free but for the positions it keeps
+    EV_FAILURE = 5             # a llama_decode call of the step failed
+    EV_STEP = 6                # the step ended, with its figures
+
+# Failure codes of a call beside llama_decode's own (1, 2, -1, below -1): each
+# means one thing.
+cpdef enum:
+    ENGINE_FAULT = -1000       # the engine raised during a step (an injected fault)
+    WORKER_LOST = -1001        # an RPC worker holding layers was lost (closed, reset, timed out)
+    NO_LOGITS = -1002          # llama.cpp gave no logits for an output row
+
+# Per-row flags of a step: whether a row is sampled, and whether its
+# log-probabilities are reported.
+cpdef enum:
+    WANT_SAMPLE = 1
+    WANT_LOGPROBS = 2
+
+# Limits.
+cpdef enum:
+    MAX_LOGPROBS = 20          # top log-probabilities per token (OpenAI's limit)
+    MAX_STOP_IDS = 64          # stop token ids per session
+    MAX_RUNNING = 256          # sequences per llama.cpp context (LLAMA_MAX_SEQ): one per session
+
+# Engine.inject_fault's code for "raise after llama_decode ran" (a test hook).
+cpdef enum:
+    FAULT_RAISE = 1000

@@ -1,0 +1,56 @@
+# The engine (dgr/_engine.pyx): one llama.cpp model and context, its batch, its
+# KV operations and its sampling. The batch loop (dgr/_batch.pyx) reaches the
+# engine only through the cdef methods declared here.
+
+from libc.stdint cimport int8_t, int32_t
+
+from dgr._llama cimport (llama_batch, llama_context, llama_memory_t, llama_model, llama_vocab,
+                         rpc_connected_fn)
+from dgr._sampling cimport Sampling
+
+
+cdef void init_backend() except *
+cdef str error_lines(int limit=*)
+
+
+cdef class Engine:
+    cdef llama_model * model
+    cdef llama_context * ctx
+    cdef const llama_vocab * vocab
+    cdef llama_memory_t mem
+    cdef llama_batch batch
+    cdef readonly Sampling sampling
+    cdef const float ** row_logits  # per batch row: its logits, resolved before sampling
+    cdef int tokenizing             # tokenize calls running without the GIL (close waits)
+    cdef int abort_flag
+    cdef int n_slots
+    cdef int batch_capacity
+    cdef int vocab_size
+    cdef long long steps_done
+    # RPC workers holding layers: their endpoints (C strings into rpc_names) and
+    # patch 0005's check, asked after every llama_decode
+    cdef int n_rpc
+    cdef const char ** rpc_endpoints
+    cdef list rpc_names
+    cdef rpc_connected_fn rpc_connected
+    cdef long long fault_step
+    cdef int fault_code
+    cdef readonly dict info
+    cdef readonly str model_path
+
+    cdef void check_open(self) except *
+    cdef void _free(self) noexcept
+    # one llama_decode and the sampling of its output rows
+    cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
+                      const int8_t * want, int k, int32_t * out_ids, float * out_lp,
+                      int32_t * out_top, float * out_top_lp, int * bad_row,
+                      double * times) noexcept nogil
+    cdef void _resolve_logits(self, int n, const int8_t * want) noexcept nogil
+    cdef bint _worker_lost(self, bint synchronize) noexcept nogil
+    # KV operations on one slot's sequence
+    cdef void kv_keep(self, int slot, int keep) noexcept nogil
+    cdef void kv_copy(self, int src, int dst, int n) noexcept nogil
+    cdef bint kv_holds(self, int slot, int n) noexcept nogil
+    cdef int kv_pos_max(self, int slot) noexcept nogil
+    cdef int kv_cells(self) noexcept nogil
+    cdef void end_slot(self, int slot, int keep) noexcept nogil

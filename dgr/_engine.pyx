@@ -1,0 +1,748 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The dgr engine: one llama.cpp model and context, one reusable llama_batch,
+the KV operations on each sequence slot, and the slots' sampling (dgr._sampling).
+
+`Engine.step` fills the batch from arrays, runs `llama_decode` and samples every
+output row with that row's slot sampler, all without the GIL; the batch loop
+(dgr._batch) calls the same `run_call` and the KV operations through
+dgr/_engine.pxd. The engine knows nothing of Trio, HTTP or scheduling policy,
+and it is not thread-safe: one caller at a time (the node's batch loop), but
+for the methods that only read the vocabulary (tokenize, detokenize,
+token_to_piece, the chat template), which the node calls beside the loop as
+llama-server's HTTP threads do beside its decode loop. `tokenize` runs without
+the GIL, on any thread; `close` waits for it.
+"""
+
+import os
+import re
+import time
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int8_t, int32_t, uint32_t
+from libc.stdlib cimport calloc, free, malloc
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from dgr._codes cimport (ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS, WANT_LOGPROBS,
+                        WANT_SAMPLE, WORKER_LOST)
+from dgr._llama cimport *
+from dgr._sampling cimport Sampling
+
+from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
+                        InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
+from dgr.rpc_placement import device_report, place_layers
+
+cnp.import_array()
+
+cdef extern from "dgr_log.h" nogil:
+    int dgr_log_echo
+    void dgr_log_sink(ggml_log_level level, const char * text, void * user_data) noexcept
+    void dgr_log_clear() noexcept
+    size_t dgr_log_copy(char * out, size_t cap) noexcept
+
+cdef extern from "dgr_abort.h" nogil:
+    bint dgr_abort_callback(void * data) noexcept
+    void dgr_set_flag(int * flag, int value) noexcept
+
+cdef bint _backend_ready = False
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef void init_backend() except *:
+    """llama.cpp's backends and dgr's log sink, once per process."""
+    global _backend_ready, dgr_log_echo
+    if not _backend_ready:
+        dgr_log_echo = 1 if os.environ.get("DGR_LLAMA_LOG") else 0
+        llama_log_set(dgr_log_sink, NULL)
+        llama_backend_init()
+        _backend_ready = True
+
+
+def llama_log_text():
+    """The most recent llama.cpp log text, debug lines left out (up to 256 KiB)."""
+    cdef bytes buf = bytes(1 << 18)
+    cdef size_t n = dgr_log_copy(buf, len(buf))
+    return buf[:n].decode("utf-8", "replace")
+
+
+cdef str error_lines(int limit=4):
+    """The last error lines of llama.cpp's log, joined."""
+    lines = [line.strip() for line in llama_log_text().splitlines()
+             if "error" in line.lower() or "failed" in line.lower() or "invalid" in line.lower()]
+    return "; ".join(lines[-limit:])
+
+
+def system_info():
+    init_backend()
+    return llama_print_system_info().decode("utf-8", "replace")
+
+
+# Every flash-attention row on the one-row path (patch 0008): a token's KV is then the
+# same whether it was prefilled in a chunk of any size or decoded, so the prefix cache
+# may share any prefix, generated tokens included. ggml reads it once per process, at
+# the first flash attention: set when dgr is imported, before any (llama_cpp.Llama in
+# the same process takes the same path).
+os.environ["GGML_CPU_FA_TILED"] = "0"
+
+_MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+
+# the output layer's tensors (a tied output is the token embedding, duplicated)
+cdef const char * _OUTPUT_TENSORS = b"^(output|output_norm|token_embd)\\."
+
+
+def _buffer_sizes(log_text):
+    """Sum the buffer sizes llama.cpp logged while creating a context."""
+    sizes = {"KV": 0, "compute": 0, "output": 0}
+    for kind, mib in _MIB.findall(log_text):
+        sizes[kind] += int(float(mib) * 1024 * 1024)
+    return sizes
+
+
+def _rpc_placement(path, servers, int rpc_layers, split):
+    """Connect to the RPC workers and place layers on them (dgr.rpc_placement);
+    None without workers."""
+    if not servers:
+        return None
+    from dgr import _rpc
+    devices = _rpc.connect_workers(servers)
+    return place_layers(devices, _rpc.layer_count(path), rpc_layers, split,
+                        os.path.getsize(path))
+
+
+cdef class Engine:
+    """A llama.cpp model and context serving up to `n_seq_max` sequences.
+
+    Sequence ids are slots 0..n_seq_max-1. Each slot has its own sampler chain
+    (see `set_sampling`) and its own KV cells (`release` frees them).
+    """
+
+
+    def __cinit__(self):
+        self.model = NULL
+        self.ctx = NULL
+        self.row_logits = NULL
+        self.batch.token = NULL
+        self.n_slots = 0
+        self.n_rpc = 0
+        self.rpc_endpoints = NULL
+        self.fault_step = -1
+
+    def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
+                 int n_ubatch=512, n_threads=None, bint kv_unified=False,
+                 bint weight_repack=False, rpc_servers=(), int rpc_layers=-1,
+                 rpc_split=(), double rpc_timeout_s=0.0):
+        """Load `model_path` and create a context.
+
+        rpc_servers: "host:port" of ggml RPC servers (`python -m dgr worker`); the
+        last rpc_layers layers (-1: an even share for this machine and each
+        worker) are placed on them, split evenly or by rpc_split (one share per
+        worker device), the rest stay here. A worker that closes its connection,
+        or does not answer within rpc_timeout_s (0: no limit), fails the step it
+        was in and every later one (WorkerLost, or WORKER_LOST from a BatchLoop
+        call).
+
+        kv_unified=True: one pool of n_ctx cells that any slot may fill, each
+        slot's cells kept in position order (patch 0004, LLAMA_KV_CACHE_ORDERED)
+        and sliding-window layers given a full-size cache, so that a sequence
+        never wraps around; kv_unified=False gives every slot its own
+        n_ctx / n_seq_max cells. With weight_repack=False the CPU backend uses
+        the same matmul kernels for a 1-row and an n-row step. These keep a
+        sequence's logits independent of the others (docs/design.md).
+        """
+        init_backend()
+        path = os.fspath(model_path)
+        self.model_path = path
+        if not os.path.exists(path):
+            raise ModelLoadError(f"model file not found: {path}")
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"model path is not a file: {path}")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
+        if n_seq_max < 1 or n_batch < 1 or n_ubatch < 1 or n_ctx < 1:
+            raise ContextError("n_ctx, n_seq_max, n_batch and n_ubatch must be positive")
+        if weight_repack and "AMX_INT8 = 1" in system_info():
+            # Seen on the CI machine type (evidence/DGR-013): the pinned llama.cpp's AMX
+            # repacked matmul dies with SIGSEGV; refuse rather than crash the process.
+            raise ContextError("weight_repack is not supported on this CPU: llama.cpp's AMX "
+                               "repacked matmul crashes here; leave weight repacking off")
+
+        cdef llama_model_params mparams = llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = weight_repack
+        cdef bytes bpath = path.encode()
+        cdef const char * cpath = bpath
+        cdef ggml_backend_dev_t * devices = NULL
+        cdef float * split = NULL
+        cdef llama_model_tensor_buft_override local_output[2]
+        if rpc_servers:
+            # read by ggml-rpc (patch 0006) when it connects to each worker
+            os.environ["GGML_RPC_TIMEOUT"] = repr(max(0.0, rpc_timeout_s))
+        placement = _rpc_placement(path, list(rpc_servers), rpc_layers, tuple(rpc_split))
+        if placement is not None:
+            devices = <ggml_backend_dev_t *> calloc(len(placement["devices"]) + 1,
+                                                    sizeof(ggml_backend_dev_t))
+            split = <float *> calloc(max(llama_max_devices(), len(placement["devices"])),
+                                     sizeof(float))
+            if devices == NULL or split == NULL:
+                free(devices); free(split)
+                raise MemoryError()
+            # llama.cpp offloads the last n_gpu_layers of n_layer + 1 units, the output
+            # layer last, split in proportion to tensor_split (by default: free memory)
+            for i, device in enumerate(placement["devices"]):
+                devices[i] = <ggml_backend_dev_t> <size_t> device["handle"]
+                split[i] = device["layers"] + (1 if device["output"] else 0)
+            mparams.devices = devices
+            mparams.tensor_split = split
+            mparams.n_gpu_layers = placement["offloaded"] + (1 if placement["offloaded"] else 0)
+            # ...but the output layer's weights stay here: each sampled row's logits
+            # (n_vocab floats) are made where they are sampled, and only the hidden
+            # state (n_embd floats) crosses the network
+            local_output[0].pattern = _OUTPUT_TENSORS
+            local_output[0].buft = ggml_backend_cpu_buffer_type()
+            local_output[1].pattern = NULL
+            local_output[1].buft = NULL
+            mparams.tensor_buft_overrides = local_output
+        dgr_log_clear()
+        try:
+            with nogil:
+                self.model = llama_model_load_from_file(cpath, mparams)
+        finally:
+            free(devices); free(split)  # read while loading only
+        if self.model == NULL:
+            raise ModelLoadError(f"cannot load model {path}: "
+                                 f"{error_lines() or 'llama.cpp refused it'}")
+
+        cdef llama_context_params cparams = llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_seq_max = n_seq_max
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_ubatch, n_batch)
+        threads = int(n_threads) if n_threads else (os.cpu_count() or 1)
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = kv_unified
+        cparams.swa_full = kv_unified
+        cparams.no_perf = True
+        cparams.abort_callback = dgr_abort_callback
+        cparams.abort_callback_data = &self.abort_flag
+        dgr_log_clear()
+        # read by the KV cache's constructor only; restored so that other contexts in
+        # the process (llama_cpp.Llama) keep llama.cpp's default placement
+        ordered_before = os.environ.get("LLAMA_KV_CACHE_ORDERED")
+        os.environ["LLAMA_KV_CACHE_ORDERED"] = "1" if kv_unified else "0"
+        try:
+            with nogil:
+                self.ctx = llama_init_from_model(self.model, cparams)
+        finally:
+            if ordered_before is None:
+                del os.environ["LLAMA_KV_CACHE_ORDERED"]
+            else:
+                os.environ["LLAMA_KV_CACHE_ORDERED"] = ordered_before
+        if self.ctx == NULL:
+            raise ContextError(f"cannot create a context for {path} "
+                               f"(n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}): "
+                               f"{error_lines() or 'llama.cpp refused it'}")
+        sizes = _buffer_sizes(llama_log_text())
+
+        self.vocab = llama_model_get_vocab(self.model)
+        self.mem = llama_get_memory(self.ctx)
+        self.vocab_size = llama_vocab_n_tokens(self.vocab)
+        self.n_slots = llama_n_seq_max(self.ctx)
+        self.batch_capacity = llama_n_batch(self.ctx)
+        self.batch = llama_batch_init(self.batch_capacity, 0, 1)
+        self.row_logits = <const float **> calloc(self.batch_capacity, sizeof(float *))
+        if self.row_logits == NULL:
+            raise MemoryError()
+        # rows are sampled on llama.cpp's threads: scratch per thread
+        self.sampling = Sampling()
+        self.sampling.setup(self.vocab, self.n_slots, threads)
+        if placement is not None:
+            from dgr import _rpc
+            self.rpc_connected = <rpc_connected_fn> <size_t> _rpc.connected_check()
+            self.rpc_names = [d["endpoint"].encode() for d in placement["devices"]]
+            self.rpc_endpoints = <const char **> malloc(len(self.rpc_names) * sizeof(char *))
+            if self.rpc_endpoints == NULL:
+                raise MemoryError()
+            for i, name in enumerate(self.rpc_names):
+                self.rpc_endpoints[i] = <const char *> name
+            self.n_rpc = len(self.rpc_names)
+
+        n_ctx_total = llama_n_ctx(self.ctx)
+        self.info = {
+            "path": path,
+            "name": self.meta("general.name") or os.path.basename(path),
+            "architecture": self.meta("general.architecture") or "",
+            "description": self._desc(),
+            "model_bytes": int(llama_model_size(self.model)),
+            "n_params": int(llama_model_n_params(self.model)),
+            "n_vocab": self.vocab_size,
+            "n_ctx_train": llama_model_n_ctx_train(self.model),
+            "n_layer": llama_model_n_layer(self.model),
+            "n_embd": llama_model_n_embd(self.model),
+            "n_swa": llama_model_n_swa(self.model),
+            "n_ctx": n_ctx_total,
+            "n_ctx_seq": llama_n_ctx_seq(self.ctx),
+            "n_seq_max": self.n_slots,
+            "n_batch": self.batch_capacity,
+            "n_ubatch": llama_n_ubatch(self.ctx),
+            "n_threads": threads,
+            "kv_unified": bool(kv_unified),
+            "weight_repack": bool(weight_repack),
+            "kv_bytes": sizes["KV"],
+            "kv_bytes_per_cell": sizes["KV"] // max(1, n_ctx_total),
+            "compute_bytes": sizes["compute"],
+            "output_bytes": sizes["output"],
+            "logits_bytes_per_output": self.vocab_size * 4,
+            "devices": device_report(placement, llama_model_n_layer(self.model)),
+        }
+
+    def __dealloc__(self):
+        self._free()
+
+    def close(self):
+        """Free the context and model now rather than at garbage collection, once
+        tokenize calls on other threads have left the vocabulary."""
+        while self.tokenizing:
+            time.sleep(0.001)
+        self._free()
+
+    cdef void _free(self) noexcept:
+        if self.sampling is not None:
+            self.sampling.release()
+        free(self.row_logits)
+        self.row_logits = NULL
+        free(self.rpc_endpoints)
+        self.rpc_endpoints = NULL
+        self.n_rpc = 0
+        if self.batch.token != NULL:
+            llama_batch_free(self.batch)
+            self.batch.token = NULL
+        if self.ctx != NULL:
+            llama_free(self.ctx)
+            self.ctx = NULL
+        if self.model != NULL:
+            llama_model_free(self.model)
+            self.model = NULL
+
+    @property
+    def is_open(self):
+        return self.ctx != NULL
+
+    cdef void check_open(self) except *:
+        if self.ctx == NULL:
+            raise DecodeError("engine is closed")
+
+    def _desc(self):
+        cdef char buf[256]
+        n = llama_model_desc(self.model, buf, sizeof(buf))
+        return buf[:max(0, min(n, 255))].decode("utf-8", "replace")
+
+    # ---------------------------------------------------------------- model facts
+
+    def meta(self, str key):
+        """A GGUF metadata value as a string, or None when the key is absent."""
+        cdef bytes bkey = key.encode()
+        cdef int n = llama_model_meta_val_str(self.model, bkey, NULL, 0)
+        if n < 0:
+            return None
+        cdef bytes buf = bytes(n + 1)
+        llama_model_meta_val_str(self.model, bkey, buf, n + 1)
+        return buf[:n].decode("utf-8", "replace")
+
+    @property
+    def n_vocab(self):
+        return self.vocab_size
+
+    @property
+    def n_seq_max(self):
+        return self.n_slots
+
+    @property
+    def n_batch(self):
+        return self.batch_capacity
+
+    @property
+    def eog_tokens(self):
+        """The vocabulary's end-of-generation tokens."""
+        return self.sampling.eog_tokens
+
+    def chat_template(self):
+        """The model's chat template from its GGUF metadata, or None."""
+        self.check_open()
+        cdef const char * tmpl = llama_model_chat_template(self.model, NULL)
+        return None if tmpl == NULL else tmpl.decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages, template=None, bint add_assistant=True):
+        """Render [{"role": ..., "content": ...}, ...] with a chat template.
+
+        `template` is a template string or a llama.cpp built-in name ("gemma",
+        "chatml", ...); None means the model's own. llama.cpp recognizes the
+        family of a template string; an unknown one raises ValueError."""
+        self.check_open()
+        tmpl = template if template is not None else self.chat_template()
+        if tmpl is None:
+            raise ValueError("the model has no chat template")
+        cdef bytes btmpl = tmpl.encode()
+        encoded = [(str(m["role"]).encode(), str(m["content"]).encode()) for m in messages]
+        cdef int n_msg = len(encoded)
+        cdef llama_chat_message * chat = <llama_chat_message *> malloc(max(1, n_msg) * sizeof(llama_chat_message))
+        cdef int cap = 256 + 2 * sum(len(r) + len(c) for r, c in encoded)
+        cdef int n
+        cdef bytes out
+        try:
+            for i, (role, content) in enumerate(encoded):
+                chat[i].role = role
+                chat[i].content = content
+            while True:
+                out = bytes(cap)
+                n = llama_chat_apply_template(btmpl, chat, n_msg, add_assistant, out, cap)
+                if n < 0:
+                    raise ValueError("llama.cpp does not support this model's chat template")
+                if n <= cap:
+                    return out[:n].decode("utf-8", "replace")
+                cap = n
+        finally:
+            free(chat)
+
+    # ---------------------------------------------------------------- text
+
+    def tokenize(self, text, bint add_special=True, bint parse_special=False):
+        """Token ids of `text` (str or UTF-8 bytes) as an int32 array. The GIL is
+        released while llama.cpp tokenizes (a 30,000-token text takes ~0.1 s), so
+        a caller on a worker thread does not stall the others."""
+        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef const char * chars = data
+        cdef int length = len(data)
+        cdef int cap = length + 8
+        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(cap, dtype=np.int32)
+        cdef llama_token * ids = <llama_token *> out.data
+        cdef int n
+        self.tokenizing += 1  # counted before the open check: close cannot free in between
+        try:
+            self.check_open()
+            with nogil:
+                n = llama_tokenize(self.vocab, chars, length, ids, cap, add_special, parse_special)
+            if n < 0:
+                if n == -2147483648:
+                    raise ValueError("text too long to tokenize")
+                cap = -n
+                out = np.empty(cap, dtype=np.int32)
+                ids = <llama_token *> out.data
+                with nogil:
+                    n = llama_tokenize(self.vocab, chars, length, ids, cap, add_special,
+                                       parse_special)
+        finally:
+            self.tokenizing -= 1
+        return out[:n].copy()
+
+    def token_to_piece(self, int token, bint special=False):
+        """The bytes of one token (possibly part of a UTF-8 character)."""
+        self.check_open()
+        if token < 0 or token >= self.vocab_size:
+            raise ValueError(f"token id {token} out of vocabulary (n_vocab={self.vocab_size})")
+        cdef char buf[128]
+        cdef int n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
+        cdef bytes big
+        if n >= 0:
+            return buf[:n]
+        big = bytes(-n)
+        n = llama_token_to_piece(self.vocab, token, big, -n, 0, special)
+        return big[:n]
+
+    def detokenize(self, tokens, bint remove_special=True, bint unparse_special=False):
+        """Text of a whole token sequence."""
+        self.check_open()
+        cdef cnp.ndarray[int32_t, ndim=1] ids = np.ascontiguousarray(tokens, dtype=np.int32)
+        if ids.shape[0] and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"token id out of vocabulary (n_vocab={self.vocab_size})")
+        cdef int cap = 16 * ids.shape[0] + 16
+        cdef bytes out = bytes(cap)
+        cdef int n = llama_detokenize(self.vocab, <llama_token *> ids.data, ids.shape[0], out, cap,
+                                      remove_special, unparse_special)
+        if n < 0:
+            cap = -n
+            out = bytes(cap)
+            n = llama_detokenize(self.vocab, <llama_token *> ids.data, ids.shape[0], out, cap,
+                                 remove_special, unparse_special)
+        return out[:n].decode("utf-8", "replace")
+
+    # ---------------------------------------------------------------- slots
+
+    def _check_slot(self, int slot):
+        if slot < 0 or slot >= self.n_slots:
+            raise ValueError(f"sequence slot {slot} out of range 0..{self.n_slots - 1}")
+
+
+    def set_sampling(self, int slot, params):
+        """Give `slot` a fresh sampler chain for SamplingParams `params`
+        (dgr._sampling.Sampling.configure)."""
+        self._check_slot(slot)
+        self.sampling.configure(slot, params)
+
+    def check_grammar(self, grammar):
+        """None if llama.cpp parses the GBNF `grammar` (root rule "root"), else the
+        reason from its log."""
+        dgr_log_clear()
+        cdef bytes text = grammar.encode()
+        cdef llama_sampler * parsed = llama_sampler_init_grammar(self.vocab, text, b"root")
+        if parsed != NULL:
+            llama_sampler_free(parsed)
+            return None
+        return error_lines() or "llama.cpp could not parse the grammar"
+
+
+    def release(self, int slot):
+        """Free every KV cell of `slot` and reset its sampler."""
+        self.check_open()
+        self._check_slot(slot)
+        self.end_slot(slot, 0)
+
+    def pos_max(self, int slot):
+        """Largest position held in KV for `slot`, -1 when it holds none."""
+        self.check_open()
+        self._check_slot(slot)
+        return self.kv_pos_max(slot)
+
+    def cells_used(self):
+        """KV cells held by all slots."""
+        self.check_open()
+        return self.kv_cells()
+
+    # ---------------------------------------------------------------- abort and faults
+
+    def request_abort(self):
+        """Make a running (or the next) llama_decode return 2 at its next graph node."""
+        dgr_set_flag(&self.abort_flag, 1)
+
+    def clear_abort(self):
+        dgr_set_flag(&self.abort_flag, 0)
+
+    def inject_fault(self, int after_steps, int code):
+        """Test hook: the step after `after_steps` more steps reports `code`.
+
+        Codes 1 and -1 skip llama_decode (llama.cpp leaves memory unchanged for
+        them); 2 and codes below -1 run it and then report failure, leaving the
+        processed cells behind as llama.cpp does, so reconciliation is exercised.
+        FAULT_RAISE runs it and then raises RuntimeError without reconciling,
+        like a bug in the engine would."""
+        self.fault_step = self.steps_done + after_steps
+        self.fault_code = code
+
+    # ---------------------------------------------------------------- step
+
+    def step(self, tokens, positions, seq_ids, want, int n_logprobs=0):
+        """Decode one batch and sample its output rows.
+
+        tokens, positions, seq_ids: int32 arrays, one entry per row.
+        want: int8 array; 0 = no output, WANT_SAMPLE = sample this row with the
+        row's slot sampler, WANT_SAMPLE | WANT_LOGPROBS = also report the top
+        `n_logprobs` log-probabilities (from the raw logits) and the sampled
+        token's log-probability.
+
+        Returns (sampled, top_ids, top_logprobs, sampled_logprobs): sampled is
+        int32[n] with -1 for rows without output; the others are None unless
+        n_logprobs > 0, then int32[n, k], float32[n, k] and float32[n].
+
+        Each slot's rows must continue its KV: positions start at pos_max + 1
+        and increase by one. On failure the KV memory is put back as it was
+        before the step and a DecodeError subclass (or InvalidBatch) is raised.
+        """
+        self.check_open()
+        cdef const int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32)
+        cdef const int32_t[::1] pos = np.ascontiguousarray(positions, dtype=np.int32)
+        cdef const int32_t[::1] seq = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        cdef const int8_t[::1] wnt = np.ascontiguousarray(want, dtype=np.int8)
+        cdef int n = tok.shape[0]
+        if pos.shape[0] != n or seq.shape[0] != n or wnt.shape[0] != n:
+            raise InvalidBatch("tokens, positions, seq_ids and want must have the same length")
+        if n == 0:
+            raise InvalidBatch("empty batch")
+        if n > self.batch_capacity:
+            raise InvalidBatch(f"{n} rows exceed n_batch={self.batch_capacity}")
+        if n_logprobs < 0 or n_logprobs > MAX_LOGPROBS:
+            raise InvalidBatch(f"n_logprobs must be within 0..{MAX_LOGPROBS}")
+
+        cdef int i, s
+        cdef cnp.ndarray[int32_t, ndim=1] next_pos = np.full(self.n_slots, -2, dtype=np.int32)
+        cdef cnp.ndarray[int32_t, ndim=1] pos_before = np.full(self.n_slots, -2, dtype=np.int32)
+        for i in range(n):
+            if tok[i] < 0 or tok[i] >= self.vocab_size:
+                raise InvalidBatch(f"row {i}: token id {tok[i]} out of vocabulary (n_vocab={self.vocab_size})")
+            s = seq[i]
+            if s < 0 or s >= self.n_slots:
+                raise InvalidBatch(f"row {i}: sequence id {s} out of range 0..{self.n_slots - 1}")
+            if wnt[i] < 0 or wnt[i] > (WANT_SAMPLE | WANT_LOGPROBS):
+                raise InvalidBatch(f"row {i}: want flag {wnt[i]} is not "
+                                   f"0..{WANT_SAMPLE | WANT_LOGPROBS}")
+            if next_pos[s] == -2:
+                pos_before[s] = llama_memory_seq_pos_max(self.mem, s)
+                next_pos[s] = pos_before[s] + 1
+            if pos[i] != next_pos[s]:
+                raise InvalidBatch(f"row {i}: sequence {s} position {pos[i]} does not continue its KV "
+                                   f"(expected {next_pos[s]})")
+            next_pos[s] += 1
+
+        cdef int k = n_logprobs
+        cdef cnp.ndarray[int32_t, ndim=1] sampled = np.full(n, -1, dtype=np.int32)
+        cdef cnp.ndarray[int32_t, ndim=2] top_ids = np.zeros((n, max(k, 1)), dtype=np.int32)
+        cdef cnp.ndarray[float, ndim=2] top_lp = np.zeros((n, max(k, 1)), dtype=np.float32)
+        cdef cnp.ndarray[float, ndim=1] sampled_lp = np.zeros(n, dtype=np.float32)
+        cdef int rc
+        cdef int bad_row = -1
+        cdef double times[3]
+        with nogil:
+            rc = self.run_call(n, &tok[0], &pos[0], &seq[0], &wnt[0], k,
+                               <int32_t *> sampled.data, <float *> sampled_lp.data,
+                               <int32_t *> top_ids.data, <float *> top_lp.data, &bad_row, times)
+
+        if rc == FAULT_RAISE:
+            raise RuntimeError("injected engine fault after llama_decode")
+        if rc != 0:
+            # llama.cpp keeps the ubatches it processed before an abort or a fatal
+            # error; drop them so every slot is back where the step found it
+            for s in range(self.n_slots):
+                if pos_before[s] != -2:
+                    self.kv_keep(s, pos_before[s] + 1)
+            raise decode_error(rc)
+        if bad_row >= 0:
+            raise DecodeError(f"no logits for output row {bad_row}")
+        if k == 0:
+            return sampled, None, None, None
+        return sampled, top_ids, top_lp, sampled_lp
+
+    cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
+                      const int8_t * want, int k, int32_t * out_ids, float * out_lp,
+                      int32_t * out_top, float * out_top_lp, int * bad_row,
+                      double * times) noexcept nogil:
+        """One llama_decode over n rows, then every row with want != 0 sampled with
+        its slot's sampler (and, with WANT_LOGPROBS, its top-k log-probabilities, k
+        apart in out_top*). Returns llama_decode's code (or an injected fault's);
+        a row without logits ends sampling with its index in bad_row. times:
+        batch fill, decode and sampling seconds. Shared by step() and BatchLoop."""
+        cdef int i, rc, injected = 0
+        cdef double t0 = _now(), t1, t2
+        if self.fault_step >= 0 and self.steps_done == self.fault_step:
+            injected = self.fault_code
+            self.fault_step = -1
+        self.steps_done += 1
+        for i in range(n):
+            self.batch.token[i] = tok[i]
+            self.batch.pos[i] = pos[i]
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = seq[i]
+            self.batch.logits[i] = 1 if want[i] != 0 else 0
+        self.batch.n_tokens = n
+        t1 = _now()
+        if injected == 1 or injected == -1:
+            rc = injected
+        else:
+            rc = llama_decode(self.ctx, self.batch)
+            if rc == 0 and injected != 0:
+                rc = injected
+        if rc == 0:
+            self._resolve_logits(n, want)
+        if self.n_rpc and (rc == 0 or rc < -1) and self._worker_lost(rc != 0):
+            rc = WORKER_LOST
+        t2 = _now()
+        if rc == 0:
+            self.sampling.sample_rows(n, self.row_logits, seq, want, k, out_ids, out_lp, out_top,
+                                      out_top_lp, bad_row)
+        times[0] = t1 - t0
+        times[1] = t2 - t1
+        times[2] = _now() - t2
+        return rc
+
+    def workers_connected(self):
+        """{endpoint: whether its connection is up} for the RPC workers (patch 0005)."""
+        return {name.decode(): bool(self.rpc_connected(self.rpc_endpoints[i]))
+                for i, name in enumerate(self.rpc_names or [])}
+
+    cdef void _resolve_logits(self, int n, const int8_t * want) noexcept nogil:
+        """Each output row's logits, in row_logits (NULL for the others). One
+        llama_get_logits, so the context is synchronized once a call, not once a
+        row (with RPC workers each is a round trip to ggml's dispatcher thread):
+        llama.cpp keeps the output rows in the batch's order."""
+        cdef float * logits = llama_get_logits(self.ctx)
+        cdef int i, j = 0
+        for i in range(n):
+            self.row_logits[i] = NULL
+            if want[i] != 0:
+                if logits != NULL:
+                    self.row_logits[i] = logits + <size_t> j * self.vocab_size
+                j += 1
+
+    cdef bint _worker_lost(self, bint synchronize) noexcept nogil:
+        """Whether an RPC worker was lost during (or before) the last llama_decode:
+        its results are then not the model's. The decode's graph computes on the
+        workers are asynchronous: every command of the step has settled once the
+        context is synchronized (by _resolve_logits after a decode that succeeded)."""
+        cdef int i
+        if synchronize:
+            llama_synchronize(self.ctx)
+        for i in range(self.n_rpc):
+            if not self.rpc_connected(self.rpc_endpoints[i]):
+                return True
+        return False
+
+    # ---------------------------------------------------------------- KV operations
+
+    cdef void kv_keep(self, int slot, int keep) noexcept nogil:
+        """The slot's sequence keeps positions [0, keep) and drops the rest."""
+        llama_memory_seq_rm(self.mem, slot, keep, -1)
+
+    cdef void kv_copy(self, int src, int dst, int n) noexcept nogil:
+        """Slot dst's sequence holds exactly src's positions [0, n): in a unified
+        cache the cells are shared, not copied."""
+        llama_memory_seq_rm(self.mem, dst, -1, -1)
+        llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    cdef bint kv_holds(self, int slot, int n) noexcept nogil:
+        """Whether the slot's sequence holds exactly positions 0..n-1."""
+        return (llama_memory_seq_pos_min(self.mem, slot) == 0
+                and llama_memory_seq_pos_max(self.mem, slot) == n - 1)
+
+    cdef int kv_pos_max(self, int slot) noexcept nogil:
+        return llama_memory_seq_pos_max(self.mem, slot)
+
+    cdef int kv_cells(self) noexcept nogil:
+        """KV cells held by all slots (each holds a contiguous range of positions)."""
+        cdef int total = 0, slot, hi
+        for slot in range(self.n_slots):
+            hi = llama_memory_seq_pos_max(self.mem, slot)
+            if hi >= 0:
+                total += hi - llama_memory_seq_pos_min(self.mem, slot) + 1
+        return total
+
+    cdef void end_slot(self, int slot, int keep) noexcept nogil:
+        """The slot's session ended: its sequence keeps positions [0, keep) (a
+        prefix cache entry) and its sampler chain is reset."""
+        llama_memory_seq_rm(self.mem, slot, keep, -1)
+        self.sampling.reset(slot)
+
+
+def decode_error(int rc):
+    """The DecodeError of a failed call's code (llama_decode's, or dgr/_codes.pxd's)."""
+    if rc == 1:
+        return KVSlotUnavailable("llama_decode: no KV slot for the batch (code 1)")
+    if rc == 2:
+        return DecodeAborted("llama_decode: aborted (code 2)")
+    if rc == -1:
+        return InvalidBatch("llama_decode: invalid input batch (code -1)")
+    if rc == WORKER_LOST:
+        return WorkerLost("an RPC worker was lost (connection closed, reset or timed out); "
+                          "restart the node once the worker is back")
+    if rc == ENGINE_FAULT:
+        return DecodeError(f"the engine raised during a step (code {rc})", rc)
+    if rc == NO_LOGITS:
+        return DecodeError(f"llama.cpp gave no logits for an output row (code {rc})", rc)
+    if rc < -1:
+        return FatalDecodeError(f"llama_decode: fatal error (code {rc})", rc)
+    return DecodeError(f"llama_decode: unexpected return code {rc}", rc)

@@ -1,0 +1,77 @@
+"""The capability report (`Node.capabilities`, `GET /capabilities`): model
+facts, budgets, live load, the prefix cache and the devices holding layers,
+what an operator or a DGR coordinator routes on. Built from what each part
+owns: the engine's facts, the budgets, admission's load, telemetry's rates and
+the RPC links; nothing here keeps state."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from dgr.admission import Budgets, Load
+from dgr.config import NodeConfig
+from dgr.rpc_stats import LinkFigures
+from dgr.telemetry import Telemetry
+
+
+def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cells_used: int,
+           telemetry: Telemetry, prefix_cache: bool, devices: list[dict]) -> dict:
+    b = budgets
+    return {
+        "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
+                                       "n_params", "n_vocab", "n_ctx_train")}
+                 | {"context_per_session": b.kv_cells_per_session},
+        "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
+                                        "kv_unified", "weight_repack")},
+        # this machine (endpoint None) and each RPC worker: its layers, memory and link
+        "devices": devices,
+        "budgets": {
+            "weights": {"model_bytes": info["model_bytes"], "memory_budget_bytes": b.memory_bytes},
+            "kv": {"cells_total": b.kv_cells_total, "cells_per_session": b.kv_cells_per_session,
+                   "bytes_per_cell": info["kv_bytes_per_cell"], "bytes_total": info["kv_bytes"]},
+            "scratch": {"compute_bytes": info["compute_bytes"], "output_bytes": info["output_bytes"],
+                        "step_tokens": b.step_tokens, "step_outputs": b.step_outputs,
+                        "prefill_chunk": config.prefill_chunk},
+            "queue": {"max_running": b.slots, "max_waiting": b.max_waiting,
+                      "max_waiting_tokens": b.max_waiting_tokens},
+        },
+        "load": {
+            "active": load.active,
+            "waiting": load.waiting,
+            "waiting_tokens": load.waiting_tokens,
+            "kv_cells_reserved": load.reserved_cells,
+            "kv_cells_free": load.free_cells,
+            "kv_cells_used": kv_cells_used,
+            "kv_cells_cached": load.cached_cells,
+            "slots_free": load.free_slots,
+            "draining": load.draining,
+            "failure": load.failure,
+            **telemetry.recent_rates(),
+        },
+        "prefix_cache": {
+            "enabled": prefix_cache,
+            "cached_cells": load.cached_cells,
+            **telemetry.prefix_totals(),
+        },
+    }
+
+
+def device_list(info_devices: list[dict], links: dict[str, LinkFigures],
+                at_start: dict[str, LinkFigures], connected: dict[str, bool],
+                steps: int) -> list[dict]:
+    """The engine's devices, each RPC worker's with its link: connected, bytes
+    each way, bytes per step since the node started (`at_start`: the links once
+    loaded, so that the weights sent are not counted as steps'), RTT."""
+    devices = []
+    for device in info_devices:
+        link: Optional[LinkFigures] = links.get(device["endpoint"])
+        if link is not None:
+            start = at_start.get(device["endpoint"], link)
+            moved = (link.bytes_sent - start.bytes_sent) + (link.bytes_received - start.bytes_received)
+            device = device | {"link": {
+                "connected": connected.get(device["endpoint"], False),
+                "connections": link.connections,
+                "bytes_sent": link.bytes_sent, "bytes_received": link.bytes_received,
+                "bytes_per_step": moved // max(1, steps), "rtt_ms": round(link.rtt_s * 1e3, 3)}}
+        devices.append(device)
+    return devices

@@ -1,0 +1,64 @@
+"""The batch loop's events as typed records, one class per kind (dgr/_codes.pxd,
+EventKind). `BatchLoop.drain` decodes each C event into one of these once; the
+step loop (dgr/loop.py) dispatches on the class. Slotted and not frozen, so
+that making one per token costs little; nobody changes them."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+record = attrs.define(slots=True, eq=True, repr=True)
+
+
+@record
+class Decoded:
+    """`slot` had a decode row in the step."""
+
+    slot: int
+
+
+@record
+class Prefilled:
+    """`slot` prefilled prompt positions [start, end)."""
+
+    slot: int
+    start: int
+    end: int
+
+
+@record
+class Sampled:
+    """`slot` sampled `token`; `logprob` and `top` ((token, logprob) best first)
+    when the session asked for log-probabilities, else None."""
+
+    slot: int
+    token: int
+    logprob: Optional[float] = None
+    top: Optional[list[tuple[int, float]]] = None
+
+
+@record
+class Finished:
+    """`slot` ended with FinishCode `reason` (`code`: the failed call's, else 0).
+    Its KV is free but for positions [0, kept): a prefix cache entry."""
+
+    slot: int
+    reason: int
+    code: int = 0
+    kept: int = 0
+
+
+@record
+class CallFailed:
+    """A llama_decode call of the step failed with `code`."""
+
+    code: int
+
+
+@record
+class StepEnded:
+    """The step ended; `figures` as dgr/_scheduler.pxd's StepFigures."""
+
+    figures: dict

@@ -1,0 +1,218 @@
+"""Placement: which slot a starting session takes, what KV it starts from, which
+cached prefixes go to make room, and the order in which those KV operations
+reach the batch loop. The one owner of the prefix cache (dgr.prefix_cache).
+
+Admission decides *whether* a session runs (queue, slots, reservations) and
+asks `place` *where*. Every KV change placement decides becomes an operation
+in one ordered outbox, which the step loop sends to the batch loop in that
+order, synchronously (no checkpoint between deciding and sending):
+
+- `Evict(slot)`: empty a free slot's sequence (a cache entry leaves);
+- `Start(session)`: run a session on its slot, first taking the prefix
+  placement gave it (its own slot's, or a copy of another slot's).
+
+The order is the safety rule: an eviction a session's placement made goes
+just before that session's start (it may take the evicted slot) and after the
+starts placed before it (they may copy from it). A slot given a prefix holds
+nothing another session may copy until its start has reached the batch loop
+(`started`). A session whose prompt shares more with a running session still
+prefilling it (another sample of the same prompt, or a burst behind one system
+prompt) follows it: its slot and KV are reserved, and its start is held until
+the leader has prefilled that much (`prefilled`), or has ended.
+
+No I/O and no llama.cpp here.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence, Union
+
+from dgr.prefix_cache import PrefixCache, shareable
+from dgr.sequence import Phase, Session
+
+
+class Evict(NamedTuple):
+    """Empty free slot `slot`'s sequence (a cache entry leaves)."""
+
+    slot: int
+
+
+class Start(NamedTuple):
+    """Run `session` on its slot, from the prefix placement gave it."""
+
+    session: Session
+
+
+Op = Union[Evict, Start]
+
+
+class Placement:
+    """Slots, shared prefixes and the order of KV operations (module doc).
+    Without a cache (`cache` None) a session takes any free slot and nothing
+    is shared."""
+
+    def __init__(self, kv_cells_total: int, cache: Optional[PrefixCache] = None):
+        self.cache = cache
+        self._kv_cells_total = kv_cells_total
+        self._outbox: list[Op] = []
+        self._held: dict[int, list[Session]] = {}  # leader id -> followers waiting for it
+
+    @property
+    def cached_cells(self) -> int:
+        return self.cache.cached_cells if self.cache is not None else 0
+
+    # ------------------------------------------------------------ admission's calls
+
+    def place(self, session: Session, free_slots: list[int], reserved_cells: int,
+              running: Sequence[Session]) -> int:
+        """Give `session` one of `free_slots` (returned; admission removes it) and,
+        with a cache, a shared prefix or a leader; evict cached prefixes until
+        `reserved_cells` (the session's included) and the cache fit the pool.
+        Its start, after the evictions, joins the outbox."""
+        cache = self.cache
+        if cache is None:
+            slot = free_slots[-1]
+            session.start(slot)
+            self._outbox.append(Start(session))
+            return slot
+        holder, n_reused = cache.match(session.prompt_array)
+        self._follow(session, n_reused, running)
+        if session.leader is not None:
+            # it shares when it starts, from its leader or what holds the prefix then
+            holder, n_reused = None, 0
+        empty = [s for s in free_slots if not cache.cells(s)]
+        if holder in free_slots and (cache.cells(holder) <= n_reused or not empty):
+            slot = holder  # the session goes on from its prefix in place
+        else:
+            # a free slot holding nothing (a cache entry it only partly shares survives),
+            # else the least recently used cache entry
+            slot = empty[-1] if empty else cache.cached_slots[0]
+        cache.assign(slot, session.prompt[:n_reused])
+        while reserved_cells + cache.cached_cells > self._kv_cells_total:
+            # the entry copied from goes last
+            victim = next((s for s in cache.cached_slots if s != holder), holder)
+            self._evict(victim)
+            if victim == holder:
+                holder, n_reused = None, 0
+                cache.assign(slot, [])
+        session.start(slot, holder if n_reused else None, n_reused)
+        self._outbox.append(Start(session))
+        return slot
+
+    def _follow(self, session: Session, n_cached: int, running: Sequence[Session]) -> None:
+        """A session whose prompt shares more with a running session still
+        prefilling it (its own leader, for a request's samples) than the cache
+        holds follows it. Another running session is followed only when that
+        saves at least `min_follow` tokens."""
+        best, common = session.leader, 0
+        if best is not None:
+            common = shareable(session.prompt_array, best.prompt_array)
+        else:
+            for other in running:
+                if other is session or other.leader is not None or other.done:
+                    continue
+                n = shareable(session.prompt_array, other.prompt_array)
+                if n > common and other.n_prefilled < n:
+                    best, common = other, n
+            if common < n_cached + self.cache.min_follow:
+                best = None
+        if best is not None and not best.done and common > n_cached:
+            session.follow(best, common)
+        else:
+            session.follow(None, 0)
+
+    def release(self, session: Session) -> None:
+        """Admission freed the slot of a session that ran: what its sequence holds
+        becomes a cache entry (most recent)."""
+        if self.cache is not None and session.slot is not None:
+            self.cache.keep(session.slot)
+
+    def flush(self) -> None:
+        """Evict every cached prefix (running sessions keep what they share)."""
+        if self.cache is not None:
+            for slot in self.cache.cached_slots:
+                self._evict(slot)
+
+    def _evict(self, slot: int) -> None:
+        self.cache.drop(slot)
+        self._outbox.append(Evict(slot))
+
+    # ------------------------------------------------------------ the step loop's calls
+
+    def take_ops(self) -> list[Op]:
+        """The KV operations decided since the last call, in the order they must
+        reach the batch loop; a follower's start is held back until its leader
+        has its prefix (it joins a later take_ops)."""
+        ops, self._outbox = self._outbox, []
+        ready = []
+        for op in ops:
+            if isinstance(op, Start) and self._waits_for_leader(op.session):
+                self._held.setdefault(op.session.leader.id, []).append(op.session)
+            else:
+                ready.append(op)
+        return ready
+
+    def _waits_for_leader(self, session: Session) -> bool:
+        leader = session.leader
+        return (leader is not None and not leader.done and leader.phase is not Phase.FINISHED
+                and leader.n_prefilled < session.share_len)
+
+    def started(self, session: Session) -> None:
+        """The session's start reached the batch loop: what its slot holds may be
+        shared from now on."""
+        if self.cache is not None:
+            self.cache.activate(session.slot)
+
+    def prefilled(self, session: Session, end: int) -> None:
+        """The session's sequence holds its prompt up to `end`: followers it has
+        prefilled enough for start."""
+        if self.cache is None:
+            return
+        self.cache.hold(session.slot, session.prompt[:end])
+        if session.id in self._held:
+            self._release_followers(session, ended=False)
+
+    def finished(self, session: Session, kept: int) -> None:
+        """The batch loop ended the session; its sequence keeps `kept` positions."""
+        if self.cache is not None:
+            self.cache.hold(session.slot, session.kv_tokens(kept))
+
+    def retired(self, session: Session, reached_loop: bool) -> None:
+        """The session leaves. One placed with a prefix whose start never reached
+        the batch loop (cancelled first) leaves its slot empty: the cache must not
+        count on the prefix. Its followers start without it."""
+        if (self.cache is not None and session.phase is Phase.PREFILL and not reached_loop):
+            self._evict(session.slot)
+        if session.id in self._held:
+            self._release_followers(session, ended=True)
+
+    def unhold(self, session: Session) -> bool:
+        """Forget a follower still held (it was cancelled); True if it was."""
+        held = self._held.get(session.leader.id, []) if session.leader is not None else []
+        if session in held:
+            held.remove(session)
+            if not held:
+                del self._held[session.leader.id]
+            return True
+        return False
+
+    def _release_followers(self, leader: Session, ended: bool) -> None:
+        """Start the followers `leader` has prefilled enough for (all of them when it
+        ended), sharing what it prefilled or, if a slot (the leader's ended one
+        among them) now holds more of their prompt, that."""
+        waiting = self._held.pop(leader.id, [])
+        still = []
+        for session in waiting:
+            if not ended and leader.n_prefilled < session.share_len:
+                still.append(session)
+                continue
+            source, n = leader.slot, 0 if ended else session.share_len
+            holder, cached = self.cache.match(session.prompt_array)
+            if cached > n:
+                source, n = holder, cached
+            if n:
+                session.share(source, n)
+                self.cache.assign(session.slot, session.prompt[:n])
+            self._outbox.append(Start(session))
+        if still:
+            self._held[leader.id] = still
