@@ -19,6 +19,7 @@ from dgr.errors import InvalidRequest
 
 MAX_STOP_STRINGS = 8        # stop strings per session
 MAX_STOP_STRING_CHARS = 256
+MAX_LOGIT_BIAS = 1024       # tokens one session may bias
 
 
 def _total_memory_bytes() -> int:
@@ -228,6 +229,14 @@ def _messages(exc: BaseException) -> list[str]:
     return [f"{exc}{note}"]
 
 
+def _tuple(value):
+    """A list (or tuple) as a tuple, None as (); anything else is left for
+    SamplingParams' checks to refuse."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 @attrs.define(frozen=True)
 class SamplingParams:
     """How one session samples and when it stops.
@@ -255,78 +264,85 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: Optional[int] = None
-    stop: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v or ()))
+    stop: tuple[str, ...] = attrs.field(default=(), converter=lambda v: _tuple((v,) if isinstance(v, str) else v))
     logprobs: int = 0
     ignore_eos: bool = False
-    logit_bias: tuple = attrs.field(default=(), converter=lambda v: tuple(
-        sorted((v or {}).items()) if isinstance(v, dict) else (v or ())))
+    logit_bias: tuple = attrs.field(default=(), converter=lambda v: _tuple(
+        sorted(v.items(), key=lambda kv: str(kv[0])) if isinstance(v, dict) else v))
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     grammar: Optional[str] = None
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(v or ()))
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=lambda v: _tuple(v))
     min_tokens: int = 0
 
     def __attrs_post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise InvalidRequest(msg)
+        def bad(field: str, msg: str) -> None:
+            raise InvalidRequest(msg, field)
 
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            bad(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        for name in ("temperature", "top_p", "min_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                bad(f"{name} must be a finite number, got {value!r}")
-        if not 0.0 <= self.temperature <= 100.0:
-            bad(f"temperature must be within 0..100, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            bad(f"top_p must be within (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            bad(f"min_p must be within 0..1, got {self.min_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            bad(f"top_k must be a non-negative integer, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            bad(f"seed must be an integer, got {self.seed!r}")
-        if (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            bad(f"logprobs must be an integer within 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
-        if len(self.stop) > MAX_STOP_STRINGS or any(
-                not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
-            bad(f"stop must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
-                f"{MAX_STOP_STRING_CHARS} characters")
-        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
-                             ("repeat_penalty", 1e-6, 10.0)):
-            value = getattr(self, name)
+        def integer(field: str, lo: int = 0) -> None:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                bad(field, f"{field} must be an integer >= {lo}, got {value!r}")
+
+        def number(field: str, lo: float, hi: float, open_lo: bool = False) -> None:
+            value = getattr(self, field)
             if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or not lo <= value <= hi):
-                bad(f"{name} must be a number within {lo:g}..{hi:g}, got {value!r}")
-        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) \
-                or self.repeat_last_n < 0:
-            bad(f"repeat_last_n must be a non-negative integer, got {self.repeat_last_n!r}")
+                    or not math.isfinite(value) or not lo <= value <= hi
+                    or (open_lo and value == lo)):
+                bad(field, f"{field} must be a number within {'(' if open_lo else ''}"
+                           f"{lo:g}..{hi:g}{')' if open_lo else ''}, got {value!r}")
+
+        if self.max_tokens is not None:
+            integer("max_tokens", 1)
+        number("temperature", 0.0, 100.0)
+        number("top_p", 0.0, 1.0, open_lo=True)
+        number("min_p", 0.0, 1.0)
+        integer("top_k")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            bad("seed", f"seed must be an integer, got {self.seed!r}")
+        integer("logprobs")
+        if self.logprobs > MAX_LOGPROBS:
+            bad("logprobs", f"logprobs must be within 0..{MAX_LOGPROBS}, got {self.logprobs}")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        if not isinstance(self.stop, tuple) or len(self.stop) > MAX_STOP_STRINGS or any(
+                not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            bad("stop", f"stop must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
+                        f"{MAX_STOP_STRING_CHARS} characters")
+        number("presence_penalty", -2.0, 2.0)
+        number("frequency_penalty", -2.0, 2.0)
+        number("repeat_penalty", 0.0, 10.0, open_lo=True)
+        integer("repeat_last_n")
         if self.grammar is not None:
             if not isinstance(self.grammar, str) or not self.grammar.strip():
-                bad("grammar must be non-empty GBNF text")
+                bad("grammar", "grammar must be non-empty GBNF text")
             if self.ignore_eos:
-                bad("ignore_eos cannot be used with a grammar (it ends where the grammar does)")
-        if len(self.stop_token_ids) > MAX_STOP_IDS or any(
+                bad("ignore_eos", "ignore_eos cannot be used with a grammar (it ends where the "
+                                  "grammar does)")
+        if not isinstance(self.stop_token_ids, tuple) or len(self.stop_token_ids) > MAX_STOP_IDS or any(
                 isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            bad(f"stop_token_ids must be at most {MAX_STOP_IDS} token ids (non-negative integers)")
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) \
-                or self.min_tokens < 0:
-            bad(f"min_tokens must be a non-negative integer, got {self.min_tokens!r}")
+            bad("stop_token_ids", f"stop_token_ids must be at most {MAX_STOP_IDS} token ids "
+                                  "(non-negative integers)")
+        integer("min_tokens")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            bad("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
+                              f"({self.max_tokens})")
         if self.min_tokens and self.grammar is not None:
-            bad("min_tokens cannot be used with a grammar (it ends where the grammar does)")
-        if len(self.logit_bias) > 1024:
-            bad("logit_bias takes at most 1024 tokens")
+            bad("min_tokens", "min_tokens cannot be used with a grammar (it ends where the "
+                              "grammar does)")
+        if not isinstance(self.logit_bias, tuple):
+            bad("logit_bias", "logit_bias must map token ids to biases")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            bad("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens")
         for entry in self.logit_bias:
             if (not isinstance(entry, tuple) or len(entry) != 2 or isinstance(entry[0], bool)
                     or not isinstance(entry[0], int) or entry[0] < 0
                     or isinstance(entry[1], bool) or not isinstance(entry[1], (int, float))
                     or not -100 <= entry[1] <= 100):
-                bad("logit_bias maps token ids (non-negative integers) to biases within -100..100")
+                bad("logit_bias", "logit_bias maps token ids (non-negative integers) to biases "
+                                  "within -100..100")
 
     def sampler_bias(self) -> tuple:
         """logit_bias as the engine takes it: -100 bans the token outright."""

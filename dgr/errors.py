@@ -76,7 +76,12 @@ class GenerationFailed(DgrError):
 
 
 class InvalidRequest(DgrError, ValueError):
-    """Bad sampling parameters or an unusable prompt."""
+    """Bad sampling parameters or an unusable prompt. `field`: the parameter at
+    fault (a SamplingParams field), when one is."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class NodeClosed(DgrError):

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import attrs
 
 from dgr._codes import MAX_LOGPROBS
-from dgr.config import MAX_STOP_STRINGS, SamplingParams
+from dgr.config import SamplingParams
 from dgr.errors import InvalidRequest
 from dgr.stream import Chunk, TopLogprobs
 
@@ -83,17 +83,10 @@ def _bool(body: dict, name: str) -> bool:
     return value
 
 
-def _stop(body: dict) -> tuple[str, ...]:
-    value = body.get("stop")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
+def _check_stop(value) -> None:
+    """OpenAI's shape of `stop`: a string or a list of strings."""
     if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
         raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
-    if len(value) > MAX_STOP_STRINGS:
-        raise BadRequest(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
-    return tuple(value)
 
 
 @attrs.frozen
@@ -108,6 +101,19 @@ class ParsedRequest:
     echo: bool = False  # completions: each choice's text begins with its prompt
 
 
+# OpenAI's (and llama-server's, vLLM's) name of each SamplingParams field that a
+# request passes as it is; SamplingParams validates every value and names the
+# field at fault, reported under the request's name for it.
+SAMPLING_NAMES = {
+    "max_tokens": "max_tokens", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "seed": "seed", "stop": "stop", "ignore_eos": "ignore_eos",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n", "min_tokens": "min_tokens",
+    "stop_token_ids": "stop_token_ids",
+}
+
+
 def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             top_logprobs: int = 0, echo: bool = False) -> ParsedRequest:
     n = _int(body, "n", 1, MAX_CHOICES) or 1
@@ -118,37 +124,28 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
     if options is not None and not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
-    max_tokens = _int(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                      else "max_tokens", 1, 1 << 20)
-    seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
     if "repeat_penalty" in body and "repetition_penalty" in body:
         raise BadRequest("give 'repeat_penalty' or 'repetition_penalty', not both", "repeat_penalty")
-    repeat = "repetition_penalty" if "repetition_penalty" in body else "repeat_penalty"
+    # SamplingParams field -> (the request's name for it, its value)
+    given = {SAMPLING_NAMES[name]: (name, value) for name, value in body.items()
+             if name in SAMPLING_NAMES and value is not None}
+    if chat and body.get("max_completion_tokens") is not None:
+        given["max_tokens"] = ("max_completion_tokens", body["max_completion_tokens"])
+    fields = {field: value for field, (_, value) in given.items()}
+    if "stop" in fields and (not isinstance(fields["stop"], str) or not fields["stop"]):
+        _check_stop(fields["stop"])
+    if fields.get("top_k") == -1:
+        fields["top_k"] = 0  # llama-server's "no top-k"
     try:
         params = SamplingParams(
-            max_tokens=max_tokens,
+            **fields,
+            # OpenAI's default and range, narrower than the library's
             temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
-            top_k=_int(body, "top_k", -1, 1 << 20) or 0,
-            top_p=_float(body, "top_p", 1e-9, 1.0) or 1.0,
-            min_p=_float(body, "min_p", 0.0, 1.0) or 0.0,
-            seed=seed,
-            stop=_stop(body),
-            logprobs=logprobs,
-            ignore_eos=_bool(body, "ignore_eos"),
-            logit_bias=_logit_bias(body),
-            presence_penalty=_float(body, "presence_penalty", -2.0, 2.0) or 0.0,
-            frequency_penalty=_float(body, "frequency_penalty", -2.0, 2.0) or 0.0,
-            repeat_penalty=_float(body, repeat, 1e-6, 10.0) or 1.0,
-            repeat_last_n=64 if body.get("repeat_last_n") is None
-            else _int(body, "repeat_last_n", 0, 1 << 20),
-            grammar=_grammar(body),
-            min_tokens=_int(body, "min_tokens", 0, 1 << 20) or 0,
-            stop_token_ids=_token_ids(body, "stop_token_ids"),
-        )
+            logprobs=logprobs, logit_bias=_logit_bias(body), grammar=_grammar(body))
+    except BadRequest:
+        raise
     except InvalidRequest as exc:
-        raise BadRequest(str(exc)) from None
-    if params.top_k < 0:
-        params = attrs.evolve(params, top_k=0)
+        raise BadRequest(str(exc), given.get(exc.field, (exc.field,))[0]) from None
     return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo)
 
 
@@ -185,32 +182,19 @@ def _grammar(body: dict) -> Optional[str]:
                      "response_format")
 
 
-def _token_ids(body: dict, name: str) -> tuple[int, ...]:
-    value = body.get(name)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise BadRequest(f"'{name}' must be a list of token ids", name)
-    return tuple(value)
-
-
 def _logit_bias(body: dict) -> dict:
     value = body.get("logit_bias")
     if value is None:
         return {}
-    if not isinstance(value, dict) or len(value) > 1024:
-        raise BadRequest("'logit_bias' must be an object of at most 1024 token ids", "logit_bias")
+    if not isinstance(value, dict):
+        raise BadRequest("'logit_bias' must be an object of token ids", "logit_bias")
     out = {}
     for key, bias in value.items():
         try:
             token = int(key)
         except (TypeError, ValueError):
             raise BadRequest(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
-        if (token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float))
-                or not -100 <= bias <= 100):
-            raise BadRequest("'logit_bias' maps token ids to biases within -100..100", "logit_bias")
-        out[token] = float(bias)
+        out[token] = bias
     return out
 
 

@@ -3,6 +3,11 @@ import pytest
 from dgr.testmodel import write_test_model
 
 
+def pytest_collection_modifyitems(items):
+    """The model-free unit tests (tests/unit, seconds) run first."""
+    items.sort(key=lambda item: "/tests/unit/" not in str(item.path))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """Path of the tiny generated test model (written once per test session)."""

@@ -8,6 +8,9 @@ import threading
 import time
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.subprocess
 
 
 def free_port():

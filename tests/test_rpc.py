@@ -26,6 +26,8 @@ from dgr.sequence import FinishReason  # noqa: E402
 from dgr.server import serve  # noqa: E402
 from dgr.testmodel import write_test_model  # noqa: E402
 
+pytestmark = pytest.mark.rpc
+
 PROMPTS = ["The quick brown fox jumps over the lazy dog", "a", "in the beginning there was"]
 
 

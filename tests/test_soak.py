@@ -4,9 +4,13 @@ against max_running=8 / max_waiting=8, with cancellations and slow readers."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.soak import soak  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 
 async def test_short_soak_accounts_for_every_session(tiny_model):

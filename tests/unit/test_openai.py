@@ -1,0 +1,127 @@
+"""OpenAI request parsing and response shapes, without a model or a server."""
+
+import pytest
+
+from dgr._codes import MAX_LOGPROBS
+from dgr.config import MAX_STOP_STRINGS
+from dgr.openai import BadRequest, ResponseBuilder, parse_chat, parse_completion
+from dgr.stream import Chunk
+
+
+def test_a_completion_request_maps_every_field_to_sampling_params():
+    parsed = parse_completion({
+        "prompt": "hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+        "min_p": 0.05, "seed": 3, "stop": ["x", "y"], "logprobs": 2, "ignore_eos": True,
+        "logit_bias": {"5": -100}, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1, "repeat_last_n": 32, "min_tokens": 2,
+        "stop_token_ids": [9], "n": 2, "stream": True,
+        "stream_options": {"include_usage": True}, "user": "someone"})
+    p = parsed.params
+    assert parsed.prompts == ["hi"] and parsed.n == 2 and parsed.stream and parsed.include_usage
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (7, 0.5, 0.9, 40,
+                                                                                 0.05, 3)
+    assert p.stop == ("x", "y") and p.logprobs == 2 and p.ignore_eos
+    assert p.logit_bias == ((5, -100),) and p.sampler_bias()[0][1] == float("-inf")
+    assert (p.presence_penalty, p.frequency_penalty, p.repeat_penalty, p.repeat_last_n) == (
+        0.5, -0.5, 1.1, 32)
+    assert p.min_tokens == 2 and p.stop_token_ids == (9,)
+
+
+def test_openai_defaults_differ_from_the_librarys():
+    p = parse_completion({"prompt": "hi"}).params
+    assert p.temperature == 1.0  # OpenAI's default; SamplingParams' own is greedy
+    assert p.max_tokens is None and p.logprobs == 0
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "tools": []}, "tools"),
+    ({"prompt": "hi", "cache_prompt": True}, "cache_prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": [1, True]}, "prompt"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "temperature": "hot"}, "temperature"),
+    ({"prompt": "hi", "logprobs": MAX_LOGPROBS + 1}, "logprobs"),
+    ({"prompt": "hi", "stop": ["s"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+    ({"prompt": "hi", "n": 33}, "n"),
+    ({"prompt": ["a", "b"], "n": 17}, "n"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "hi", "repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
+    # SamplingParams validates, the error names the request's own name for the field
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "hi", "stop_token_ids": 5}, "stop_token_ids"),
+    ({"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos"),
+    ({"prompt": "hi", "top_k": -2}, "top_k"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ({"prompt": "hi", "grammar": "root ::= \"a\"", "response_format": {"type": "text"}},
+     "grammar"),
+])
+def test_bad_completion_fields_are_a_400_naming_the_field(body, param):
+    with pytest.raises(BadRequest) as exc:
+        parse_completion(body)
+    assert exc.value.param == param
+
+
+def test_a_non_object_body_is_refused():
+    for body in ([], "text", None, 3):
+        with pytest.raises(BadRequest):
+            parse_completion(body)
+        with pytest.raises(BadRequest):
+            parse_chat(body)
+
+
+def test_chat_messages_are_flattened_and_logprobs_need_the_flag():
+    parsed, messages = parse_chat({
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                  {"type": "text", "text": "b"}]},
+                     {"role": "assistant", "content": None}],
+        "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 5})
+    assert messages == [{"role": "system", "content": "be brief"},
+                        {"role": "user", "content": "ab"},
+                        {"role": "assistant", "content": ""}]
+    assert parsed.chat and parsed.top_logprobs == 3 and parsed.params.logprobs == 3
+    assert parsed.params.max_tokens == 5
+    with pytest.raises(BadRequest) as exc:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})
+    assert exc.value.param == "top_logprobs"
+    with pytest.raises(BadRequest):
+        parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    with pytest.raises(BadRequest):
+        parse_chat({"messages": []})
+
+
+def test_a_json_schema_becomes_a_grammar_and_a_bad_one_names_the_field():
+    parsed, _ = parse_chat({"messages": [{"role": "user", "content": "x"}],
+                            "response_format": {"type": "json_schema", "json_schema": {
+                                "name": "t", "schema": {"type": "object", "properties": {
+                                    "a": {"type": "integer"}}, "required": ["a"]}}}})
+    assert parsed.params.grammar and "root" in parsed.params.grammar
+    with pytest.raises(BadRequest) as exc:
+        parse_chat({"messages": [{"role": "user", "content": "x"}],
+                    "response_format": {"type": "xml"}})
+    assert exc.value.param == "response_format"
+
+
+def test_response_shapes():
+    texts = {5: "Hel", 6: "lo"}
+    builder = ResponseBuilder("m", chat=False, token_text=texts.get)
+    chunks = [Chunk(5, "Hel", -0.5, [(5, -0.5), (6, -1.5)]), Chunk(6, "lo", -0.25, [(6, -0.25)])]
+    body = builder.full([("Hello", chunks, "length")], prompt_tokens=3, completion_tokens=2)
+    assert body["object"] == "text_completion" and body["model"] == "m"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    choice = body["choices"][0]
+    assert choice["text"] == "Hello" and choice["finish_reason"] == "length"
+    assert choice["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-0.5, -0.25],
+                                  "top_logprobs": [{"Hel": -0.5, "lo": -1.5}, {"lo": -0.25}],
+                                  "text_offset": [0, 3]}
+    chat = ResponseBuilder("m", chat=True, token_text=texts.get, top_logprobs=1)
+    first = chat.delta("Hel", chunks[:1], first=True)
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
+    assert first["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == [
+        {"token": "Hel", "logprob": -0.5, "bytes": list(b"Hel")}]
+    last = chat.delta("", [], finish_reason="stop")
+    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                  "finish_reason": "stop"}
+    assert chat.usage_chunk(3, 2)["choices"] == []

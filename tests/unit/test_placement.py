@@ -1,0 +1,154 @@
+"""Placement (which slot, what prefix, which evictions, in what order) and the
+prefix cache it owns, without a model: the step loop's calls are made by hand."""
+
+from dgr.admission import Admission, Budgets
+from dgr.config import SamplingParams
+from dgr.placement import Evict, Placement, Start
+from dgr.prefix_cache import PrefixCache
+from dgr.sequence import FinishReason, Phase, Session
+
+
+def node(slots=3, cells=1000, min_follow=4):
+    budgets = Budgets(kv_cells_total=cells, kv_cells_per_session=cells, slots=slots,
+                      max_waiting=4, max_waiting_tokens=4000, step_tokens=256,
+                      step_outputs=slots, memory_bytes=1)
+    return Admission(budgets, Placement(cells, PrefixCache(min_follow=min_follow)))
+
+
+def session(sid, prompt, max_tokens=4, leader=None):
+    return Session(id=sid, prompt=list(prompt), params=SamplingParams(), max_tokens=max_tokens,
+                   leader=leader)
+
+
+def run_to_end(adm, s, generated=()):
+    """What the step loop does for a session that prefills all and ends."""
+    placement = adm.placement
+    placement.started(s)
+    s.record_prefill(len(s.prompt))
+    placement.prefilled(s, len(s.prompt))
+    for t in generated:
+        s.record_token(t, 0.0)
+    s.finish(FinishReason.LENGTH)
+    placement.finished(s, kept=len(s.prompt) + max(0, len(generated) - 1))
+    placement.retired(s, reached_loop=True)
+    adm.release(s)
+
+
+def test_a_session_extending_a_cached_entry_goes_on_in_place():
+    adm = node()
+    first = session(1, range(100))
+    adm.submit(first)
+    assert adm.placement.take_ops() == [Start(first)]
+    run_to_end(adm, first, generated=[500, 501])
+    # the entry holds the prompt and the first generated token (the last was not fed back)
+    nxt = session(2, [*range(100), 500, 900])
+    adm.submit(nxt)
+    assert (nxt.slot, nxt.reuse_from, nxt.n_reused) == (first.slot, first.slot, 101)
+    assert adm.placement.take_ops() == [Start(nxt)]
+
+
+def test_a_partly_shared_entry_is_copied_and_survives():
+    adm = node()
+    first = session(1, range(100))
+    adm.submit(first)
+    adm.placement.take_ops()
+    run_to_end(adm, first)
+    other = session(2, [*range(10), 999])
+    adm.submit(other)
+    assert other.slot != first.slot and other.reuse_from == first.slot and other.n_reused == 10
+    assert adm.placement.cache.cached_slots == [first.slot]
+
+
+def test_a_prefix_placed_but_not_started_is_not_shared():
+    adm = node()
+    a = session(1, range(50))
+    adm.submit(a)
+    b = session(2, range(60))
+    adm.submit(b)  # a's start has not reached the loop: b cannot copy from it
+    assert b.n_reused == 0
+    adm.placement.started(a)
+    c = session(3, range(70))
+    adm.submit(c)  # a's slot holds nothing yet (it has prefilled nothing): still none
+    assert c.n_reused == 0
+
+
+def test_a_follower_is_held_until_its_leader_prefilled_the_shared_part():
+    adm = node(min_follow=4)
+    leader = session(1, range(64))
+    adm.submit(leader)
+    adm.placement.take_ops()
+    adm.placement.started(leader)
+    follower = session(2, [*range(64), 77])
+    adm.submit(follower)
+    assert follower.leader is leader and follower.share_len == 64
+    assert adm.placement.take_ops() == []  # held
+    leader.record_prefill(32)
+    adm.placement.prefilled(leader, 32)
+    assert adm.placement.take_ops() == []
+    leader.record_prefill(64)
+    adm.placement.prefilled(leader, 64)
+    assert adm.placement.take_ops() == [Start(follower)]
+    assert (follower.reuse_from, follower.n_reused) == (leader.slot, 64)
+
+
+def test_a_cancelled_follower_is_unheld_and_a_leaders_end_starts_the_rest():
+    adm = node(min_follow=4)
+    leader = session(1, range(64))
+    adm.submit(leader)
+    adm.placement.take_ops()
+    adm.placement.started(leader)
+    gone, stays = session(2, [*range(64), 1]), session(3, [*range(64), 2])
+    adm.submit(gone)
+    adm.submit(stays)
+    assert adm.placement.take_ops() == []
+    gone.finish(FinishReason.CANCELLED)
+    assert adm.placement.unhold(gone) and not adm.placement.unhold(gone)
+    leader.finish(FinishReason.CANCELLED)  # it ended before prefilling anything
+    adm.placement.finished(leader, kept=0)
+    adm.placement.retired(leader, reached_loop=True)
+    assert adm.placement.take_ops() == [Start(stays)]
+    assert stays.n_reused == 0
+
+
+def test_a_session_cancelled_before_its_start_leaves_its_slot_empty():
+    adm = node()
+    first = session(1, range(100))
+    adm.submit(first)
+    adm.placement.take_ops()
+    run_to_end(adm, first)
+    taker = session(2, [*range(100), 5])
+    adm.submit(taker)  # placed on the cached entry, in place
+    assert taker.slot == first.slot and taker.phase is Phase.PREFILL
+    adm.placement.take_ops()
+    taker.finish(FinishReason.CANCELLED)
+    adm.placement.retired(taker, reached_loop=False)  # its start was never fed
+    adm.release(taker)
+    assert adm.placement.take_ops() == [Evict(first.slot)]
+    assert adm.placement.cache.cached_cells == 0
+
+
+def test_evictions_make_room_least_recently_used_first_and_flush_empties():
+    adm = node(slots=3, cells=400)
+    ends = []
+    for sid, base in ((1, 0), (2, 1000)):
+        s = session(sid, range(base, base + 150))
+        adm.submit(s)
+        adm.placement.take_ops()
+        run_to_end(adm, s)
+        ends.append(s.slot)
+    big = session(3, range(5000, 5200))  # 204 reserved + 300 cached > 400: one entry goes
+    adm.submit(big)
+    assert adm.placement.take_ops() == [Evict(ends[0]), Start(big)]
+    assert adm.placement.cache.cached_slots == [ends[1]]
+    adm.placement.flush()
+    assert adm.placement.take_ops() == [Evict(ends[1])] and adm.load().cached_cells == 0
+
+
+def test_without_a_cache_nothing_is_shared():
+    budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=2, max_waiting=2,
+                      max_waiting_tokens=1000, step_tokens=256, step_outputs=2, memory_bytes=1)
+    adm = Admission(budgets)
+    a, b = session(1, range(50)), session(2, range(50))
+    adm.submit_group([a, b])
+    assert {a.slot, b.slot} == {0, 1} and a.n_reused == b.n_reused == 0
+    assert adm.placement.take_ops() == [Start(a), Start(b)]
