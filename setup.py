@@ -66,6 +66,7 @@ extensions = [
     # rows are sampled on llama.cpp's OpenMP thread team
     llama_extension("dgr._sampling", "dgr_argmax.c", openmp=True),
     # llama.cpp's log goes to one process-wide callback: its buffer lives here only
+    llama_extension("dgr._vocab"),
     llama_extension("dgr._engine", "dgr_log.c"),
     llama_extension("dgr._batch"),
     llama_extension("dgr._rpc", "dgr_rpc_offer.c"),

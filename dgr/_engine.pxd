@@ -1,31 +1,28 @@
 # The engine (dgr/_engine.pyx): one llama.cpp model and context, its batch, its
-# KV operations and its sampling. The batch loop (dgr/_batch.pyx) reaches the
-# engine only through the cdef methods declared here.
+# KV operations and its sampling (its vocabulary side: dgr._vocab.Vocabulary).
+# The batch loop (dgr/_batch.pyx) reaches the engine only through the cdef
+# methods declared here.
 
 from libc.stdint cimport int8_t, int32_t
 
-from dgr._llama cimport (llama_batch, llama_context, llama_memory_t, llama_model, llama_vocab,
-                         rpc_connected_fn)
+from dgr._llama cimport llama_batch, llama_context, llama_memory_t, rpc_connected_fn
 from dgr._sampling cimport Sampling
+from dgr._vocab cimport Vocabulary
 
 
 cdef void init_backend() except *
 cdef str error_lines(int limit=*)
 
 
-cdef class Engine:
-    cdef llama_model * model
+cdef class Engine(Vocabulary):
     cdef llama_context * ctx
-    cdef const llama_vocab * vocab
     cdef llama_memory_t mem
     cdef llama_batch batch
     cdef readonly Sampling sampling
     cdef const float ** row_logits  # per batch row: its logits, resolved before sampling
-    cdef int tokenizing             # tokenize calls running without the GIL (close waits)
     cdef int abort_flag
     cdef int n_slots
     cdef int batch_capacity
-    cdef int vocab_size
     cdef long long steps_done
     # RPC workers holding layers: their endpoints (C strings into rpc_names) and
     # patch 0005's check, asked after every llama_decode
@@ -38,7 +35,6 @@ cdef class Engine:
     cdef readonly dict info
     cdef readonly str model_path
 
-    cdef void check_open(self) except *
     cdef void _free(self) noexcept
     # one llama_decode and the sampling of its output rows
     cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,

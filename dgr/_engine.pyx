@@ -1,16 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The dgr engine: one llama.cpp model and context, one reusable llama_batch,
-the KV operations on each sequence slot, and the slots' sampling (dgr._sampling).
+the KV operations on each sequence slot, and the slots' sampling (dgr._sampling);
+its vocabulary side (tokenize, detokenize, chat template) is dgr._vocab.
 
 `Engine.step` fills the batch from arrays, runs `llama_decode` and samples every
 output row with that row's slot sampler, all without the GIL; the batch loop
 (dgr._batch) calls the same `run_call` and the KV operations through
 dgr/_engine.pxd. The engine knows nothing of Trio, HTTP or scheduling policy,
 and it is not thread-safe: one caller at a time (the node's batch loop), but
-for the methods that only read the vocabulary (tokenize, detokenize,
-token_to_piece, the chat template), which the node calls beside the loop as
-llama-server's HTTP threads do beside its decode loop. `tokenize` runs without
-the GIL, on any thread; `close` waits for it.
+for the vocabulary's read-only methods. `close` waits for tokenize calls in
+flight on other threads.
 """
 
 import os
@@ -28,6 +27,7 @@ from dgr._codes cimport (ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS, WAN
                         WANT_SAMPLE, WORKER_LOST)
 from dgr._llama cimport *
 from dgr._sampling cimport Sampling
+from dgr._vocab cimport Vocabulary
 
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
                         InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
@@ -115,7 +115,7 @@ def _rpc_placement(path, servers, int rpc_layers, split):
                         os.path.getsize(path))
 
 
-cdef class Engine:
+cdef class Engine(Vocabulary):
     """A llama.cpp model and context serving up to `n_seq_max` sequences.
 
     Sequence ids are slots 0..n_seq_max-1. Each slot has its own sampler chain
@@ -336,31 +336,6 @@ cdef class Engine:
     def is_open(self):
         return self.ctx != NULL
 
-    cdef void check_open(self) except *:
-        if self.ctx == NULL:
-            raise DecodeError("engine is closed")
-
-    def _desc(self):
-        cdef char buf[256]
-        n = llama_model_desc(self.model, buf, sizeof(buf))
-        return buf[:max(0, min(n, 255))].decode("utf-8", "replace")
-
-    # ---------------------------------------------------------------- model facts
-
-    def meta(self, str key):
-        """A GGUF metadata value as a string, or None when the key is absent."""
-        cdef bytes bkey = key.encode()
-        cdef int n = llama_model_meta_val_str(self.model, bkey, NULL, 0)
-        if n < 0:
-            return None
-        cdef bytes buf = bytes(n + 1)
-        llama_model_meta_val_str(self.model, bkey, buf, n + 1)
-        return buf[:n].decode("utf-8", "replace")
-
-    @property
-    def n_vocab(self):
-        return self.vocab_size
-
     @property
     def n_seq_max(self):
         return self.n_slots
@@ -373,106 +348,6 @@ cdef class Engine:
     def eog_tokens(self):
         """The vocabulary's end-of-generation tokens."""
         return self.sampling.eog_tokens
-
-    def chat_template(self):
-        """The model's chat template from its GGUF metadata, or None."""
-        self.check_open()
-        cdef const char * tmpl = llama_model_chat_template(self.model, NULL)
-        return None if tmpl == NULL else tmpl.decode("utf-8", "replace")
-
-    def apply_chat_template(self, messages, template=None, bint add_assistant=True):
-        """Render [{"role": ..., "content": ...}, ...] with a chat template.
-
-        `template` is a template string or a llama.cpp built-in name ("gemma",
-        "chatml", ...); None means the model's own. llama.cpp recognizes the
-        family of a template string; an unknown one raises ValueError."""
-        self.check_open()
-        tmpl = template if template is not None else self.chat_template()
-        if tmpl is None:
-            raise ValueError("the model has no chat template")
-        cdef bytes btmpl = tmpl.encode()
-        encoded = [(str(m["role"]).encode(), str(m["content"]).encode()) for m in messages]
-        cdef int n_msg = len(encoded)
-        cdef llama_chat_message * chat = <llama_chat_message *> malloc(max(1, n_msg) * sizeof(llama_chat_message))
-        cdef int cap = 256 + 2 * sum(len(r) + len(c) for r, c in encoded)
-        cdef int n
-        cdef bytes out
-        try:
-            for i, (role, content) in enumerate(encoded):
-                chat[i].role = role
-                chat[i].content = content
-            while True:
-                out = bytes(cap)
-                n = llama_chat_apply_template(btmpl, chat, n_msg, add_assistant, out, cap)
-                if n < 0:
-                    raise ValueError("llama.cpp does not support this model's chat template")
-                if n <= cap:
-                    return out[:n].decode("utf-8", "replace")
-                cap = n
-        finally:
-            free(chat)
-
-    # ---------------------------------------------------------------- text
-
-    def tokenize(self, text, bint add_special=True, bint parse_special=False):
-        """Token ids of `text` (str or UTF-8 bytes) as an int32 array. The GIL is
-        released while llama.cpp tokenizes (a 30,000-token text takes ~0.1 s), so
-        a caller on a worker thread does not stall the others."""
-        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        cdef const char * chars = data
-        cdef int length = len(data)
-        cdef int cap = length + 8
-        cdef cnp.ndarray[int32_t, ndim=1] out = np.empty(cap, dtype=np.int32)
-        cdef llama_token * ids = <llama_token *> out.data
-        cdef int n
-        self.tokenizing += 1  # counted before the open check: close cannot free in between
-        try:
-            self.check_open()
-            with nogil:
-                n = llama_tokenize(self.vocab, chars, length, ids, cap, add_special, parse_special)
-            if n < 0:
-                if n == -2147483648:
-                    raise ValueError("text too long to tokenize")
-                cap = -n
-                out = np.empty(cap, dtype=np.int32)
-                ids = <llama_token *> out.data
-                with nogil:
-                    n = llama_tokenize(self.vocab, chars, length, ids, cap, add_special,
-                                       parse_special)
-        finally:
-            self.tokenizing -= 1
-        return out[:n].copy()
-
-    def token_to_piece(self, int token, bint special=False):
-        """The bytes of one token (possibly part of a UTF-8 character)."""
-        self.check_open()
-        if token < 0 or token >= self.vocab_size:
-            raise ValueError(f"token id {token} out of vocabulary (n_vocab={self.vocab_size})")
-        cdef char buf[128]
-        cdef int n = llama_token_to_piece(self.vocab, token, buf, sizeof(buf), 0, special)
-        cdef bytes big
-        if n >= 0:
-            return buf[:n]
-        big = bytes(-n)
-        n = llama_token_to_piece(self.vocab, token, big, -n, 0, special)
-        return big[:n]
-
-    def detokenize(self, tokens, bint remove_special=True, bint unparse_special=False):
-        """Text of a whole token sequence."""
-        self.check_open()
-        cdef cnp.ndarray[int32_t, ndim=1] ids = np.ascontiguousarray(tokens, dtype=np.int32)
-        if ids.shape[0] and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise ValueError(f"token id out of vocabulary (n_vocab={self.vocab_size})")
-        cdef int cap = 16 * ids.shape[0] + 16
-        cdef bytes out = bytes(cap)
-        cdef int n = llama_detokenize(self.vocab, <llama_token *> ids.data, ids.shape[0], out, cap,
-                                      remove_special, unparse_special)
-        if n < 0:
-            cap = -n
-            out = bytes(cap)
-            n = llama_detokenize(self.vocab, <llama_token *> ids.data, ids.shape[0], out, cap,
-                                 remove_special, unparse_special)
-        return out[:n].decode("utf-8", "replace")
 
     # ---------------------------------------------------------------- slots
 

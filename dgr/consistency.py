@@ -1,4 +1,4 @@
-"""Batch-vs-solo greedy consistency, the correctness bar of DESIGN.md.
+"""Batch-vs-solo greedy consistency, the correctness bar of docs/design.md.
 
 A session decoded inside a batch must produce the tokens it produces alone.
 Where they differ, the first divergence is excused only if the solo run's

@@ -33,7 +33,7 @@ import collections
 import contextlib
 import os
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import attrs
 import trio
@@ -57,6 +57,11 @@ class StepSettings:
     prefill_chunk: int       # prompt tokens per chunk; boundaries are its multiples
     prefill_sessions: int    # chunks per step
     reply_buffer: int        # tokens a reader may hold unread (its credits)
+
+
+# Steps kept in `StepLoop.steps` (tests and diagnostics): a few hundred bytes each
+# at a few dozen sessions, so the history stays well under a megabyte.
+STEP_HISTORY = 1024
 
 
 @attrs.frozen
@@ -91,24 +96,23 @@ class StepLoop:
     """Runs admitted sessions through a BatchLoop, reports back to them, and
     alone ends them."""
 
-    def __init__(self, engine: _engine.Engine, settings: StepSettings, admission: Admission,
-                 telemetry: Telemetry, max_sessions: int):
+    def __init__(self, batch, wake_fd: int, settings: StepSettings, admission: Admission,
+                 telemetry: Telemetry, max_sessions: int, n_slots: int,
+                 workers_connected: Callable[[], dict[str, bool]]):
+        """`batch`: a BatchLoop (or a stand-in with its methods, in tests) that
+        writes `wake_fd`, an eventfd this loop owns, when it publishes events."""
         self.settings = settings
-        self._engine = engine
-        self.steps: collections.deque[StepRecord] = collections.deque(maxlen=4096)
+        self.batch = batch
+        self._wake_fd = wake_fd
+        self._workers_connected = workers_connected
+        self.steps: collections.deque[StepRecord] = collections.deque(maxlen=STEP_HISTORY)
         self._admission = admission
         self._placement = admission.placement
         self._telemetry = telemetry
-        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
-                                         settings.prefill_chunk, settings.prefill_sessions,
-                                         engine.n_vocab, engine.eog_tokens,
-                                         one_call=engine.info["kv_unified"])
-        self.batch = _batch.BatchLoop(engine, scheduler, self._wake_fd)
         # Bounded by construction: per session one start and one finish, per slot an
         # eviction, and a flush's mark are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
-            2 * max_sessions + engine.n_seq_max + 1)
+            2 * max_sessions + n_slots + 1)
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
         self._outboxes: dict[Session, trio.MemorySendChannel] = {}
@@ -119,6 +123,19 @@ class StepLoop:
         self._handlers = {Sampled: self._on_sampled, Decoded: self._on_decoded,
                           Prefilled: self._on_prefilled, Finished: self._on_finished,
                           CallFailed: self._on_call_failed, StepEnded: self._on_step_ended}
+
+    @classmethod
+    def for_engine(cls, engine: _engine.Engine, settings: StepSettings, admission: Admission,
+                   telemetry: Telemetry, max_sessions: int) -> "StepLoop":
+        """A step loop over a BatchLoop that steps `engine` with these settings."""
+        wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
+                                         settings.prefill_chunk, settings.prefill_sessions,
+                                         engine.n_vocab, engine.eog_tokens,
+                                         one_call=engine.info["kv_unified"])
+        batch = _batch.BatchLoop(engine, scheduler, wake_fd)
+        return cls(batch, wake_fd, settings, admission, telemetry, max_sessions,
+                   engine.n_seq_max, engine.workers_connected)
 
     # ------------------------------------------------------------ requests (any Trio task)
 
@@ -279,7 +296,7 @@ class StepLoop:
     def _on_call_failed(self, event: CallFailed, now: float) -> None:
         self._telemetry.step_failures.labels(str(event.code)).inc()
         if event.code == WORKER_LOST:
-            lost = [e for e, up in self._engine.workers_connected().items() if not up]
+            lost = [e for e, up in self._workers_connected().items() if not up]
             self._fail_node(f"RPC worker {', '.join(lost) or '?'} lost (connection closed, "
                             "reset or timed out): the node serves nothing until it is "
                             "restarted with its workers up")

@@ -61,7 +61,7 @@ class Node:
                                 prefill_chunk=config.prefill_chunk,
                                 prefill_sessions=config.prefill_sessions_per_step,
                                 reply_buffer=config.reply_buffer)
-        self._loop = StepLoop(engine, settings, self._admission, self.telemetry,
+        self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                               config.max_running + config.max_waiting)
         self._ids = itertools.count(1)
         self._closing = False
@@ -78,7 +78,7 @@ class Node:
 
     @property
     def steps(self):
-        """The last steps the batch loop ran (StepRecord, up to 4096)."""
+        """The last steps the batch loop ran (StepRecord, up to dgr.loop.STEP_HISTORY)."""
         return self._loop.steps
 
     # ------------------------------------------------------------------ public API

@@ -8,7 +8,7 @@ the capability report.
 
 from __future__ import annotations
 
-import collections
+import math
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -91,8 +91,10 @@ class Telemetry:
         for reason in FinishReason:
             self.finished.labels(reason)
         self._window = rate_window_s
-        self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
-        self._finishes: collections.deque[float] = collections.deque()
+        # prefill rows and generated tokens, and finished sessions, in fixed time
+        # buckets: memory set by the window, not by the step or session rate
+        self._recent = RateWindow(rate_window_s, 2)
+        self._finishes = RateWindow(60.0, 1)
 
     def watch(self, load, cells_used, kv_cells_total: int) -> None:
         """Read the load gauges from `load()` (an admission Load) and `cells_used()`
@@ -126,18 +128,11 @@ class Telemetry:
         self.decode_tokens.inc(decode_rows)
         self.generated_tokens.inc(generated)
         self.step_duration.observe(duration_s)
-        now = time.monotonic()
-        self._recent.append((now, prefill_rows, generated))
-        while self._recent and self._recent[0][0] < now - self._window:
-            self._recent.popleft()
+        self._recent.add(time.monotonic(), prefill_rows, generated)
 
     def recent_rates(self) -> dict[str, float]:
         """Prefill and generated tokens per second over the last window."""
-        now = time.monotonic()
-        while self._recent and self._recent[0][0] < now - self._window:
-            self._recent.popleft()
-        prefill = sum(p for _, p, _ in self._recent)
-        generated = sum(g for _, _, g in self._recent)
+        (prefill, generated), _ = self._recent.totals(time.monotonic())
         return {"prefill_tokens_per_s": prefill / self._window,
                 "decode_tokens_per_s": generated / self._window}
 
@@ -153,22 +148,53 @@ class Telemetry:
 
     def record_finish(self, reason: str) -> None:
         self.finished.labels(reason).inc()
-        now = time.monotonic()
-        self._finishes.append(now)
-        while self._finishes and self._finishes[0] < now - 60.0:
-            self._finishes.popleft()
+        self._finishes.add(time.monotonic(), 1)
 
     def drain_rate(self) -> float:
         """Sessions ended per second over the last minute (how fast places free up)."""
         now = time.monotonic()
-        while self._finishes and self._finishes[0] < now - 60.0:
-            self._finishes.popleft()
-        if not self._finishes:
+        (ended,), oldest = self._finishes.totals(now)
+        if not ended:
             return 0.0
-        return len(self._finishes) / max(1.0, now - self._finishes[0])
+        return ended / max(1.0, now - oldest)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RateWindow:
+    """Counts over the last `window_s` seconds in `buckets` fixed time buckets
+    (a ring): adding is O(1) and the memory is the buckets', whatever the rate."""
+
+    def __init__(self, window_s: float, n_values: int, buckets: int = 60):
+        self._width = window_s / buckets
+        self._n = buckets
+        self._starts = [-math.inf] * buckets          # each bucket's start time
+        self._sums = [[0] * n_values for _ in range(buckets)]
+
+    def add(self, now: float, *values: int) -> None:
+        index = int(now // self._width)
+        slot = index % self._n
+        start = index * self._width
+        if self._starts[slot] != start:  # the bucket last held an older interval
+            self._starts[slot] = start
+            self._sums[slot] = [0] * len(self._sums[slot])
+        sums = self._sums[slot]
+        for i, value in enumerate(values):
+            sums[i] += value
+
+    def totals(self, now: float) -> tuple[list[int], float]:
+        """The sums over the window, and the start of its oldest bucket with counts
+        (now if none)."""
+        since = now - self._n * self._width
+        totals = [0] * len(self._sums[0])
+        oldest = now
+        for start, sums in zip(self._starts, self._sums):
+            if start > since:
+                oldest = min(oldest, start)
+                for i, value in enumerate(sums):
+                    totals[i] += value
+        return totals, oldest
 
 
 class _RpcCollector:

@@ -1,0 +1,192 @@
+"""The step loop (dgr/loop.py) against a stand-in batch loop: what reaches the
+loop and in which order, how its events end sessions, without a model."""
+
+import contextlib
+import os
+import threading
+
+import trio
+
+from dgr._codes import WORKER_LOST, FinishCode
+from dgr.admission import Admission, Budgets
+from dgr.config import SamplingParams
+from dgr.engine import EngineThread
+from dgr.events import CallFailed, Finished, Prefilled, Sampled
+from dgr.loop import StepLoop, StepSettings
+from dgr.placement import Placement
+from dgr.prefix_cache import PrefixCache
+from dgr.sequence import FinishReason, Phase, Session
+from dgr.telemetry import Telemetry
+
+SLOTS = 2
+
+
+class FakeBatch:
+    """BatchLoop's methods, recording the calls; `publish` plays a step's events."""
+
+    def __init__(self, wake_fd):
+        self.wake_fd = wake_fd
+        self.calls = []
+        self.kv_ops_queued = self.kv_ops_published = self.cells_used = 0
+        self._events = []
+        self._stopped = threading.Event()
+
+    def start(self, slot, prompt, max_tokens, params, *, credits, reuse_from, n_reused, keep_kv):
+        self.calls.append(("start", slot, reuse_from, n_reused))
+        self.kv_ops_queued += 1
+
+    def evict(self, slot):
+        self.calls.append(("evict", slot))
+        self.kv_ops_queued += 1
+
+    def credit(self, slot, n=1):
+        pass
+
+    def request_finish(self, slot, reason):
+        self.calls.append(("finish", slot, reason))
+
+    def stop(self):
+        self._stopped.set()
+
+    def run(self):
+        self._stopped.wait()
+
+    def drain(self):
+        events, self._events = self._events, []
+        return events
+
+    def publish(self, *events):
+        self._events.extend(events)
+        self.kv_ops_published = self.kv_ops_queued
+        os.eventfd_write(self.wake_fd, 1)
+
+
+@contextlib.asynccontextmanager
+async def step_loop(cache=True):
+    budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=SLOTS,
+                      max_waiting=4, max_waiting_tokens=1000, step_tokens=64,
+                      step_outputs=SLOTS, memory_bytes=1)
+    admission = Admission(budgets, Placement(1000, PrefixCache(16) if cache else None))
+    wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    batch = FakeBatch(wake_fd)
+    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2, 4), admission, Telemetry(),
+                    max_sessions=6, n_slots=SLOTS, workers_connected=lambda: {"w:1": False})
+    thread = EngineThread()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop.run, thread)
+            try:
+                yield loop, admission, batch
+            finally:
+                loop.shutdown()
+    finally:
+        thread.join()
+
+
+def admit(loop, admission, *prompts):
+    sessions = [Session(id=i + 1, prompt=list(p), params=SamplingParams(), max_tokens=4)
+                for i, p in enumerate(prompts)]
+    admission.submit_group(sessions)
+    channels = {s: trio.open_memory_channel(8) for s in sessions}
+    loop.admit({s: send for s, (send, _) in channels.items()})
+    return sessions, {s: recv for s, (_, recv) in channels.items()}
+
+
+async def settle():
+    for _ in range(20):
+        await trio.sleep(0)
+
+
+async def test_a_session_runs_from_start_to_its_finish_event():
+    async with step_loop() as (loop, admission, batch):
+        (session,), tokens = admit(loop, admission, range(10))
+        await settle()
+        assert batch.calls == [("start", session.slot, -1, 0)]
+        batch.publish(Prefilled(session.slot, 0, 10), Sampled(session.slot, 42),
+                      Sampled(session.slot, 43),
+                      Finished(session.slot, FinishCode.FINISH_LENGTH, 0, kept=11))
+        with trio.fail_after(5):
+            got = [await tokens[session].receive() for _ in range(3)]
+        assert [e.token for e in got[:2]] == [42, 43] and got[2].finish_reason == "length"
+        assert session.phase is Phase.FINISHED and admission.load().free_slots == SLOTS
+        # the slot keeps the prompt and the token fed back: a prefix cache entry
+        assert admission.placement.cache.cached_cells == 11
+
+
+async def test_a_session_ended_before_its_start_is_fed_costs_no_engine_work():
+    async with step_loop() as (loop, admission, batch):
+        (session,), tokens = admit(loop, admission, range(10))
+        loop.end(session, FinishReason.CANCELLED)  # before the feeder ran
+        with trio.fail_after(5):
+            end = await tokens[session].receive()
+        assert end.finish_reason == "cancelled"
+        await settle()
+        # no start; the slot's sequence is emptied (it may hold an entry placement
+        # counted as gone)
+        assert batch.calls == [("evict", session.slot)]
+        assert admission.load().free_slots == SLOTS and admission.load().active == 0
+
+
+async def test_a_running_session_is_ended_through_the_loop():
+    async with step_loop() as (loop, admission, batch):
+        (session,), tokens = admit(loop, admission, range(10))
+        await settle()
+        loop.end(session, FinishReason.STOP)
+        await settle()
+        assert batch.calls[-1] == ("finish", session.slot, FinishReason.STOP.code)
+        assert session.phase is Phase.PREFILL  # its slot is the loop's until the event
+        batch.publish(Finished(session.slot, FinishCode.FINISH_CANCELLED))
+        with trio.fail_after(5):
+            end = await tokens[session].receive()
+        assert end.finish_reason == "stop"  # the first reason wins
+        assert session.phase is Phase.FINISHED
+
+
+async def test_starts_follow_in_admission_order_and_queued_ones_start_on_a_finish():
+    async with step_loop(cache=False) as (loop, admission, batch):
+        sessions, tokens = admit(loop, admission, range(5), range(100, 105), range(200, 205))
+        await settle()
+        first, second, third = sessions
+        assert batch.calls == [("start", first.slot, -1, 0), ("start", second.slot, -1, 0)]
+        assert third.phase is Phase.WAITING
+        batch.publish(Finished(first.slot, FinishCode.FINISH_LENGTH))
+        await settle()
+        assert batch.calls[-1] == ("start", first.slot, -1, 0) and third.slot == first.slot
+
+
+async def test_a_lost_worker_ends_every_session_and_fails_the_node():
+    async with step_loop() as (loop, admission, batch):
+        sessions, tokens = admit(loop, admission, range(5), range(100, 105), range(200, 205))
+        await settle()
+        batch.publish(CallFailed(WORKER_LOST))
+        await settle()
+        assert admission.failure is not None and "w:1" in admission.failure
+        assert all(s.finish_reason == "error" and "w:1" in s.error for s in sessions)
+        waiting = sessions[2]
+        assert waiting.phase is Phase.FINISHED  # queued: retired at once
+        running = [s.slot for s in sessions[:2]]
+        assert sorted(c[1] for c in batch.calls if c[0] == "finish") == sorted(running)
+
+
+async def test_a_flush_returns_once_the_loop_published_the_evictions():
+    async with step_loop() as (loop, admission, batch):
+        (session,), tokens = admit(loop, admission, range(10))
+        await settle()
+        batch.publish(Prefilled(session.slot, 0, 10), Sampled(session.slot, 1),
+                      Finished(session.slot, FinishCode.FINISH_LENGTH, 0, kept=10))
+        await settle()
+        assert admission.placement.cache.cached_cells == 10
+        done = trio.Event()
+
+        async def flush():
+            await loop.flush_cache()
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flush)
+            await settle()
+            assert batch.calls[-1] == ("evict", session.slot) and not done.is_set()
+            batch.publish()
+            with trio.fail_after(5):
+                await done.wait()
+        assert admission.load().cached_cells == 0

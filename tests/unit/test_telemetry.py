@@ -1,0 +1,24 @@
+"""The rate windows behind /capabilities' rates and the 429 Retry-After: bounded
+buckets, counts leave the window as time passes."""
+
+from dgr.telemetry import RateWindow, Telemetry
+
+
+def test_a_rate_window_sums_the_last_window_and_forgets_older_counts():
+    window = RateWindow(10.0, 2, buckets=10)
+    for t in range(100):  # many adds into few buckets: memory stays the buckets'
+        window.add(1000.0 + t * 0.05, 1, 2)
+    assert window.totals(1005.0) == ([100, 200], 1000.0)
+    assert window.totals(1009.9)[0] == [100, 200]
+    assert window.totals(1013.5)[0] == [20, 40]  # only the bucket of 1004-1005 remains
+    assert window.totals(1030.0) == ([0, 0], 1030.0)
+    window.add(1030.0, 5, 0)
+    assert window.totals(1030.5) == ([5, 0], 1030.0)
+
+
+def test_drain_rate_counts_sessions_ended_in_the_last_minute():
+    telemetry = Telemetry()
+    assert telemetry.drain_rate() == 0.0
+    for _ in range(30):
+        telemetry.record_finish("stop")
+    assert telemetry.drain_rate() == 30.0  # within one second: divided by at least 1 s
