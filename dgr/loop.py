@@ -120,6 +120,7 @@ class StepLoop:
         self._closing = False
         self._step_decode: list[int] = []
         self._step_prefill: list[tuple[int, int, int]] = []
+        self.departures = trio.lowlevel.ParkingLot()  # woken whenever a session leaves
         self._handlers = {Sampled: self._on_sampled, Decoded: self._on_decoded,
                           Prefilled: self._on_prefilled, Finished: self._on_finished,
                           CallFailed: self._on_call_failed, StepEnded: self._on_step_ended}
@@ -338,3 +339,4 @@ class StepLoop:
                 outbox.send_nowait(TokenEvent(finish_reason=session.finish_reason,
                                               error=session.error))
             outbox.close()
+        self.departures.unpark_all()

@@ -245,7 +245,7 @@ class Node:
         self._admission.start_draining()
         with trio.move_on_after(grace_s):
             while self._admission.running or self._admission.waiting or self._streaming:
-                await trio.sleep(0.02)
+                await self._loop.departures.park()  # a session left, or a session task ended
             return True
         return False
 
@@ -362,6 +362,7 @@ class Node:
                         self._loop.end(session, FinishReason.CANCELLED)
         finally:
             self._streaming -= 1
+            self._loop.departures.unpark_all()
 
     def _shutdown(self) -> None:
         """End every session as cancelled and stop the batch loop at once."""
