@@ -1,5 +1,5 @@
 # The parts of llama.h (llama.cpp 0c1e57098, vendored by llama-cpp-python 0.3.36)
-# that dgr._batch uses. Structs list only the fields dgr touches: Cython takes
+# that dgr's Cython modules use. Structs list only the fields dgr touches: Cython takes
 # the real layout from the header.
 
 from libc.stdint cimport int8_t, int32_t, uint32_t, uint64_t

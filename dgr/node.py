@@ -62,7 +62,7 @@ class Node:
                                 prefill_sessions=config.prefill_sessions_per_step,
                                 reply_buffer=config.reply_buffer)
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
-                              config.max_running + config.max_waiting)
+                                         config.max_running + config.max_waiting)
         self._ids = itertools.count(1)
         self._closing = False
         self._streaming = 0  # session tasks still handing chunks to their readers

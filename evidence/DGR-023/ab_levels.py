@@ -1,9 +1,11 @@
 """A/B of two dgr checkouts in one run: the code before the split and after,
-in-process (`dgr.open_node`, defaults, the default model), c sessions of greedy
-48-token completions at once, alternating which checkout goes first each round.
-Also compares the tokens each session got across the two (they must be equal).
+c sessions of greedy 48-token completions at once, alternating which checkout
+goes first each round; in-process (`dgr.open_node`, defaults, the default
+model) or, with --http, through `python -m dgr run` (defaults) and c clients
+posting /v1/completions at once (a connection each, not streamed). Also
+compares the tokens each session got across the two (they must be equal).
 
-    python evidence/DGR-023/ab_levels.py --old /tmp/old --new . [--rounds 4]
+    python evidence/DGR-023/ab_levels.py --old /tmp/old --new . [--rounds 4] [--http]
 """
 
 import argparse
@@ -50,6 +52,56 @@ def worker(levels, tokens):
     trio.run(main)
 
 
+def http_worker(levels, tokens):
+    import concurrent.futures
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "dgr", "run", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.2)
+
+        def one(i):
+            body = {"prompt": PROMPTS[i % len(PROMPTS)] + f" ({i})", "max_tokens": tokens,
+                    "temperature": 0, "ignore_eos": True, "logprobs": 1}
+            with httpx.Client(timeout=300) as client:
+                reply = client.post(base + "/v1/completions", json=body).json()
+            logprobs = reply["choices"][0]["logprobs"]
+            return logprobs["tokens"], logprobs["token_logprobs"]
+
+        one(0)  # warm-up
+        import dgr
+
+        out = {"dgr": "http, " + dgr.__file__, "levels": {}}
+        with concurrent.futures.ThreadPoolExecutor(max(levels)) as pool:
+            for c in levels:
+                started = time.perf_counter()
+                results = list(pool.map(one, range(c)))
+                elapsed = time.perf_counter() - started
+                digest = hashlib.sha256(json.dumps(results).encode())
+                out["levels"][str(c)] = {"tok_s": c * tokens / elapsed,
+                                         "tokens": digest.hexdigest()[:16]}
+        print(json.dumps(out))
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--old", required=True)
@@ -58,10 +110,11 @@ def main():
     parser.add_argument("--levels", default="1,8,32")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--http", action="store_true")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
     if args.worker:
-        worker(levels, args.tokens)
+        (http_worker if args.http else worker)(levels, args.tokens)
         return
     runs = {"old": [], "new": []}
     for r in range(args.rounds):
@@ -71,7 +124,7 @@ def main():
             env = dict(os.environ, PYTHONPATH=path)
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
                                    "--old", args.old, "--new", args.new, "--levels", args.levels,
-                                   "--tokens", str(args.tokens)],
+                                   "--tokens", str(args.tokens)] + (["--http"] if args.http else []),
                                   env=env, cwd=path, capture_output=True, text=True, check=True)
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             runs[name].append(result)
