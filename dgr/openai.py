@@ -24,6 +24,10 @@ from dgr.errors import InvalidRequest
 from dgr.stream import Chunk, TopLogprobs
 
 MAX_CHOICES = 32  # prompts x n in one request
+# OpenAI's message roles, as the chat template knows them ("developer" is OpenAI's
+# newer name for "system")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
 
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
@@ -235,6 +239,9 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("every message needs a string 'role'", "messages")
+        if m["role"] not in ROLES:
+            raise BadRequest(f"message role {m['role']!r} is not one of "
+                             f"{', '.join(sorted(ROLES))}", "messages")
         content = m.get("content")
         if isinstance(content, list):
             parts = []
@@ -248,7 +255,7 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
             content = ""
         if not isinstance(content, str):
             raise BadRequest("message 'content' must be a string or a list of text parts", "messages")
-        clean.append({"role": m["role"], "content": content})
+        clean.append({"role": ROLES[m["role"]], "content": content})
     logprobs = top = 0
     if _bool(body, "logprobs"):
         top = _int(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
@@ -291,12 +298,13 @@ class ResponseBuilder:
                 "top_logprobs": [_top_dict(c.top_logprobs, self._token_text) for c in rows],
                 "text_offset": offsets}
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
     def full(self, choices: list[tuple[str, list[Chunk], str]], prompt_tokens: int,
-             completion_tokens: int) -> dict:
+             completion_tokens: int, cached_tokens: int = 0) -> dict:
         """choices: (text, token chunks, finish reason) of each choice, by index."""
         out = []
         for index, (text, chunks, finish_reason) in enumerate(choices):
@@ -309,7 +317,7 @@ class ResponseBuilder:
                             "finish_reason": finish_reason})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": out,
-                "usage": self.usage(prompt_tokens, completion_tokens)}
+                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
 
     def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
               first: bool = False, index: int = 0) -> dict:
@@ -330,10 +338,11 @@ class ResponseBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice]}
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int = 0) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [],
-                "usage": self.usage(prompt_tokens, completion_tokens)}
+                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def _top_dict(top: TopLogprobs, token_text) -> dict:
@@ -341,3 +350,39 @@ def _top_dict(top: TopLogprobs, token_text) -> dict:
     for t, lp in top:
         out.setdefault(token_text(t), lp)
     return out
+
+
+def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
+    """llama-server's POST /tokenize: (content, add_special, with_pieces)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for name in body:
+        if name not in ("content", "add_special", "with_pieces"):
+            raise BadRequest(f"'{name}' is not supported by this server", name)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise BadRequest("'content' must be a string", "content")
+    return content, _bool(body, "add_special"), _bool(body, "with_pieces")
+
+
+def parse_detokenize(body: Any) -> list[int]:
+    """llama-server's POST /detokenize: the token ids."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for name in body:
+        if name != "tokens":
+            raise BadRequest(f"'{name}' is not supported by this server", name)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("'tokens' must be a list of token ids", "tokens")
+    return tokens
+
+
+def token_piece(piece: bytes) -> Any:
+    """A token's piece as llama-server reports it: its text, or its bytes when
+    they are not valid UTF-8 on their own (part of a character)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)

@@ -2,7 +2,7 @@
 
 Starlette (on anyio's Trio backend) for routing and responses, Hypercorn's
 Trio worker for HTTP. Endpoints: /v1/completions, /v1/chat/completions,
-/v1/models, /metrics, /capabilities, /health. Bad input is a 4xx with an
+/v1/models, /tokenize, /detokenize, /metrics, /capabilities, /health. Bad input is a 4xx with an
 OpenAI-style error body, never a 500; a full queue is a 429 with Retry-After;
 a client that disconnects mid-stream cancels its session.
 """
@@ -30,7 +30,8 @@ from dgr.config import NodeConfig, ServerConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.node import Node, open_node
 from dgr.stream import Chunk
-from dgr.openai import BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion
+from dgr.openai import (BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion,
+                        parse_detokenize, parse_tokenize, token_piece)
 
 log = logging.getLogger("dgr.server")
 
@@ -143,7 +144,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         completion = sum(map(len, rows))
         return JSONResponse(builder.full(
             [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
-            _prompt_tokens(streams, parsed.n), completion))
+            _prompt_tokens(streams, parsed.n), completion, _cached_tokens(streams, parsed.n)))
 
     async def _sse(request, streams, builder: ResponseBuilder, parsed, echoes, emit) -> None:
         """The choices' chunks as they come, each event naming its choice's index; a
@@ -192,8 +193,23 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             await emit(_event(error_body("the session was cancelled (server shutting down)",
                                          "server_error", "cancelled")))
         elif parsed.include_usage:
-            await emit(_event(builder.usage_chunk(_prompt_tokens(streams, parsed.n), completion)))
+            await emit(_event(builder.usage_chunk(_prompt_tokens(streams, parsed.n), completion,
+                                                  _cached_tokens(streams, parsed.n))))
         await emit("data: [DONE]\n\n")
+
+    async def tokenize(request: Request) -> Response:
+        node = ready_node()
+        content, add_special, with_pieces = parse_tokenize(await read_json(request))
+        ids = await node.tokenize_off_loop(content, add_special=add_special, parse_special=True)
+        if with_pieces:
+            return JSONResponse({"tokens": [{"id": t, "piece": token_piece(node.token_bytes(t))}
+                                            for t in ids]})
+        return JSONResponse({"tokens": ids})
+
+    async def detokenize(request: Request) -> Response:
+        node = ready_node()
+        tokens = parse_detokenize(await read_json(request))
+        return JSONResponse({"content": node.detokenize(tokens)})
 
     async def models(request: Request) -> Response:
         node = state.node
@@ -229,6 +245,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/capabilities", capabilities, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -296,6 +314,12 @@ async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
 def _prompt_tokens(streams, n: int) -> int:
     """Usage: each prompt's tokens once, however many samples it has (OpenAI's count)."""
     return sum(chunks.prompt_tokens for chunks in streams[::n])
+
+
+def _cached_tokens(streams, n: int) -> int:
+    """Usage: of those, the tokens whose KV was reused, not computed (a prompt's
+    first sample's; the others share its prefill)."""
+    return sum(chunks.cached_tokens for chunks in streams[::n])
 
 
 def _event(obj: dict) -> str:

@@ -66,6 +66,13 @@ class SessionStream:
     def prompt_tokens(self) -> int:
         return len(self.session.prompt)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose KV the session took from the prefix cache or from
+        another session instead of computing it (OpenAI's usage
+        prompt_tokens_details.cached_tokens)."""
+        return self.session.n_reused
+
     def __aiter__(self) -> "SessionStream":
         return self
 

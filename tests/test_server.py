@@ -474,3 +474,72 @@ async def test_a_non_streamed_request_whose_client_left_is_logged_cancelled(star
     line = next(r.getMessage() for r in caplog.records if "POST /v1/completions" in r.getMessage())
     assert " 499 " in line, line
     assert 'dgr_sessions_finished_total{reason="cancelled"} 1.0' in metrics
+
+
+async def test_tokenize_and_detokenize_in_llama_servers_shape(start_server):
+    server = await start_server()
+    async with server.client() as client:
+        plain = (await client.post("/tokenize", json={"content": "Hello é"})).json()
+        assert plain["tokens"] and all(isinstance(t, int) for t in plain["tokens"])
+        special = (await client.post("/tokenize", json={"content": "Hello é",
+                                                        "add_special": True})).json()
+        assert len(special["tokens"]) == len(plain["tokens"]) + 1  # the BOS
+        pieces = (await client.post("/tokenize", json={"content": "Hello é",
+                                                       "with_pieces": True})).json()["tokens"]
+        assert [p["id"] for p in pieces] == plain["tokens"]
+        # a byte-fallback piece is its bytes; the rest are their text
+        assert b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
+                        for p in pieces) == "Hello é".encode()
+        text = (await client.post("/detokenize", json={"tokens": plain["tokens"]})).json()
+        assert text["content"] == "Hello é"
+        for path, body, param in [("/tokenize", {"content": 5}, "content"),
+                                  ("/tokenize", {"content": "x", "nope": 1}, "nope"),
+                                  ("/detokenize", {"tokens": ["a"]}, "tokens"),
+                                  ("/detokenize", {"tokens": [10 ** 9]}, None)]:
+            refused = await client.post(path, json=body)
+            assert refused.status_code == 400, body
+            assert refused.json()["error"]["param"] == param
+
+
+async def test_an_unknown_message_role_is_refused_and_developer_is_system(start_server):
+    server = await start_server()
+    async with server.client() as client:
+        refused = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 2})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+        assert "wizard" in refused.json()["error"]["message"]
+        body = {"max_tokens": 4, "temperature": 0}
+        as_developer = (await client.post("/v1/chat/completions", json=body | {"messages": [
+            {"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]})).json()
+        as_system = (await client.post("/v1/chat/completions", json=body | {"messages": [
+            {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})).json()
+        assert as_developer["choices"][0]["message"] == as_system["choices"][0]["message"]
+        assert as_developer["usage"]["prompt_tokens"] == as_system["usage"]["prompt_tokens"]
+
+
+async def test_usage_reports_the_prompt_tokens_reused_from_the_prefix_cache(start_server):
+    """cached_tokens: the prompt tokens whose KV was reused, not computed, in every
+    endpoint's usage, streamed or not."""
+    server = await start_server()
+    system = "You are a careful assistant who answers in one short sentence. " * 4
+    async with server.client() as client:
+        first = (await client.post("/v1/completions", json={
+            "prompt": system + "First question?", "max_tokens": 3, "temperature": 0})).json()
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        again = (await client.post("/v1/completions", json={
+            "prompt": system + "Second question?", "max_tokens": 3, "temperature": 0})).json()
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert 0 < cached < again["usage"]["prompt_tokens"]
+        async with client.stream("POST", "/v1/completions", json={
+                "prompt": system + "Third question?", "max_tokens": 3, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}) as streamed:
+            text = "".join([line + "\n" async for line in streamed.aiter_lines()])
+        usage = sse_events(text)[-1]["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == cached
+        chat = {"messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": "hi"}], "max_tokens": 3,
+                "temperature": 0}
+        await client.post("/v1/chat/completions", json=chat)
+        repeat = (await client.post("/v1/chat/completions", json=chat)).json()
+        details = repeat["usage"]["prompt_tokens_details"]
+        assert details["cached_tokens"] == repeat["usage"]["prompt_tokens"] - 1  # all but the last

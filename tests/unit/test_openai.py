@@ -109,7 +109,8 @@ def test_response_shapes():
     chunks = [Chunk(5, "Hel", -0.5, [(5, -0.5), (6, -1.5)]), Chunk(6, "lo", -0.25, [(6, -0.25)])]
     body = builder.full([("Hello", chunks, "length")], prompt_tokens=3, completion_tokens=2)
     assert body["object"] == "text_completion" and body["model"] == "m"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     choice = body["choices"][0]
     assert choice["text"] == "Hello" and choice["finish_reason"] == "length"
     assert choice["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-0.5, -0.25],
@@ -125,3 +126,35 @@ def test_response_shapes():
     assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
                                   "finish_reason": "stop"}
     assert chat.usage_chunk(3, 2)["choices"] == []
+
+
+def test_message_roles_are_openais_and_developer_is_system():
+    _, messages = parse_chat({"messages": [{"role": "developer", "content": "d"},
+                                           {"role": "tool", "content": "t"}]})
+    assert [m["role"] for m in messages] == ["system", "tool"]
+    with pytest.raises(BadRequest) as exc:
+        parse_chat({"messages": [{"role": "wizard", "content": "x"}]})
+    assert exc.value.param == "messages" and "wizard" in str(exc.value)
+
+
+def test_usage_carries_cached_tokens():
+    builder = ResponseBuilder("m", chat=True, token_text=str)
+    assert builder.usage(10, 2, 7) == {"prompt_tokens": 10, "completion_tokens": 2,
+                                       "total_tokens": 12,
+                                       "prompt_tokens_details": {"cached_tokens": 7}}
+
+
+def test_tokenize_and_detokenize_requests():
+    from dgr.openai import parse_detokenize, parse_tokenize, token_piece
+
+    assert parse_tokenize({"content": "x"}) == ("x", False, False)
+    assert parse_tokenize({"content": "x", "add_special": True, "with_pieces": True}) == (
+        "x", True, True)
+    assert parse_detokenize({"tokens": [1, 2]}) == [1, 2]
+    for bad in ({"content": None}, {"content": "x", "add_special": "yes"}, []):
+        with pytest.raises(BadRequest):
+            parse_tokenize(bad)
+    for bad in ({"tokens": [True]}, {"tokens": "12"}, {}):
+        with pytest.raises(BadRequest):
+            parse_detokenize(bad)
+    assert token_piece(b"ab") == "ab" and token_piece(b"\xc3") == [0xC3]
