@@ -1,6 +1,11 @@
 import pytest
 
+import dgr
 from dgr.testmodel import write_test_model
+
+# The small node most tests run on the tiny model; a test overrides what it is about.
+TINY_NODE = dict(max_running=8, max_waiting=16, n_ctx=4096, n_batch=256, n_ubatch=256,
+                 prefill_chunk=16, n_threads=2)
 
 
 def pytest_collection_modifyitems(items):
@@ -12,6 +17,15 @@ def pytest_collection_modifyitems(items):
 def tiny_model(tmp_path_factory):
     """Path of the tiny generated test model (written once per test session)."""
     return str(write_test_model(tmp_path_factory.mktemp("models") / "tiny.gguf"))
+
+
+@pytest.fixture
+def node_config(tiny_model):
+    """NodeConfig(**overrides) of a small node on the tiny model (TINY_NODE)."""
+    def make(**overrides) -> dgr.NodeConfig:
+        return dgr.NodeConfig(**({"model_path": tiny_model} | TINY_NODE | overrides))
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -43,15 +43,13 @@ def test_abort_flag_aborts_and_reconciles(engine):
     assert engine.pos_max(1) == -1
 
 
-def config(tiny_model):
-    return dgr.NodeConfig(model_path=tiny_model, max_running=4, n_ctx=2048, n_batch=128,
-                          n_ubatch=128, prefill_chunk=16, n_threads=2)
+FAULTS_NODE = dict(max_running=4, n_ctx=2048, n_batch=128, n_ubatch=128)
 
 
 @pytest.mark.parametrize("code", [1, 2, -1, -3, _codes.FAULT_RAISE])
-async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
+async def test_node_fails_affected_sessions_and_keeps_serving(code, node_config):
     params = dgr.SamplingParams(max_tokens=50, ignore_eos=True)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config(**FAULTS_NODE)) as node:
         reference = await node.generate("after the fault", params)
         failures = []
 
@@ -79,10 +77,10 @@ async def test_node_fails_affected_sessions_and_keeps_serving(tiny_model, code):
         assert again.token_ids == reference.token_ids
 
 
-async def test_http_reports_a_model_failure_not_a_hang(tiny_model):
+async def test_http_reports_a_model_failure_not_a_hang(node_config):
     from dgr.server import _State, create_app
 
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config(**FAULTS_NODE)) as node:
         state = _State()
         state.node = node
         transport = httpx.ASGITransport(app=create_app(state, ServerConfig()))

@@ -25,13 +25,6 @@ PROMPTS = [
 ]
 
 
-def config(tiny_model, **overrides):
-    base = dict(model_path=tiny_model, max_running=8, max_waiting=16, n_ctx=4096, n_batch=256,
-                n_ubatch=256, prefill_chunk=16, n_threads=2)
-    base.update(overrides)
-    return dgr.NodeConfig(**base)
-
-
 def metric(node, name, **labels):
     value = node.telemetry.registry.get_sample_value(name, labels or None)
     return 0.0 if value is None else value
@@ -45,9 +38,9 @@ async def wait_retired(session):
             await trio.sleep(0.001)
 
 
-async def test_generate_and_stream_agree(tiny_model):
+async def test_generate_and_stream_agree(node_config):
     params = dgr.SamplingParams(max_tokens=20)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         result = await node.generate("Hello there", params)
         assert result.finish_reason == "length"
         assert len(result.token_ids) == 20
@@ -68,13 +61,13 @@ def _outputs(result):
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 4, 8])
-async def test_no_cross_session_corruption(tiny_model, concurrency):
+async def test_no_cross_session_corruption(concurrency, node_config):
     """Tokens and log-probabilities bitwise those of each session alone (the tiny
     model's weights are F32: its batched matmuls take llamafile's sgemm, and a
     row alone takes it too with patch 0007)."""
     params = dgr.SamplingParams(max_tokens=24, logprobs=2)
     prompts = PROMPTS[:concurrency]
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         solo = [_outputs(await node.generate(p, params)) for p in prompts]
         together = [None] * concurrency
         ids = [node.tokenize(p) for p in prompts]  # admitted in one tick: they share steps
@@ -90,11 +83,11 @@ async def test_no_cross_session_corruption(tiny_model, concurrency):
     assert together == solo
 
 
-async def test_as_many_sessions_as_llama_cpp_has_sequences(tiny_model):
+async def test_as_many_sessions_as_llama_cpp_has_sequences(node_config):
     """256 sessions at once (llama.cpp's limit), up to 256 decode rows of one stream per
     call: each bitwise what its prompt gives alone."""
     params = dgr.SamplingParams(max_tokens=32, logprobs=2, ignore_eos=True)
-    cfg = config(tiny_model, max_running=256, max_waiting=0, n_ctx=256 * 128, n_batch=512,
+    cfg = node_config(max_running=256, max_waiting=0, n_ctx=256 * 128, n_batch=512,
                  n_ubatch=512, prefill_sessions_per_step=64)
     async with dgr.open_node(cfg) as node:
         solo = [_outputs(await node.generate(p, params)) for p in PROMPTS]
@@ -111,8 +104,7 @@ async def test_as_many_sessions_as_llama_cpp_has_sequences(tiny_model):
     assert together == [solo[i % len(PROMPTS)] for i in range(256)]
 
 
-async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(
-        tiny_model, monkeypatch):
+async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(monkeypatch, node_config):
     """Admission places A to copy a cached prefix from slot S, then B, arriving
     later, into S (the least recently used entry; no slot is empty). A's copy must
     reach the batch loop before B overwrites S, however long A's opening takes
@@ -120,7 +112,7 @@ async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(
     params = dgr.SamplingParams(max_tokens=16, logprobs=2, ignore_eos=True)
     cached, other, long_prompt = PROMPTS[2], PROMPTS[3], PROMPTS[6] * 3
     a_prompt = cached + " and then some more"
-    async with dgr.open_node(config(tiny_model, max_running=3)) as node:
+    async with dgr.open_node(node_config(max_running=3)) as node:
         expected = _outputs(await node.generate(a_prompt, params))
         a_ids = node.tokenize(a_prompt)
 
@@ -133,7 +125,7 @@ async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(
         await opening(self, session, tokens, chunks, task_status=task_status)
 
     monkeypatch.setattr(dgr.Node, "_session_task", slow_opening_for_a)
-    async with dgr.open_node(config(tiny_model, max_running=3)) as node:
+    async with dgr.open_node(node_config(max_running=3)) as node:
         await node.generate(cached, params)  # slot S, least recently used
         await node.generate(other, params)   # another slot; the third stays empty
         results = {}
@@ -152,8 +144,8 @@ async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(
             [c.top_logprobs for c in got]) == expected
 
 
-async def test_logprobs_and_stop_strings(tiny_model):
-    async with dgr.open_node(config(tiny_model)) as node:
+async def test_logprobs_and_stop_strings(node_config):
+    async with dgr.open_node(node_config()) as node:
         base = await node.generate("stop test", dgr.SamplingParams(max_tokens=30))
         text = base.text
         stop = text[10:13]
@@ -167,9 +159,9 @@ async def test_logprobs_and_stop_strings(tiny_model):
             assert len(top) == 3 and top[0][0] == token and top[0][1] == pytest.approx(lp)
 
 
-async def test_sampling_is_seeded_per_session(tiny_model):
+async def test_sampling_is_seeded_per_session(node_config):
     params = dgr.SamplingParams(max_tokens=16, temperature=0.9, top_k=40, top_p=0.95, seed=42)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         a = await node.generate("seeded", params)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(node.generate, "another session", params)
@@ -177,13 +169,13 @@ async def test_sampling_is_seeded_per_session(tiny_model):
     assert a.token_ids == b.token_ids
 
 
-async def test_per_session_cap_is_the_pool_or_what_is_configured(tiny_model):
+async def test_per_session_cap_is_the_pool_or_what_is_configured(node_config):
     """Unified KV: one session may reserve the whole pool, or --session-ctx cells;
     split KV: a fixed ctx/max-running share. Beyond it: never_fits, with the numbers."""
     long_prompt = "x" * 1000  # about 1000 tokens of the tiny model's byte vocabulary
-    cases = [(config(tiny_model), None),
-             (config(tiny_model, session_ctx=600), 600),
-             (config(tiny_model, kv_unified=False), 512)]
+    cases = [(node_config(), None),
+             (node_config(session_ctx=600), 600),
+             (node_config(kv_unified=False), 512)]
     for cfg, cap in cases:
         async with dgr.open_node(cfg) as node:
             per_session = node.capabilities()["budgets"]["kv"]["cells_per_session"]
@@ -205,7 +197,7 @@ def test_max_running_is_capped_at_llamas_sequence_limit():
             dgr.NodeConfig(max_running=257, n_batch=512, kv_unified=kv_unified)
 
 
-async def test_bad_requests_get_clear_errors(tiny_model):
+async def test_bad_requests_get_clear_errors(node_config):
     with pytest.raises(InvalidRequest, match="temperature"):
         dgr.SamplingParams(temperature=-1)
     with pytest.raises(InvalidRequest, match="top_p"):
@@ -214,7 +206,7 @@ async def test_bad_requests_get_clear_errors(tiny_model):
         dgr.SamplingParams(max_tokens=0)
     with pytest.raises(InvalidRequest, match="logprobs"):
         dgr.SamplingParams(logprobs=99)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         with pytest.raises(InvalidRequest, match="token ids"):
             await node.generate([1, 10_000])
         with pytest.raises(InvalidRequest, match="empty"):
@@ -229,18 +221,18 @@ async def test_bad_requests_get_clear_errors(tiny_model):
         assert (await node.generate("still fine", dgr.SamplingParams(max_tokens=3))).token_ids
 
 
-async def test_node_refuses_to_start_outside_its_memory_budget(tiny_model, tmp_path):
+async def test_node_refuses_to_start_outside_its_memory_budget(tmp_path, node_config):
     with pytest.raises(BudgetError, match="weights"):
-        async with dgr.open_node(config(tiny_model, memory_budget_bytes=1000)):
+        async with dgr.open_node(node_config(memory_budget_bytes=1000)):
             pass
     with pytest.raises(ModelLoadError, match="missing.gguf"):
-        async with dgr.open_node(config(str(tmp_path / "missing.gguf"))):
+        async with dgr.open_node(node_config(model_path=str(tmp_path / "missing.gguf"))):
             pass
     assert not [t for t in threading.enumerate() if t.name == "dgr-engine"]
 
 
-async def test_burst_of_100_is_bounded(tiny_model):
-    cfg = config(tiny_model, max_running=2, max_waiting=4, max_waiting_tokens=10_000)
+async def test_burst_of_100_is_bounded(node_config):
+    cfg = node_config(max_running=2, max_waiting=4, max_waiting_tokens=10_000)
     outcomes = {"ok": 0}
     peaks = {"waiting": 0, "active": 0}
     async with dgr.open_node(cfg) as node:
@@ -276,8 +268,8 @@ async def test_burst_of_100_is_bounded(tiny_model):
         assert await node.kv_cells_in_use() == 0
 
 
-async def test_slow_reader_is_skipped_not_buffered(tiny_model):
-    cfg = config(tiny_model, reply_buffer=2)
+async def test_slow_reader_is_skipped_not_buffered(node_config):
+    cfg = node_config(reply_buffer=2)
     params = dgr.SamplingParams(max_tokens=30)
     async with dgr.open_node(cfg) as node:
         solo = (await node.generate("slow reader", params)).token_ids
@@ -300,8 +292,8 @@ async def test_slow_reader_is_skipped_not_buffered(tiny_model):
     assert len(fast.token_ids) == 30
 
 
-async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(tiny_model):
-    cfg = config(tiny_model, prefill_chunk=16, n_batch=64, n_ubatch=64, max_running=4)
+async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(node_config):
+    cfg = node_config(prefill_chunk=16, n_batch=64, n_ubatch=64, max_running=4)
     async with dgr.open_node(cfg) as node:
         decoding = {}
 
@@ -332,8 +324,8 @@ async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(tin
         assert result.finish_reason == "length"
 
 
-async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
-    cfg = config(tiny_model, max_running=2, prefill_chunk=8, n_batch=32, n_ubatch=32)
+async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
+    cfg = node_config(max_running=2, prefill_chunk=8, n_batch=32, n_ubatch=32)
     params = dgr.SamplingParams(max_tokens=40, ignore_eos=True)
     async with dgr.open_node(cfg) as node:
         reference = (await node.generate(PROMPTS[0], params)).token_ids
@@ -416,11 +408,11 @@ async def test_cancel_while_waiting_prefilling_or_decoding(tiny_model):
         assert await node.kv_cells_in_use() == 0
 
 
-async def test_a_caller_gone_at_once_costs_no_engine_work(tiny_model):
+async def test_a_caller_gone_at_once_costs_no_engine_work(node_config):
     """A caller cancelled before its session is admitted, its prompt text or token
     ids, leaves nothing: no admission, no prefill, no finished session."""
     params = dgr.SamplingParams(max_tokens=8, ignore_eos=True)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         await node.generate("warm up", params)
         with trio.move_on_after(0):  # gone while its text would be tokenized
             await node.generate("cancelled before tokenizing", params)
@@ -437,12 +429,12 @@ async def test_a_caller_gone_at_once_costs_no_engine_work(tiny_model):
         assert node.waiting_sessions == node.active_sessions == 0
 
 
-async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(tiny_model):
+async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(node_config):
     """Cancelled once admitted, before its session's task started: the session ends
     "cancelled" (within a step, if the loop had started it) and gives back its
     slot, its KV cells and any cached prefix it was placed to share."""
     params = dgr.SamplingParams(max_tokens=8, ignore_eos=True)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         warm = await node.generate(PROMPTS[2], params)
         admit = node._loop.admit
         with trio.CancelScope() as caller:
@@ -463,10 +455,10 @@ async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(tiny_mo
         assert await node.kv_cells_in_use() == 0
 
 
-async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
+async def test_leaving_the_node_cancels_sessions_in_flight(node_config):
     reasons = []
     async with trio.open_nursery() as outer:
-        async with dgr.open_node(config(tiny_model)) as node:
+        async with dgr.open_node(node_config()) as node:
 
             async def client(i):
                 async with node.stream(f"in flight {i}", dgr.SamplingParams(max_tokens=400)) as chunks:
@@ -488,7 +480,7 @@ async def test_leaving_the_node_cancels_sessions_in_flight(tiny_model):
         node.detokenize([1, 2])
 
 
-async def test_text_prompts_are_tokenized_off_the_trio_thread(tiny_model, monkeypatch):
+async def test_text_prompts_are_tokenized_off_the_trio_thread(monkeypatch, node_config):
     """llama.cpp takes ~0.1 s to tokenize a 30,000-token text: on the Trio thread
     that would hold back every session's tokens. A text prompt is tokenized on a
     worker thread, to the ids the caller would get from tokenize."""
@@ -501,7 +493,7 @@ async def test_text_prompts_are_tokenized_off_the_trio_thread(tiny_model, monkey
 
     monkeypatch.setattr(dgr.Node, "tokenize", recording_tokenize)
     params = dgr.SamplingParams(max_tokens=8)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         from_text = await node.generate(PROMPTS[2], params)
         assert on_trio_thread == [False]
         ids = tokenize(node, PROMPTS[2])
@@ -510,8 +502,8 @@ async def test_text_prompts_are_tokenized_off_the_trio_thread(tiny_model, monkey
     assert from_text.token_ids == from_ids.token_ids
 
 
-async def test_telemetry_counts_a_known_workload(tiny_model):
-    async with dgr.open_node(config(tiny_model)) as node:
+async def test_telemetry_counts_a_known_workload(node_config):
+    async with dgr.open_node(node_config()) as node:
         prompts = PROMPTS[:4]
         results = []
 
@@ -549,13 +541,13 @@ async def test_telemetry_counts_a_known_workload(tiny_model):
 PREAMBLE = "A shared preamble that several requests begin with, long enough for chunks. " * 3
 
 
-async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
+async def test_a_shared_prompt_prefix_is_prefilled_once(node_config):
     """A session whose prompt begins with tokens another session prefilled
     (finished and cached, or still running) prefills only the rest, to the token;
     from the cache its tokens and log-probabilities are bitwise those of a fresh
     node (the default-model tests check bitwise equality beside running sessions
     too)."""
-    cfg = config(tiny_model, prefill_chunk=16)
+    cfg = node_config(prefill_chunk=16)
     params = dgr.SamplingParams(max_tokens=8, logprobs=2, ignore_eos=True)
     prompt = PREAMBLE + "Q1: cached?"
     async with dgr.open_node(cfg) as fresh:
@@ -585,13 +577,13 @@ async def test_a_shared_prompt_prefix_is_prefilled_once(tiny_model):
     assert got.logprobs == expected.logprobs
 
 
-async def test_a_conversations_next_turn_reuses_the_answer_it_resends(tiny_model):
+async def test_a_conversations_next_turn_reuses_the_answer_it_resends(node_config):
     """A finished session keeps its prompt and the tokens it generated and fed back:
     a next turn whose prompt resends them (and more) prefills only what is new, and
     gets bitwise what a fresh node computing the whole prompt gets. A session that
     shares only a few tokens with a cached conversation copies them to an empty slot
     and leaves the conversation cached."""
-    cfg = config(tiny_model, prefill_chunk=16)
+    cfg = node_config(prefill_chunk=16)
     params = dgr.SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True)
     async with dgr.open_node(cfg) as node:
         turn1 = await node.generate(PREAMBLE + "User: hello", params)
@@ -614,10 +606,10 @@ async def test_a_conversations_next_turn_reuses_the_answer_it_resends(tiny_model
     assert turn2.logprobs == expected.logprobs
 
 
-async def test_cached_prefixes_are_evicted_before_admission_rejects(tiny_model):
+async def test_cached_prefixes_are_evicted_before_admission_rejects(node_config):
     """A pool full of cached prefixes admits a new session by evicting them (least
     recently used first), never by rejecting it; running sessions' cells stay."""
-    cfg = config(tiny_model, n_ctx=1024, max_running=4, prefill_chunk=16)
+    cfg = node_config(n_ctx=1024, max_running=4, prefill_chunk=16)
     short = dgr.SamplingParams(max_tokens=2)
     async with dgr.open_node(cfg) as node:
         for i in range(3):
@@ -633,11 +625,11 @@ async def test_cached_prefixes_are_evicted_before_admission_rejects(tiny_model):
         assert await node.kv_cells_in_use() == 0
 
 
-async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model):
+async def test_n_choices_share_their_prompt_and_are_admitted_together(node_config):
     """stream_group: n samples of each prompt; the first prefills, the others take
     its KV (bitwise the same results as alone); a group that cannot be admitted
     whole is rejected whole."""
-    cfg = config(tiny_model, prefill_chunk=16)
+    cfg = node_config(prefill_chunk=16)
     greedy = dgr.SamplingParams(max_tokens=6, logprobs=2, ignore_eos=True)
     prompts = [PREAMBLE + "first prompt", PREAMBLE + "the second one"]
     async with dgr.open_node(cfg) as fresh:
@@ -663,7 +655,7 @@ async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model
             len(node.tokenize(p)) for p in prompts) - shared
 
     # all or nothing: 2 can run, 1 may wait, a group of 4 is refused whole
-    async with dgr.open_node(config(tiny_model, max_running=2, max_waiting=1)) as node:
+    async with dgr.open_node(node_config(max_running=2, max_waiting=1)) as node:
         with pytest.raises(AdmissionRejected) as exc:
             async with node.stream_group(["a", "b"], greedy, n=2):
                 pass
@@ -673,10 +665,10 @@ async def test_n_choices_share_their_prompt_and_are_admitted_together(tiny_model
             assert [len([c async for c in s if c.token_id is not None]) for s in streams] == [2, 2, 2]
 
 
-async def test_sessions_arriving_together_prefill_a_shared_prefix_once(tiny_model):
+async def test_sessions_arriving_together_prefill_a_shared_prefix_once(node_config):
     """The second of two sessions whose prompts begin alike, arriving while the
     first still prefills that prefix, waits for it and takes it."""
-    cfg = config(tiny_model, prefill_chunk=16)
+    cfg = node_config(prefill_chunk=16)
     params = dgr.SamplingParams(max_tokens=4, ignore_eos=True)
     prompts = [PREAMBLE + "first of two", PREAMBLE + "second of two"]
     async with dgr.open_node(cfg) as node:
@@ -696,9 +688,9 @@ async def test_sessions_arriving_together_prefill_a_shared_prefix_once(tiny_mode
         assert all(len(r.token_ids) == 4 for r in results)
 
 
-async def test_logit_bias_penalties_and_seeds_do_what_they_say(tiny_model):
+async def test_logit_bias_penalties_and_seeds_do_what_they_say(node_config):
     greedy = dgr.SamplingParams(max_tokens=24, logprobs=1, ignore_eos=True)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         plain = await node.generate("bias me", greedy)
         first = plain.token_ids[0]
         # the chain path with nothing that applies gives the argmax path's tokens and bits
@@ -726,17 +718,17 @@ async def test_logit_bias_penalties_and_seeds_do_what_they_say(tiny_model):
         dgr.SamplingParams(logit_bias={1: 101})
     with pytest.raises(InvalidRequest, match="presence_penalty"):
         dgr.SamplingParams(presence_penalty=-3)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         with pytest.raises(InvalidRequest, match="logit_bias token ids"):
             await node.generate("x", dgr.SamplingParams(logit_bias={10 ** 9: 1}))
 
 
-async def test_stop_token_ids_and_min_tokens(tiny_model):
+async def test_stop_token_ids_and_min_tokens(node_config):
     """A stop token id ends the session before it (finish "stop"); min_tokens holds
     off the end-of-generation tokens, stop token ids and stop strings until that
     many tokens, on the argmax path and on the sampler chain's."""
     greedy = dgr.SamplingParams(max_tokens=16, ignore_eos=True)
-    async with dgr.open_node(config(tiny_model)) as node:
+    async with dgr.open_node(node_config()) as node:
         eos = node._engine.eog_tokens[0]
         plain = await node.generate("stop here", greedy)
         stop_id = plain.token_ids[5]

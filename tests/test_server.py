@@ -11,11 +11,8 @@ from dgr.config import ServerConfig
 from dgr.server import serve
 
 
-def node_config(tiny_model, **overrides):
-    base = dict(model_path=tiny_model, max_running=4, max_waiting=8, n_ctx=4096, n_batch=256,
-                n_ubatch=256, prefill_chunk=32, n_threads=2)
-    base.update(overrides)
-    return dgr.NodeConfig(**base)
+# the server tests' node: the shared small node, fewer slots and longer chunks
+SERVER_NODE = dict(max_running=4, max_waiting=8, prefill_chunk=32)
 
 
 class Server:
@@ -29,14 +26,14 @@ class Server:
 
 
 @pytest.fixture
-async def start_server(nursery, tiny_model):
+async def start_server(nursery, node_config):
     async def start(node_overrides=None, **server_kw):
         shutdown = trio.Event()
         scope = trio.CancelScope()
 
         async def run(task_status=trio.TASK_STATUS_IGNORED):
             with scope:
-                await serve(node_config(tiny_model, **(node_overrides or {})),
+                await serve(node_config(**(SERVER_NODE | (node_overrides or {}))),
                             ServerConfig(port=0, **server_kw), task_status=task_status,
                             shutdown=shutdown)
 
@@ -97,7 +94,11 @@ async def test_prompt_lists_and_n_give_one_choice_each(start_server):
             text = "".join(e["choices"][0]["text"] for e in events
                            if e["choices"] and e["choices"][0]["index"] == c["index"])
             assert text == c["text"]
-        assert events[-1]["usage"] == full["usage"]
+        usage = events[-1]["usage"]
+        assert {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+            k: full["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        # the same prompts again: all but each prompt's last token come from the cache
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - len(prompts)
         chat_body = {"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 4,
                      "temperature": 0.8, "seed": 7}
         chat = (await client.post("/v1/chat/completions", json=chat_body)).json()
@@ -361,7 +362,7 @@ def _choice_text(body, chat):
     return [c["message"]["content"] if chat else c["text"] for c in body["choices"]]
 
 
-async def test_each_parameter_changes_what_it_should_and_nothing_else(start_server, tiny_model):
+async def test_each_parameter_changes_what_it_should_and_nothing_else(start_server, tiny_model, node_config):
     """Both endpoints, one parameter at a time against the same greedy request
     without it: what it should change changes, the rest (prompt tokens, shape,
     other choices) does not. Token ids come from a node of the same config."""
@@ -371,7 +372,7 @@ async def test_each_parameter_changes_what_it_should_and_nothing_else(start_serv
         False: ("/v1/completions", {"prompt": words}),
         True: ("/v1/chat/completions", {"messages": [{"role": "user", "content": words}]}),
     }
-    async with dgr.open_node(node_config(tiny_model)) as node, server.client() as client:
+    async with dgr.open_node(node_config(**SERVER_NODE)) as node, server.client() as client:
         for chat, (path, prompt) in endpoints.items():
             base_body = prompt | {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
             prompt_ids = (node.tokenize(node.apply_chat_template(prompt["messages"]),
