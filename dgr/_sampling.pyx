@@ -23,16 +23,8 @@ cdef extern from "dgr_argmax.h" nogil:
 
 
 cdef class Sampling:
-    """The sampling state of every slot of one context (see the module doc)."""
-
-    def __cinit__(self):
-        self.chains = self.grammars = NULL
-        self.greedy = NULL
-        self.candidates = NULL
-        self.eog_bias = self.bans = NULL
-        self.saved = NULL
-        self.n_bans = self.n_bans_always = self.ban_until = self.sampled_n = NULL
-        self.n_slots = 0
+    """The sampling state of every slot of one context (see the module doc). Its
+    C fields start NULL (Cython zeroes them) until setup."""
 
     def __dealloc__(self):
         self.release()

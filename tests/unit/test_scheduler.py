@@ -359,3 +359,23 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
     assert sharer.slot not in cached  # copied into the empty slot: the entry survives it
     assert big.slot == cached[0]  # the least recently used entry, after the copy's start
     assert placement.take_ops() == [Start(sharer), Evict(cached[1]), Start(big)]
+
+
+def test_an_ended_slot_keeps_its_prompt_and_the_tokens_it_fed_back_unless_it_failed():
+    sched = scheduler(prefill_chunk=64)
+    sched.start(0, list(range(1, 11)), 3, credits=100, keep_kv=True)
+    sched.start(1, list(range(1, 11)), 100, credits=100, keep_kv=True)
+    sched.start(2, list(range(1, 11)), 3, credits=100)  # no cache: nothing kept
+    for _ in range(10):
+        _, decode, chunks = sched.plan_step()
+        events = sched.apply(tokens_for(sched, decode, chunks))
+        finished = {e.slot: e for e in kinds(events, Finished)}
+        if finished:
+            break
+    # three tokens reported, the last one never fed back: 10 + 2 positions
+    assert finished[0].reason == FinishReason.LENGTH.code and finished[0].kept == 12
+    assert finished[2].kept == 0
+    _, decode, chunks = sched.plan_step()
+    assert decode == [1]
+    failed = kinds(sched.apply([7], call_rc=[-3]), Finished)
+    assert failed == [Finished(1, FinishReason.ERROR.code, -3, 0)]
