@@ -30,12 +30,12 @@ def metric(node, name, **labels):
     return 0.0 if value is None else value
 
 
-async def wait_retired(session):
+async def wait_retired(node, session):
     """Wait until the node has processed the session's end (the BatchLoop's finish
     event for a session on the engine): its KV figures are then final."""
     with trio.fail_after(10):
         while session.phase is not Phase.FINISHED:
-            await trio.sleep(0.001)
+            await node._loop.departures.park()
 
 
 async def test_generate_and_stream_agree(node_config):
@@ -348,7 +348,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
                         if seen == 5:
                             scope.cancel()
                             await trio.sleep(0)
-            await wait_retired(chunks.session)
+            await wait_retired(node, chunks.session)
             # as llama.cpp reported after the last step: the slot keeps its prompt and the
             # tokens it fed back (a prefix cache entry)
             session = chunks.session
@@ -398,7 +398,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
                     assert chunks.session.n_prefilled < len(chunks.session.prompt)
                     scope.cancel()
                     await trio.sleep(0)
-            await wait_retired(chunks.session)
+            await wait_retired(node, chunks.session)
             assert node._loop.batch.pos_max(slot) == chunks.session.n_prefilled - 1
         assert survivor["ids"] == reference
         assert metric(node, "dgr_sessions_finished_total", reason="cancelled") == 5  # decode, queued, 2 blockers, prefill
@@ -468,8 +468,11 @@ async def test_leaving_the_node_cancels_sessions_in_flight(node_config):
 
             for i in range(3):
                 outer.start_soon(client, i)
-            while sum(len(r.decode) for r in node.steps) < 10:
-                await trio.sleep(0.001)
+            # all three admitted (their prompts are tokenized on worker threads first)
+            # and decoding
+            with trio.fail_after(10):
+                while node.active_sessions < 3 or sum(len(r.decode) for r in node.steps) < 10:
+                    await trio.sleep(0.001)
     assert reasons == ["cancelled"] * 3
     assert not [t for t in threading.enumerate() if t.name == "dgr-engine"]
     with pytest.raises(dgr.NodeClosed):
