@@ -12,9 +12,9 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        MAX_LOGPROBS, WANT_LOGPROBS, WANT_SAMPLE)
+                        MAX_LOGPROBS, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
 from dgr._engine cimport Engine
-from dgr._scheduler cimport SLOT_PREFILL, Event, Scheduler, StepFigures, event_record
+from dgr._scheduler cimport SLOT_PREFILL, Event, Scheduler, Slot, StepFigures, event_record
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
@@ -80,6 +80,7 @@ cdef class BatchLoop:
     cdef int32_t * row_pos
     cdef int32_t * row_seq
     cdef int8_t * row_want
+    cdef int32_t * row_next        # a scored row's next prompt token (WANT_SCORE)
     cdef int32_t * sampled
     cdef float * chosen_lp
     cdef int32_t * top_ids
@@ -100,6 +101,7 @@ cdef class BatchLoop:
         self.ring = self.scratch = NULL
         self.row_tok = self.row_pos = self.row_seq = self.sampled = self.top_ids = NULL
         self.row_want = NULL
+        self.row_next = NULL
         self.chosen_lp = self.top_lp = NULL
         self.call_rc = self.pos_max_now = NULL
         self.op_slot = self.op_src = self.op_keep = NULL
@@ -121,6 +123,7 @@ cdef class BatchLoop:
         self.row_pos = <int32_t *> calloc(rows, sizeof(int32_t))
         self.row_seq = <int32_t *> calloc(rows, sizeof(int32_t))
         self.row_want = <int8_t *> calloc(rows, sizeof(int8_t))
+        self.row_next = <int32_t *> calloc(rows, sizeof(int32_t))
         self.sampled = <int32_t *> calloc(rows, sizeof(int32_t))
         self.chosen_lp = <float *> calloc(rows, sizeof(float))
         self.top_ids = <int32_t *> calloc(rows * MAX_LOGPROBS, sizeof(int32_t))
@@ -138,6 +141,7 @@ cdef class BatchLoop:
             raise MemoryError()
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
                 or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
+                or self.row_next == NULL
                 or self.sampled == NULL or self.chosen_lp == NULL or self.top_ids == NULL
                 or self.top_lp == NULL or self.call_rc == NULL or self.pos_max_now == NULL):
             raise MemoryError()
@@ -155,6 +159,7 @@ cdef class BatchLoop:
             pthread_mutex_destroy(&self.lock)
         free(self.ring); free(self.scratch)
         free(self.row_tok); free(self.row_pos); free(self.row_seq); free(self.row_want)
+        free(self.row_next)
         free(self.sampled); free(self.chosen_lp); free(self.top_ids); free(self.top_lp)
         free(self.call_rc); free(self.pos_max_now)
         free(self.op_slot); free(self.op_src); free(self.op_keep)
@@ -179,7 +184,8 @@ cdef class BatchLoop:
         pthread_mutex_lock(&self.lock)
         try:
             self.scheduler.start(slot, prompt, max_tokens, params.logprobs, params.ignore_eos,
-                                 credits, n_reused, keep_kv)
+                                 credits, n_reused, keep_kv,
+                                 -1 if params.prompt_logprobs is None else params.prompt_logprobs)
             self._queue_kv_op(slot, reuse_from if n_reused else -1, n_reused)
             pthread_cond_signal(&self.wake)
         finally:
@@ -349,7 +355,8 @@ cdef class BatchLoop:
             bad_row = -1
             rc = self.engine.run_call(
                 end - start, self.row_tok + start, self.row_pos + start, self.row_seq + start,
-                self.row_want + start, MAX_LOGPROBS, self.sampled + start, self.chosen_lp + start,
+                self.row_want + start, self.row_next + start, MAX_LOGPROBS, self.sampled + start,
+                self.chosen_lp + start,
                 self.top_ids + start * MAX_LOGPROBS, self.top_lp + start * MAX_LOGPROBS,
                 &bad_row, times)
             if rc == FAULT_RAISE:
@@ -391,17 +398,21 @@ cdef class BatchLoop:
             self.row_seq[row] = s
             self.row_want[row] = WANT_SAMPLE | (WANT_LOGPROBS if self.scheduler.slots[s].n_logprobs else 0)
             row += 1
+        cdef Slot * sl
         for c in range(self.scheduler.n_chunks):
             s = self.scheduler.chunk_slot[c]
+            sl = &self.scheduler.slots[s]
             for p in range(self.scheduler.chunk_start[c], self.scheduler.chunk_end[c]):
-                self.row_tok[row] = self.scheduler.slots[s].prompt[p]
+                self.row_tok[row] = sl.prompt[p]
                 self.row_pos[row] = p
                 self.row_seq[row] = s
                 self.row_want[row] = 0
+                if sl.prompt_logprobs >= 0 and p + 1 < sl.n_prompt:
+                    self.row_want[row] = WANT_SCORE
+                    self.row_next[row] = sl.prompt[p + 1]
                 row += 1
-            if self.scheduler.chunk_end[c] == self.scheduler.slots[s].n_prompt:
-                self.row_want[row - 1] = WANT_SAMPLE | (
-                    WANT_LOGPROBS if self.scheduler.slots[s].n_logprobs else 0)
+            if self.scheduler.chunk_end[c] == sl.n_prompt and sl.max_tokens > 0:
+                self.row_want[row - 1] = WANT_SAMPLE | (WANT_LOGPROBS if sl.n_logprobs else 0)
 
     cdef int _apply_kv_ops(self) noexcept nogil:
         """The queued KV changes, in order: a slot's sequence keeps positions

@@ -17,6 +17,7 @@ cpdef enum EventKind:
     EV_FINISH = 4              # a slot ended; its KV is free but for the positions it keeps
     EV_FAILURE = 5             # a llama_decode call of the step failed
     EV_STEP = 6                # the step ended, with its figures
+    EV_SCORE = 7               # a prompt token's log-probability (prompt_logprobs sessions)
 
 # Failure codes of a call beside llama_decode's own (1, 2, -1, below -1): each
 # means one thing.
@@ -30,12 +31,15 @@ cpdef enum:
 cpdef enum:
     WANT_SAMPLE = 1
     WANT_LOGPROBS = 2
+    WANT_SCORE = 4             # report the log-probability of the given next token, sample none
 
 # Limits.
 cpdef enum:
     MAX_LOGPROBS = 20          # top log-probabilities per token (OpenAI's limit)
     MAX_STOP_IDS = 64          # stop token ids per session
     MAX_RUNNING = 256          # sequences per llama.cpp context (LLAMA_MAX_SEQ): one per session
+    SCORE_CHUNK = 16           # prompt rows per chunk of a session scoring its prompt (each an
+                               # output row: at most one such chunk per step bounds the logits)
 
 # Engine.inject_fault's code for "raise after llama_decode ran" (a test hook).
 cpdef enum:

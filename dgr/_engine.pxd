@@ -38,7 +38,8 @@ cdef class Engine(Vocabulary):
     cdef void _free(self) noexcept
     # one llama_decode and the sampling of its output rows
     cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
-                      const int8_t * want, int k, int32_t * out_ids, float * out_lp,
+                      const int8_t * want, const int32_t * next_tok, int k,
+                      int32_t * out_ids, float * out_lp,
                       int32_t * out_top, float * out_top_lp, int * bad_row,
                       double * times) noexcept nogil
     cdef void _resolve_logits(self, int n, const int8_t * want) noexcept nogil

@@ -474,7 +474,7 @@ cdef class Engine(Vocabulary):
         cdef int bad_row = -1
         cdef double times[3]
         with nogil:
-            rc = self.run_call(n, &tok[0], &pos[0], &seq[0], &wnt[0], k,
+            rc = self.run_call(n, &tok[0], &pos[0], &seq[0], &wnt[0], NULL, k,
                                <int32_t *> sampled.data, <float *> sampled_lp.data,
                                <int32_t *> top_ids.data, <float *> top_lp.data, &bad_row, times)
 
@@ -494,12 +494,14 @@ cdef class Engine(Vocabulary):
         return sampled, top_ids, top_lp, sampled_lp
 
     cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
-                      const int8_t * want, int k, int32_t * out_ids, float * out_lp,
+                      const int8_t * want, const int32_t * next_tok, int k,
+                      int32_t * out_ids, float * out_lp,
                       int32_t * out_top, float * out_top_lp, int * bad_row,
                       double * times) noexcept nogil:
         """One llama_decode over n rows, then every row with want != 0 sampled with
         its slot's sampler (and, with WANT_LOGPROBS, its top-k log-probabilities, k
-        apart in out_top*). Returns llama_decode's code (or an injected fault's);
+        apart in out_top*; a WANT_SCORE row reports those of next_tok[i] instead of
+        sampling). Returns llama_decode's code (or an injected fault's);
         a row without logits ends sampling with its index in bad_row. times:
         batch fill, decode and sampling seconds. Shared by step() and BatchLoop."""
         cdef int i, rc, injected = 0
@@ -528,8 +530,8 @@ cdef class Engine(Vocabulary):
             rc = WORKER_LOST
         t2 = _now()
         if rc == 0:
-            self.sampling.sample_rows(n, self.row_logits, seq, want, k, out_ids, out_lp, out_top,
-                                      out_top_lp, bad_row)
+            self.sampling.sample_rows(n, self.row_logits, seq, want, next_tok, k, out_ids, out_lp,
+                                      out_top, out_top_lp, bad_row)
         times[0] = t1 - t0
         times[1] = t2 - t1
         times[2] = _now() - t2

@@ -33,11 +33,12 @@ cdef class Sampling:
     cdef void release(self) noexcept
     cdef void reset(self, int slot) noexcept nogil
     cdef void sample_rows(self, int n, const float ** row_logits, const int32_t * seq,
-                          const int8_t * want, int k, int32_t * out_ids, float * out_lp,
-                          int32_t * out_top, float * out_top_lp, int * bad_row) noexcept nogil
-    cdef void _sample_row(self, int row, const float * logits, int slot, int8_t want, int k,
+                          const int8_t * want, const int32_t * next_tok, int k,
                           int32_t * out_ids, float * out_lp, int32_t * out_top,
-                          float * out_top_lp, int tid) noexcept nogil
+                          float * out_top_lp, int * bad_row) noexcept nogil
+    cdef void _sample_row(self, int row, const float * logits, int slot, int8_t want,
+                          int next_token, int k, int32_t * out_ids, float * out_lp,
+                          int32_t * out_top, float * out_top_lp, int tid) noexcept nogil
     cdef int _n_banned(self, int slot) noexcept nogil
     cdef void _fill(self, int slot, const float * logits,
                     llama_token_data * candidates) noexcept nogil

@@ -13,7 +13,7 @@ from libc.stdint cimport uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from cython.parallel cimport prange, threadid
 
-from dgr._codes cimport MAX_STOP_IDS, WANT_LOGPROBS
+from dgr._codes cimport MAX_STOP_IDS, WANT_LOGPROBS, WANT_SCORE
 from dgr._llama cimport *
 
 from dgr.config import SamplingParams, seed32
@@ -186,12 +186,15 @@ cdef class Sampling:
         llama_sampler_reset(self.chains[slot])
 
     cdef void sample_rows(self, int n, const float ** row_logits, const int32_t * seq,
-                          const int8_t * want, int k, int32_t * out_ids, float * out_lp,
-                          int32_t * out_top, float * out_top_lp, int * bad_row) noexcept nogil:
+                          const int8_t * want, const int32_t * next_tok, int k,
+                          int32_t * out_ids, float * out_lp, int32_t * out_top,
+                          float * out_top_lp, int * bad_row) noexcept nogil:
         """Sample every row with want != 0 from its logits (row_logits[i], NULL:
         none) with its slot's (seq[i]) state: out_ids[i] (-1 without logits; the
         first such row in bad_row), and with WANT_LOGPROBS the top k
-        log-probabilities (k apart in out_top*) and the token's own (out_lp)."""
+        log-probabilities (k apart in out_top*) and the token's own (out_lp). A
+        WANT_SCORE row samples nothing and changes no state: its token is
+        next_tok[i], given, and its log-probabilities are reported."""
         cdef int i, wanted = 0
         for i in range(n):
             if want[i] != 0:
@@ -199,26 +202,33 @@ cdef class Sampling:
         cdef int threads = min(self.n_threads, wanted)
         if threads > 1:
             for i in prange(n, num_threads=threads, schedule="dynamic"):
-                self._sample_row(i, row_logits[i], seq[i], want[i], k, out_ids, out_lp, out_top,
-                                 out_top_lp, threadid())
+                self._sample_row(i, row_logits[i], seq[i], want[i],
+                                 next_tok[i] if next_tok != NULL else -1, k, out_ids, out_lp,
+                                 out_top, out_top_lp, threadid())
         else:
             for i in range(n):
-                self._sample_row(i, row_logits[i], seq[i], want[i], k, out_ids, out_lp, out_top,
-                                 out_top_lp, 0)
+                self._sample_row(i, row_logits[i], seq[i], want[i],
+                                 next_tok[i] if next_tok != NULL else -1, k, out_ids, out_lp,
+                                 out_top, out_top_lp, 0)
         for i in range(n):
             if want[i] != 0 and out_ids[i] < 0:
                 bad_row[0] = i
                 break
 
-    cdef void _sample_row(self, int row, const float * logits, int slot, int8_t want, int k,
-                          int32_t * out_ids, float * out_lp, int32_t * out_top,
-                          float * out_top_lp, int tid) noexcept nogil:
+    cdef void _sample_row(self, int row, const float * logits, int slot, int8_t want,
+                          int next_token, int k, int32_t * out_ids, float * out_lp,
+                          int32_t * out_top, float * out_top_lp, int tid) noexcept nogil:
         """One row's token and, if asked, its log-probabilities, with thread tid's scratch."""
         if want == 0:
             return
         cdef int token
         if logits == NULL:
             out_ids[row] = -1
+            return
+        if want & WANT_SCORE:  # raw log-probabilities, as for sampled rows
+            _logprobs(logits, self.vocab_size, k, next_token, out_top + row * k,
+                      out_top_lp + row * k, out_lp + row)
+            out_ids[row] = next_token
             return
         if self.greedy[slot]:
             token = _argmax(<float *> logits, self.vocab_size, self.bans + slot * self.ban_stride,

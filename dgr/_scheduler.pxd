@@ -3,9 +3,9 @@
 
 from libc.stdint cimport int32_t, int64_t
 
-from dgr._codes cimport (EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_STEP, EV_TOKEN,
+from dgr._codes cimport (EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN,
                         FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, FINISH_STOP,
-                        MAX_LOGPROBS, NO_LOGITS)
+                        MAX_LOGPROBS, NO_LOGITS, SCORE_CHUNK)
 
 cdef enum SlotPhase:
     SLOT_FREE = 0
@@ -25,6 +25,7 @@ cdef struct Slot:
     int n_logprobs
     bint ignore_eos
     bint keep_kv               # its sequence keeps its KV when it ends (a prefix cache entry)
+    int prompt_logprobs        # -1, or it scores its prompt tokens (with this many alternatives)
     int64_t order              # admission order: prefill goes oldest first
 
 cdef struct StepFigures:
@@ -88,6 +89,8 @@ cdef class Scheduler:
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil
     cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil
+    cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,
+                     const float * top_lp, Event * out) noexcept nogil
 
 
 cdef object event_record(const Event * e)

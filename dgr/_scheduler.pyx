@@ -16,6 +16,10 @@ Policy (re-planned every step; sessions join and leave between steps):
    shared prefix). A chunk that does not fit waits for the next step, and so
    do younger sessions' chunks (strict age order: a long prompt is never
    starved).
+   A session scoring its prompt (prompt_logprobs) prefills SCORE_CHUNK tokens a
+   chunk, every row an output row; one such chunk per step, so the logits of a
+   step stay within SCORE_CHUNK rows more than its decode rows (a second
+   scoring session waits, the others go on).
 3. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
    results do not depend on the rows it shares a call with (the patch stack,
@@ -39,7 +43,7 @@ publishes the events, so the node reuses a slot only after its EV_FINISH.
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
-from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, StepEnded
+from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 
 
 cdef object event_record(const Event * e):
@@ -56,6 +60,9 @@ cdef object event_record(const Event * e):
         return Prefilled(e.slot, e.start, e.end)
     if e.kind == EV_FINISH:
         return Finished(e.slot, e.reason, e.code, e.kept)
+    if e.kind == EV_SCORE:
+        return Scored(e.slot, e.start, e.token, e.logprob,
+                      [(e.top_ids[j], e.top_lp[j]) for j in range(e.n_top)])
     if e.kind == EV_FAILURE:
         return CallFailed(e.code)
     return StepEnded(e.step)
@@ -112,19 +119,25 @@ cdef class Scheduler:
     # ------------------------------------------------------------ the node's side
 
     def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
-              int credits=1, int n_reused=0, bint keep_kv=False):
+              int credits=1, int n_reused=0, bint keep_kv=False, int prompt_logprobs=-1):
         """Give a free slot a session: prefill `prompt` from position n_reused (the
         KV of the positions before it is already in the slot's sequence: a
         shared prefix), then generate up to max_tokens. With keep_kv its sequence
         keeps what it computed when it ends (but after an error): the finish
-        event's `kept` positions."""
+        event's `kept` positions. With prompt_logprobs >= 0 it also scores its
+        prompt: each prompt token's log-probability given the ones before it (and
+        that many alternatives) as EV_SCORE events, its prompt prefilled
+        SCORE_CHUNK tokens a step, from position 0; max_tokens may then be 0."""
         self._check(slot)
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
         cdef int n = len(prompt)
-        if n < 1 or max_tokens < 1 or credits < 1 or not 0 <= n_logprobs <= MAX_LOGPROBS:
-            raise ValueError("a session needs a prompt, max_tokens >= 1, credits >= 1 and "
-                             f"0..{MAX_LOGPROBS} logprobs")
+        if (n < 1 or max_tokens < (0 if prompt_logprobs >= 0 else 1) or credits < 1
+                or not 0 <= n_logprobs <= MAX_LOGPROBS or prompt_logprobs > MAX_LOGPROBS):
+            raise ValueError("a session needs a prompt, max_tokens >= 1 (0 when it scores its "
+                             f"prompt), credits >= 1 and 0..{MAX_LOGPROBS} logprobs")
+        if prompt_logprobs >= 0 and n_reused:
+            raise ValueError("a session scoring its prompt computes all of it (n_reused 0)")
         if not 0 <= n_reused < n:
             raise ValueError(f"n_reused ({n_reused}) must lie before the prompt's last token")
         cdef int32_t * copy = <int32_t *> malloc(n * sizeof(int32_t))
@@ -144,6 +157,7 @@ cdef class Scheduler:
         sl.n_logprobs = n_logprobs
         sl.ignore_eos = ignore_eos
         sl.keep_kv = keep_kv
+        sl.prompt_logprobs = prompt_logprobs
         sl.order = self.next_order
         self.next_order += 1
         sl.phase = SLOT_PREFILL
@@ -221,8 +235,9 @@ cdef class Scheduler:
     # ------------------------------------------------------------ the loop's side (nogil)
 
     cdef int max_step_events(self) noexcept nogil:
-        # decode rows + chunks + tokens + finishes + failed calls + the step record
-        return 3 * self.n_slots + 2 * self.prefill_sessions + 2
+        # decode rows + chunks + tokens + finishes + failed calls + the step record,
+        # and one scoring chunk's scores
+        return 3 * self.n_slots + 2 * self.prefill_sessions + 2 + SCORE_CHUNK
 
     cdef int take_finish_requests(self, Event * out) noexcept nogil:
         """End every slot the node asked to end; returns the events written."""
@@ -254,15 +269,20 @@ cdef class Scheduler:
                 self.order_buf[j] = s
                 n_waiting += 1
         self.n_chunks = 0
+        cdef bint scoring = False  # a chunk scoring its rows is in the plan (at most one)
         for i in range(n_waiting):
             s = self.order_buf[i]
             sl = &self.slots[s]
             start = sl.n_prefilled
-            end = start + self.prefill_chunk
+            end = start + (min(SCORE_CHUNK, self.prefill_chunk) if sl.prompt_logprobs >= 0
+                           else self.prefill_chunk)
             if end > sl.n_prompt:
                 end = sl.n_prompt
+            if scoring and sl.prompt_logprobs >= 0:
+                continue  # one scoring chunk a step; the sessions behind it go on
             if end - start > left or self.n_chunks == self.prefill_sessions:
                 break
+            scoring = scoring or sl.prompt_logprobs >= 0
             self.chunk_slot[self.n_chunks] = s
             self.chunk_start[self.n_chunks] = start
             self.chunk_end[self.n_chunks] = end
@@ -333,13 +353,40 @@ cdef class Scheduler:
             if self.slots[s].phase == SLOT_FREE:
                 continue
             self.slots[s].n_prefilled = self.chunk_end[c]
+            if self.slots[s].prompt_logprobs >= 0:
+                n += self._scores(c, chosen_lp, top_ids, top_lp, out + n)
             if self.chunk_end[c] == self.slots[s].n_prompt:
                 last = self.chunk_offset(c + 1) - 1
+                if self.slots[s].max_tokens == 0:  # it only scored its prompt
+                    n += self._finish(s, FINISH_LENGTH, 0, out + n)
+                    continue
                 self.slots[s].phase = SLOT_DECODE
                 n += self._output(s, sampled[last], chosen_lp[last],
                                   top_ids + last * MAX_LOGPROBS, top_lp + last * MAX_LOGPROBS,
                                   out + n)
                 figures.generated += 1
+        return n
+
+    cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,
+                     const float * top_lp, Event * out) noexcept nogil:
+        """Chunk c's scores: row p gave the log-probability of prompt token p + 1
+        (the chunk's last prompt row, the sampled token's, gives none)."""
+        cdef int s = self.chunk_slot[c], row = self.chunk_offset(c), p, n = 0
+        cdef Slot * sl = &self.slots[s]
+        for p in range(self.chunk_start[c], self.chunk_end[c]):
+            if p + 1 < sl.n_prompt:
+                out[n].kind = EV_SCORE
+                out[n].slot = s
+                out[n].start = p + 1
+                out[n].token = sl.prompt[p + 1]
+                out[n].logprob = chosen_lp[row]
+                out[n].n_top = sl.prompt_logprobs
+                memcpy(out[n].top_ids, top_ids + row * MAX_LOGPROBS,
+                       sl.prompt_logprobs * sizeof(int32_t))
+                memcpy(out[n].top_lp, top_lp + row * MAX_LOGPROBS,
+                       sl.prompt_logprobs * sizeof(float))
+                n += 1
+            row += 1
         return n
 
     cdef int _failure(self, int code, Event * out) noexcept nogil:

@@ -256,6 +256,10 @@ class SamplingParams:
     end-of-generation token, not part of the output). min_tokens: neither an
     end-of-generation token nor a stop token id (nor a stop string) ends the
     session before it has generated that many tokens (vLLM's semantics).
+    prompt_logprobs: also report each prompt token's log-probability given the
+    tokens before it, with that many alternatives (vLLM's; the first token has
+    none); the prompt is then computed whole (nothing shared from the prefix
+    cache), so the figures are those of computing it, and max_tokens may be 0.
     """
 
     max_tokens: Optional[int] = None
@@ -276,6 +280,7 @@ class SamplingParams:
     grammar: Optional[str] = None
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=lambda v: _tuple(v))
     min_tokens: int = 0
+    prompt_logprobs: Optional[int] = None
 
     def __attrs_post_init__(self) -> None:
         def bad(field: str, msg: str) -> None:
@@ -294,8 +299,14 @@ class SamplingParams:
                 bad(field, f"{field} must be a number within {'(' if open_lo else ''}"
                            f"{lo:g}..{hi:g}{')' if open_lo else ''}, got {value!r}")
 
+        if self.prompt_logprobs is not None:
+            integer("prompt_logprobs")
+            if self.prompt_logprobs > MAX_LOGPROBS:
+                bad("prompt_logprobs", f"prompt_logprobs must be within 0..{MAX_LOGPROBS}, got "
+                                       f"{self.prompt_logprobs}")
         if self.max_tokens is not None:
-            integer("max_tokens", 1)
+            # a session that scores its prompt may generate nothing
+            integer("max_tokens", 0 if self.prompt_logprobs is not None else 1)
         number("temperature", 0.0, 100.0)
         number("top_p", 0.0, 1.0, open_lo=True)
         number("min_p", 0.0, 1.0)

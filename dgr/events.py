@@ -40,6 +40,19 @@ class Sampled:
 
 
 @record
+class Scored:
+    """`slot`'s prompt token `token` at `position` has log-probability `logprob`
+    given the tokens before it; `top`: the best alternatives (a session scoring
+    its prompt: SamplingParams.prompt_logprobs)."""
+
+    slot: int
+    position: int
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@record
 class Finished:
     """`slot` ended with FinishCode `reason` (`code`: the failed call's, else 0).
     Its KV is free but for positions [0, kept): a prefix cache entry."""

@@ -42,7 +42,7 @@ from dgr import _batch, _engine, _scheduler
 from dgr._codes import ENGINE_FAULT, WORKER_LOST
 from dgr.admission import Admission
 from dgr.engine import EngineThread
-from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, StepEnded
+from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 from dgr.placement import Evict, Start
 from dgr.sequence import FinishReason, Phase, Session
 from dgr.stream import TokenEvent
@@ -122,7 +122,8 @@ class StepLoop:
         self._step_prefill: list[tuple[int, int, int]] = []
         self.departures = trio.lowlevel.ParkingLot()  # woken whenever a session leaves
         self._handlers = {Sampled: self._on_sampled, Decoded: self._on_decoded,
-                          Prefilled: self._on_prefilled, Finished: self._on_finished,
+                          Prefilled: self._on_prefilled, Scored: self._on_scored,
+                          Finished: self._on_finished,
                           CallFailed: self._on_call_failed, StepEnded: self._on_step_ended}
 
     @classmethod
@@ -274,6 +275,9 @@ class StepLoop:
 
     def _on_decoded(self, event: Decoded, now: float) -> None:
         self._step_decode.append(self._by_slot[event.slot].id)
+
+    def _on_scored(self, event: Scored, now: float) -> None:
+        self._by_slot[event.slot].record_score(event.logprob, event.top)
 
     def _on_prefilled(self, event: Prefilled, now: float) -> None:
         session = self._by_slot[event.slot]

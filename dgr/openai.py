@@ -119,7 +119,8 @@ SAMPLING_NAMES = {
 
 
 def _common(body: dict, logprobs: int, chat: bool, prompts: list,
-            top_logprobs: int = 0, echo: bool = False) -> ParsedRequest:
+            top_logprobs: int = 0, echo: bool = False,
+            prompt_logprobs: Optional[int] = None) -> ParsedRequest:
     n = _int(body, "n", 1, MAX_CHOICES) or 1
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
@@ -145,7 +146,8 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             **fields,
             # OpenAI's default and range, narrower than the library's
             temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
-            logprobs=logprobs, logit_bias=_logit_bias(body), grammar=_grammar(body))
+            logprobs=logprobs, logit_bias=_logit_bias(body), grammar=_grammar(body),
+            prompt_logprobs=prompt_logprobs)
     except BadRequest:
         raise
     except InvalidRequest as exc:
@@ -221,11 +223,11 @@ def parse_completion(body: Any) -> ParsedRequest:
                              "list of those", "prompt")
     logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS) or 0
     echo = _bool(body, "echo")
-    if echo and body.get("logprobs") is not None:
-        # OpenAI would report the prompt's tokens too; prefill computes no logits for them
-        raise BadRequest("'echo' with 'logprobs' is not supported (no prompt log-probabilities)",
-                         "echo")
-    return _common(body, logprobs, chat=False, prompts=prompts, echo=echo)
+    # echo with logprobs: the prompt's tokens are reported too (scored, computed whole),
+    # and max_tokens may be 0 (how evaluation tools score a continuation)
+    scored = logprobs if echo and body.get("logprobs") is not None else None
+    return _common(body, logprobs, chat=False, prompts=prompts, echo=echo,
+                   prompt_logprobs=scored)
 
 
 def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
@@ -278,8 +280,11 @@ class ResponseBuilder:
         self._top = top_logprobs  # chat: alternatives per token
         self._offsets: dict[int, int] = {}  # choice index -> text offset so far
 
-    def _logprobs(self, chunks: list[Chunk], index: int = 0) -> Optional[dict]:
+    def _logprobs(self, chunks: list[Chunk], index: int = 0,
+                  prompt: Optional[list] = None) -> Optional[dict]:
         rows = [c for c in chunks if c.token_id is not None and c.top_logprobs is not None]
+        if prompt:
+            return self._with_prompt(rows, index, prompt)
         if not rows:
             return None
         if self.chat:
@@ -298,17 +303,42 @@ class ResponseBuilder:
                 "top_logprobs": [_top_dict(c.top_logprobs, self._token_text) for c in rows],
                 "text_offset": offsets}
 
+    def _with_prompt(self, rows: list[Chunk], index: int, prompt: list) -> dict:
+        """Completions' logprobs with the prompt's tokens first (echo): `prompt` is
+        (token id, (logprob, alternatives) or None) per prompt token, None for the
+        first, as OpenAI reports it. A prompt token's text_offset counts the text
+        of the tokens before it; the generated tokens' go on from there."""
+        tokens, lps, tops, offsets, at = [], [], [], [], 0
+        for token, score in prompt:
+            text = self._token_text(token)
+            tokens.append(text)
+            lps.append(None if score is None else score[0])
+            tops.append(None if score is None else _top_dict(score[1], self._token_text))
+            offsets.append(at)
+            at += len(text)
+        self._offsets[index] = at
+        rest = self._logprobs(rows, index) if rows else None
+        if rest is not None:
+            tokens += rest["tokens"]
+            lps += rest["token_logprobs"]
+            tops += rest["top_logprobs"]
+            offsets += rest["text_offset"]
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
+                "text_offset": offsets}
+
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
     def full(self, choices: list[tuple[str, list[Chunk], str]], prompt_tokens: int,
-             completion_tokens: int, cached_tokens: int = 0) -> dict:
-        """choices: (text, token chunks, finish reason) of each choice, by index."""
+             completion_tokens: int, cached_tokens: int = 0,
+             prompts: Optional[list] = None) -> dict:
+        """choices: (text, token chunks, finish reason) of each choice, by index;
+        prompts: each choice's scored prompt (echo with logprobs; see _with_prompt)."""
         out = []
         for index, (text, chunks, finish_reason) in enumerate(choices):
-            logprobs = self._logprobs(chunks, index)
+            logprobs = self._logprobs(chunks, index, prompts[index] if prompts else None)
             if self.chat:
                 out.append({"index": index, "message": {"role": "assistant", "content": text},
                             "logprobs": logprobs, "finish_reason": finish_reason})
@@ -320,8 +350,8 @@ class ResponseBuilder:
                 "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
 
     def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
-              first: bool = False, index: int = 0) -> dict:
-        logprobs = self._logprobs(chunks, index)
+              first: bool = False, index: int = 0, prompt: Optional[list] = None) -> dict:
+        logprobs = self._logprobs(chunks, index, prompt)
         if self.chat:
             delta: dict = {"role": "assistant"} if first else {}
             if text or not first:

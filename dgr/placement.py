@@ -77,6 +77,10 @@ class Placement:
             return slot
         holder, n_reused = cache.match(session.prompt_array)
         self._follow(session, n_reused, running)
+        if session.params.prompt_logprobs is not None:
+            # it scores every prompt token, so it computes them all
+            holder, n_reused = None, 0
+            session.follow(None, 0)
         if session.leader is not None:
             # it shares when it starts, from its leader or what holds the prefix then
             holder, n_reused = None, 0

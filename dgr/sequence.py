@@ -74,6 +74,9 @@ class Session:
     share_len: int = 0  # prompt positions to take from the leader once it has them
     n_prefilled: int = 0
     generated: list[int] = attrs.field(factory=list)
+    # (log-probability, alternatives) of each prompt token but the first, when it
+    # scores its prompt (SamplingParams.prompt_logprobs)
+    prompt_scores: list[tuple[float, list[tuple[int, float]]]] = attrs.field(factory=list)
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
     first_token_at: Optional[float] = None
@@ -116,6 +119,10 @@ class Session:
         n_reused positions from slot `reuse_from`."""
         self.reuse_from = reuse_from if n_reused else None
         self.n_reused = self.n_prefilled = n_reused
+
+    def record_score(self, logprob: float, top: list[tuple[int, float]]) -> None:
+        """The batch loop scored the next prompt token."""
+        self.prompt_scores.append((logprob, top))
 
     def record_prefill(self, end: int) -> None:
         """The batch loop prefilled the prompt up to position `end`."""

@@ -144,7 +144,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         completion = sum(map(len, rows))
         return JSONResponse(builder.full(
             [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
-            _prompt_tokens(streams, parsed.n), completion, _cached_tokens(streams, parsed.n)))
+            _prompt_tokens(streams, parsed.n), completion, _cached_tokens(streams, parsed.n),
+            [_scored_prompt(c) for c in streams] if _scores_prompt(parsed) else None))
 
     async def _sse(request, streams, builder: ResponseBuilder, parsed, echoes, emit) -> None:
         """The choices' chunks as they come, each event naming its choice's index; a
@@ -181,8 +182,11 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                         break
                     text = echoes[index] + chunk.text if index in first else chunk.text
                     if text or rows or index in first:
-                        await emit(_event(builder.delta(text, rows, None,
-                                                        first=index in first, index=index)))
+                        # a scored prompt is complete before the choice's first chunk
+                        prompt = (_scored_prompt(streams[index])
+                                  if index in first and _scores_prompt(parsed) else None)
+                        await emit(_event(builder.delta(text, rows, None, first=index in first,
+                                                        index=index, prompt=prompt)))
                         first.discard(index)
                     if chunk.finish_reason is not None:
                         await emit(_event(builder.delta("", [], chunk.finish_reason, index=index)))
@@ -314,6 +318,15 @@ async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
 def _prompt_tokens(streams, n: int) -> int:
     """Usage: each prompt's tokens once, however many samples it has (OpenAI's count)."""
     return sum(chunks.prompt_tokens for chunks in streams[::n])
+
+
+def _scores_prompt(parsed) -> bool:
+    return parsed.echo and parsed.params.prompt_logprobs is not None
+
+
+def _scored_prompt(chunks) -> list:
+    """(token id, (logprob, alternatives) or None) for each prompt token."""
+    return list(zip(chunks.session.prompt, chunks.prompt_logprobs))
 
 
 def _cached_tokens(streams, n: int) -> int:

@@ -73,6 +73,13 @@ class SessionStream:
         prompt_tokens_details.cached_tokens)."""
         return self.session.n_reused
 
+    @property
+    def prompt_logprobs(self):
+        """With SamplingParams.prompt_logprobs: each prompt token's (log-probability,
+        alternatives) given the tokens before it, None for the first (complete
+        once the first chunk has come)."""
+        return [None, *self.session.prompt_scores]
+
     def __aiter__(self) -> "SessionStream":
         return self
 

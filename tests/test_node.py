@@ -763,3 +763,27 @@ async def test_stop_token_ids_and_min_tokens(node_config):
         dgr.SamplingParams(max_tokens=2, min_tokens=3)
     with pytest.raises(InvalidRequest, match="min_tokens"):
         dgr.SamplingParams(min_tokens=2, grammar='root ::= "x"')
+
+
+async def test_a_scored_prompt_has_bitwise_the_logprobs_of_decoding_it(node_config):
+    """prompt_logprobs: each prompt token's log-probability and alternatives, given
+    the tokens before it, equal to those the same token had when it was decoded;
+    the same again once the whole prompt is cached (it is computed, not shared)."""
+    async with dgr.open_node(node_config(prefill_chunk=64)) as node:
+        prompt = node.tokenize("The quick brown fox jumps over the lazy dog, and then")
+        decoded = await node.generate(prompt, dgr.SamplingParams(max_tokens=20, logprobs=3,
+                                                                 ignore_eos=True))
+        full = prompt + decoded.token_ids
+        scores = []
+        for max_tokens in (0, 0, 2):
+            params = dgr.SamplingParams(max_tokens=max_tokens, prompt_logprobs=3, ignore_eos=True)
+            async with node.stream(full, params) as chunks:
+                got = [chunk async for chunk in chunks]
+                scores.append(chunks.prompt_logprobs)
+                assert chunks.cached_tokens == 0
+            assert len([c for c in got if c.token_id is not None]) == max_tokens
+        assert scores[0] == scores[1] == scores[2] and len(scores[0]) == len(full)
+        assert scores[0][0] is None
+        tail = scores[0][len(prompt):]
+        assert [lp for lp, _ in tail] == decoded.token_logprobs
+        assert [top for _, top in tail] == decoded.logprobs

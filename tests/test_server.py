@@ -443,9 +443,13 @@ async def test_each_parameter_changes_what_it_should_and_nothing_else(start_serv
                 events = sse_events((await client.post(path, json=base_body | {
                     "echo": True, "stream": True})).text)
                 assert "".join(e["choices"][0]["text"] for e in events) == words + base_text
-                refused = await client.post(path, json=base_body | {"echo": True, "logprobs": 1})
-                assert refused.status_code == 400
-                assert refused.json()["error"]["param"] == "echo"
+                scored, [text], _ = await run(echo=True, logprobs=1)
+                assert text == words + base_text
+                logprobs = scored["choices"][0]["logprobs"]
+                n_prompt = scored["usage"]["prompt_tokens"]
+                assert len(logprobs["tokens"]) == n_prompt + 10
+                assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+                assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
 
 
 async def test_a_non_streamed_request_whose_client_left_is_logged_cancelled(start_server, caplog):
@@ -544,3 +548,36 @@ async def test_usage_reports_the_prompt_tokens_reused_from_the_prefix_cache(star
         repeat = (await client.post("/v1/chat/completions", json=chat)).json()
         details = repeat["usage"]["prompt_tokens_details"]
         assert details["cached_tokens"] == repeat["usage"]["prompt_tokens"] - 1  # all but the last
+
+
+async def test_echo_with_logprobs_scores_the_prompt(start_server):
+    """How evaluation tools score a continuation: echo + logprobs (+ max_tokens 0).
+    Each prompt token's log-probability is computed, never taken from the cache
+    (tests/test_node.py checks they are bitwise those of decoding the same tokens)."""
+    server = await start_server()
+    async with server.client() as client:
+        body = {"prompt": "The quick brown fox jumps over the lazy dog", "echo": True,
+                "logprobs": 2, "max_tokens": 0, "temperature": 0}
+        first = None
+        for _ in range(2):  # the second time the whole prompt is cached: it is computed again
+            scored = (await client.post("/v1/completions", json=body)).json()
+            choice = scored["choices"][0]
+            assert choice["text"] == body["prompt"] and choice["finish_reason"] == "length"
+            assert scored["usage"]["completion_tokens"] == 0
+            assert scored["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            logprobs = choice["logprobs"]
+            assert len(logprobs["tokens"]) == scored["usage"]["prompt_tokens"]
+            assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+            assert all(len(top) <= 2 for top in logprobs["top_logprobs"][1:])
+            assert first is None or logprobs == first
+            first = logprobs
+        one_more = (await client.post("/v1/completions", json=body | {"max_tokens": 1})).json()
+        more = one_more["choices"][0]["logprobs"]
+        assert {k: v[:-1] for k, v in more.items()} == first  # the prompt's, then the token's
+        streamed = await client.post("/v1/completions", json=body | {"stream": True})
+        events = sse_events(streamed.text)
+        assert events[0]["choices"][0]["logprobs"] == first
+        refused = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+        too_many = await client.post("/v1/completions", json=body | {"logprobs": 21})
+        assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "logprobs"

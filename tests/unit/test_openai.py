@@ -44,7 +44,6 @@ def test_openai_defaults_differ_from_the_librarys():
     ({"prompt": "hi", "stop": ["s"] * (MAX_STOP_STRINGS + 1)}, "stop"),
     ({"prompt": "hi", "n": 33}, "n"),
     ({"prompt": ["a", "b"], "n": 17}, "n"),
-    ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo"),
     ({"prompt": "hi", "repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
     # SamplingParams validates, the error names the request's own name for the field
     ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
@@ -158,3 +157,20 @@ def test_tokenize_and_detokenize_requests():
         with pytest.raises(BadRequest):
             parse_detokenize(bad)
     assert token_piece(b"ab") == "ab" and token_piece(b"\xc3") == [0xC3]
+
+
+def test_echo_with_logprobs_scores_the_prompt_and_allows_max_tokens_0():
+    parsed = parse_completion({"prompt": "hi", "echo": True, "logprobs": 3, "max_tokens": 0})
+    assert parsed.params.prompt_logprobs == 3 and parsed.params.max_tokens == 0
+    assert parse_completion({"prompt": "hi", "echo": True}).params.prompt_logprobs is None
+    with pytest.raises(BadRequest) as exc:
+        parse_completion({"prompt": "hi", "max_tokens": 0})
+    assert exc.value.param == "max_tokens"
+    builder = ResponseBuilder("m", chat=False, token_text={1: "a", 2: "bc", 3: "d"}.get)
+    prompt = [(1, None), (2, (-0.5, [(2, -0.5), (3, -1.0)]))]
+    body = builder.full([("abcd", [Chunk(3, "d", -0.25, [(3, -0.25)])], "length")], 2, 1,
+                        prompts=[prompt])
+    assert body["choices"][0]["logprobs"] == {
+        "tokens": ["a", "bc", "d"], "token_logprobs": [None, -0.5, -0.25],
+        "top_logprobs": [None, {"bc": -0.5, "d": -1.0}, {"d": -0.25}], "text_offset": [0, 1, 3]}
+

@@ -379,3 +379,33 @@ def test_an_ended_slot_keeps_its_prompt_and_the_tokens_it_fed_back_unless_it_fai
     assert decode == [1]
     failed = kinds(sched.apply([7], call_rc=[-3]), Finished)
     assert failed == [Finished(1, FinishReason.ERROR.code, -3, 0)]
+
+
+def test_a_scoring_session_prefills_small_chunks_one_per_step_and_may_end_at_its_prompt():
+    from dgr._codes import SCORE_CHUNK
+    from dgr.events import Scored
+
+    sched = scheduler(prefill_chunk=64)
+    sched.start(0, list(range(1, 41)), 0, prompt_logprobs=2)  # scores only
+    sched.start(1, list(range(1, 41)), 5, prompt_logprobs=0)
+    sched.start(2, list(range(1, 41)), 5)
+    _, _, chunks = sched.plan_step()
+    # one scoring chunk a step, SCORE_CHUNK rows; the next scoring session waits, the
+    # plain one behind it goes on
+    assert chunks == [(0, 0, SCORE_CHUNK), (2, 0, 40)]
+    events = sched.apply([-1] * SCORE_CHUNK + [-1] * 39 + [7])
+    scored = kinds(events, Scored)
+    assert [(e.slot, e.position, e.token) for e in scored] == [
+        (0, p + 1, p + 2) for p in range(SCORE_CHUNK)]
+    while sched.slot_state(0)[0] != 0:
+        _, decode, chunks = sched.plan_step()
+        assert sum(1 for c in chunks if c[0] in (0, 1)) <= 1
+        events = sched.apply(tokens_for(sched, decode, chunks))
+    # slot 0 scored positions 1..39 and ended at its prompt, without a token
+    finished = kinds(events, Finished)
+    assert Finished(0, FinishReason.LENGTH.code, 0, 0) in finished
+    assert not [e for e in kinds(events, Sampled) if e.slot == 0]
+    with pytest.raises(ValueError):
+        sched.start(3, [1, 2], 0)  # max_tokens 0 only when scoring
+    with pytest.raises(ValueError):
+        sched.start(3, [1, 2, 3], 4, n_reused=1, prompt_logprobs=0)  # scoring computes it all
