@@ -183,12 +183,21 @@ class ServerConfig:
                             "SIGINT/SIGTERM; a second signal exits at once.", default=30.0)
     model_alias: Optional[str] = option("--model-alias", "Model id reported by the API.",
                                         "the GGUF's general.name", default=None)
+    responses_stored: int = option(
+        "--responses-stored", "Recent /v1/responses conversations kept for "
+        "previous_response_id; beyond it the least recently used go. 0 keeps none.",
+        default=1024)
+    responses_store_bytes: int = option(
+        "--responses-store-bytes", "Most bytes (as JSON text) those conversations may take.",
+        default=64 << 20)
 
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
         if self.max_body_bytes < 1 or self.grace_s < 0:
             raise ValueError("max_body_bytes must be positive and grace_s not negative")
+        if self.responses_stored < 0 or self.responses_store_bytes < 0:
+            raise ValueError("responses_stored and responses_store_bytes must not be negative")
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)

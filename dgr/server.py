@@ -2,7 +2,7 @@
 
 Starlette (on anyio's Trio backend) for routing and responses, Hypercorn's
 Trio worker for HTTP. Endpoints: /v1/completions, /v1/chat/completions,
-/v1/models, /tokenize, /detokenize, /metrics, /capabilities, /health. Bad input is a 4xx with an
+/v1/responses, /v1/models, /tokenize, /detokenize, /metrics, /capabilities, /health. Bad input is a 4xx with an
 OpenAI-style error body, never a 500; a full queue is a 429 with Retry-After;
 a client that disconnects mid-stream cancels its session.
 """
@@ -30,6 +30,7 @@ from dgr.config import NodeConfig, ServerConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.node import Node, open_node
 from dgr.stream import Chunk
+from dgr import responses as responses_api
 from dgr.openai import (BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion,
                         parse_detokenize, parse_tokenize, token_piece)
 
@@ -58,6 +59,8 @@ def _retry_after(node: Node) -> str:
 
 
 def create_app(state: _State, config: ServerConfig) -> Starlette:
+    store = responses_api.ResponseStore(config.responses_stored, config.responses_store_bytes)
+
     async def read_json(request: Request) -> Any:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
@@ -201,6 +204,81 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                                                   _cached_tokens(streams, parsed.n))))
         await emit("data: [DONE]\n\n")
 
+    async def responses(request: Request) -> Response:
+        """OpenAI's Responses API over one chat session (dgr.responses)."""
+        node = ready_node()
+        parsed = responses_api.parse_response_request(await read_json(request), store)
+        try:
+            prompt = node.apply_chat_template(
+                ([{"role": "system", "content": parsed.instructions}] if parsed.instructions
+                 else []) + parsed.messages)
+        except ValueError as exc:
+            raise BadRequest(f"cannot apply the chat template: {exc}", "input") from None
+        ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+        builder = responses_api.ResponseBuilder(state.model_id, parsed)
+
+        def finished(text: str, chunks) -> dict:
+            usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens)
+            if parsed.store:
+                store.put(builder.id, parsed.messages + [{"role": "assistant", "content": text}])
+            return usage
+
+        generated: list[int] = []
+        if parsed.stream:
+            stream_cm = node.stream(ids, parsed.chat.params)
+            chunks = await stream_cm.__aenter__()
+
+            async def produce(emit) -> None:
+                for event in builder.opening():
+                    await emit(event)
+                texts = []
+                async for chunk in chunks:
+                    if chunk.token_id is not None:
+                        generated.append(chunk.token_id)
+                        request.scope["dgr.tokens"] = len(generated)
+                    if chunk.finish_reason == "error":
+                        await emit(builder.event("error", code="model_failed",
+                                                 message=chunk.error))
+                        return
+                    if chunk.text:
+                        texts.append(chunk.text)
+                        await emit(builder.delta(chunk.text))
+                if chunks.finish_reason == "cancelled":
+                    await emit(builder.event("error", code="cancelled",
+                                             message="the session was cancelled"))
+                    return
+                text = "".join(texts)
+                for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
+                    await emit(event)
+
+            return _SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+        texts = []
+        gone = trio.Event()
+
+        async def watch(scope):
+            await _cancel_on_disconnect(request.receive, scope)
+            gone.set()
+
+        async with node.stream(ids, parsed.chat.params) as chunks:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, nursery.cancel_scope)
+                async for chunk in chunks:
+                    texts.append(chunk.text)
+                    if chunk.token_id is not None:
+                        generated.append(chunk.token_id)
+                        request.scope["dgr.tokens"] = len(generated)
+                nursery.cancel_scope.cancel()
+        if gone.is_set():
+            return Response(status_code=499)
+        if chunks.finish_reason == "error":
+            return _error(500, chunks.error, "server_error", "model_failed")
+        if chunks.finish_reason == "cancelled":
+            return _error(503, "the session was cancelled (server shutting down)", "server_error",
+                          "cancelled")
+        text = "".join(texts)
+        return JSONResponse(builder.response("completed", text, chunks.finish_reason,
+                                             finished(text, chunks)))
+
     async def tokenize(request: Request) -> Response:
         node = ready_node()
         content, add_special, with_pieces = parse_tokenize(await read_json(request))
@@ -248,6 +326,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),

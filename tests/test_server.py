@@ -581,3 +581,77 @@ async def test_echo_with_logprobs_scores_the_prompt(start_server):
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
         too_many = await client.post("/v1/completions", json=body | {"logprobs": 21})
         assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "logprobs"
+
+
+def sse_typed(text):
+    """(event type, payload) of a Responses API stream."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+async def test_responses_plain_streamed_continued_and_structured(start_server):
+    server = await start_server()
+    async with server.client() as client:
+        body = {"input": "Say something", "max_output_tokens": 6, "temperature": 0,
+                "instructions": "Be brief."}
+        plain = (await client.post("/v1/responses", json=body)).json()
+        assert plain["object"] == "response" and plain["id"].startswith("resp_")
+        assert plain["status"] == "incomplete"  # the tiny model ran into max_output_tokens
+        assert plain["incomplete_details"] == {"reason": "max_output_tokens"}
+        text = plain["output"][0]["content"][0]["text"]
+        assert plain["output"][0]["role"] == "assistant" and text
+        usage = plain["usage"]
+        assert usage["output_tokens"] == 6 and usage["input_tokens"] > 0
+        assert usage["input_tokens_details"]["cached_tokens"] == 0
+        # the same again, as a chat with the same messages, gives the same text
+        chat = (await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Say something"}],
+            "max_tokens": 6, "temperature": 0})).json()
+        assert chat["choices"][0]["message"]["content"] == text
+        streamed = await client.post("/v1/responses", json=body | {"stream": True})
+        events = sse_typed(streamed.text)
+        kinds = [kind for kind, _ in events]
+        assert kinds[:4] == ["response.created", "response.in_progress",
+                             "response.output_item.added", "response.content_part.added"]
+        assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                              "response.output_item.done", "response.incomplete"]
+        assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+        deltas = "".join(e["delta"] for kind, e in events if kind == "response.output_text.delta")
+        assert deltas == text and events[-1][1]["response"]["output"][0]["content"][0]["text"] == text
+        # a next turn without resending: its history's KV comes from the cache
+        follow = (await client.post("/v1/responses", json={
+            "input": "And more?", "previous_response_id": plain["id"], "max_output_tokens": 4,
+            "temperature": 0})).json()
+        assert follow["previous_response_id"] == plain["id"]
+        assert follow["usage"]["input_tokens"] > usage["input_tokens"]
+        assert follow["usage"]["input_tokens_details"]["cached_tokens"] > 0
+        resent = (await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Say something"},
+                         {"role": "assistant", "content": text},
+                         {"role": "user", "content": "And more?"}],
+            "max_tokens": 4, "temperature": 0})).json()
+        assert follow["output"][0]["content"][0]["text"] == resent["choices"][0]["message"]["content"]
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        structured = (await client.post("/v1/responses", json={
+            "input": "json please", "max_output_tokens": 40, "temperature": 0,
+            "text": {"format": {"type": "json_schema", "name": "t", "schema": schema}}})).json()
+        assert isinstance(json.loads(structured["output"][0]["content"][0]["text"])["a"], int)
+        for bad, param in [({"input": "x", "previous_response_id": "resp_nope"},
+                            "previous_response_id"),
+                           ({"input": "x", "tools": []}, "tools"),
+                           ({"input": [{"type": "function_call_output", "output": "1"}]}, "input"),
+                           ({"input": [{"role": "wizard", "content": "x"}]}, "input"),
+                           ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+                           ({"input": "x", "text": {"format": {"type": "xml"}}}, "text"),
+                           ({"input": ""}, "input")]:
+            refused = await client.post("/v1/responses", json=bad)
+            assert refused.status_code == 400, bad
+            assert refused.json()["error"]["param"] == param, bad
+        unstored = (await client.post("/v1/responses", json=body | {"store": False})).json()
+        gone = await client.post("/v1/responses", json={"input": "x",
+                                                        "previous_response_id": unstored["id"]})
+        assert gone.status_code == 400

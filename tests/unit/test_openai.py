@@ -173,4 +173,3 @@ def test_echo_with_logprobs_scores_the_prompt_and_allows_max_tokens_0():
     assert body["choices"][0]["logprobs"] == {
         "tokens": ["a", "bc", "d"], "token_logprobs": [None, -0.5, -0.25],
         "top_logprobs": [None, {"bc": -0.5, "d": -1.0}, {"d": -0.25}], "text_offset": [0, 1, 3]}
-

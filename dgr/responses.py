@@ -1,0 +1,224 @@
+"""OpenAI's Responses API (`POST /v1/responses`) without I/O: a request becomes a
+chat (parsed and validated as `/v1/chat/completions` is), the reply becomes a
+response object or its typed stream events, and a bounded store keeps recent
+conversations so that `previous_response_id` continues one without resending
+it (its prefix then comes from the prefix cache like any resent history).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+import uuid
+from typing import Any, Optional
+
+import attrs
+
+from dgr.openai import BadRequest, ParsedRequest, parse_chat
+
+# Fields honoured, and those OpenAI's SDK sends that change nothing here
+FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text",
+          "stream", "store", "previous_response_id", "seed"}
+HINTS = {"user", "metadata", "service_tier", "truncation", "parallel_tool_calls"}
+# the chat request's name of a field -> the Responses API's (for error messages)
+_CHAT_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+_TEXT_PARTS = {"input_text", "output_text", "text"}
+
+
+@attrs.frozen
+class ResponseRequest:
+    chat: ParsedRequest
+    messages: list[dict]     # the whole conversation, previous turns included
+    stream: bool
+    store: bool
+    instructions: Optional[str]
+    previous_response_id: Optional[str]
+
+
+class ResponseStore:
+    """Recent conversations by response id, least recently used out beyond
+    `max_count` entries or `max_bytes` of JSON text (0 keeps none)."""
+
+    def __init__(self, max_count: int, max_bytes: int):
+        self._max_count, self._max_bytes = max_count, max_bytes
+        self._entries: collections.OrderedDict[str, tuple[list[dict], int]] = \
+            collections.OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def put(self, response_id: str, messages: list[dict]) -> None:
+        size = len(json.dumps(messages, ensure_ascii=False).encode())
+        if size > self._max_bytes or self._max_count == 0:
+            return
+        self._entries[response_id] = (messages, size)
+        self._bytes += size
+        while len(self._entries) > self._max_count or self._bytes > self._max_bytes:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+
+    def get(self, response_id: str) -> Optional[list[dict]]:
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(response_id)
+        return entry[0]
+
+
+def _messages(value: Any) -> list[dict]:
+    """`input`: a string (one user message) or a list of message items."""
+    if isinstance(value, str):
+        if not value:
+            raise BadRequest("'input' must not be empty", "input")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'input' must be a string or a non-empty list of items", "input")
+    messages = []
+    for item in value:
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+            raise BadRequest(f"input items of type {kind!r} are not supported (messages only)",
+                             "input")
+        content = item.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+                       and isinstance(p.get("text"), str) for p in content):
+                raise BadRequest("only text content parts are supported", "input")
+            content = "".join(p["text"] for p in content)
+        messages.append({"role": item.get("role"), "content": content})
+    return messages
+
+
+def _response_format(text: Any) -> Optional[dict]:
+    """`text.format` as the chat endpoint's response_format."""
+    if text is None:
+        return None
+    if not isinstance(text, dict) or not isinstance(text.get("format", {}), dict):
+        raise BadRequest("'text' must be an object with a 'format' object", "text")
+    fmt = text.get("format")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"),
+                                                       "schema": fmt.get("schema")}}
+    return fmt  # json_object, or a type the chat parser refuses
+
+
+def parse_response_request(body: Any, store: ResponseStore) -> ResponseRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for name in body:
+        if name not in FIELDS and name not in HINTS:
+            raise BadRequest(f"'{name}' is not supported by this server", name)
+    previous_id = body.get("previous_response_id")
+    history: list[dict] = []
+    if previous_id is not None:
+        if not isinstance(previous_id, str):
+            raise BadRequest("'previous_response_id' must be a string", "previous_response_id")
+        history = store.get(previous_id)
+        if history is None:
+            raise BadRequest(f"no stored response {previous_id!r} (unknown, not stored, or "
+                             "evicted)", "previous_response_id")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string", "instructions")
+    conversation = [*history, *_messages(body.get("input"))]
+    chat_body = {"messages": ([{"role": "system", "content": instructions}] if instructions
+                              else []) + conversation}
+    for name, chat_name in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
+                            ("top_p", "top_p"), ("seed", "seed")):
+        if body.get(name) is not None:
+            chat_body[chat_name] = body[name]
+    fmt = _response_format(body.get("text"))
+    if fmt is not None:
+        chat_body["response_format"] = fmt
+    try:
+        chat, messages = parse_chat(chat_body)
+    except BadRequest as exc:
+        raise BadRequest(str(exc), _CHAT_NAMES.get(exc.param, exc.param)) from None
+    stream, stored = body.get("stream", False), body.get("store", True)
+    if not isinstance(stream, bool) or not isinstance(stored, bool):
+        raise BadRequest("'stream' and 'store' must be booleans",
+                         "stream" if not isinstance(stream, bool) else "store")
+    # what a later turn continues: the conversation without this turn's instructions
+    return ResponseRequest(chat, messages[1:] if instructions else messages, stream, stored,
+                           instructions, previous_id)
+
+
+class ResponseBuilder:
+    """One response's object and stream events."""
+
+    def __init__(self, model: str, request: ResponseRequest):
+        self.id = "resp_" + uuid.uuid4().hex
+        self.item_id = "msg_" + uuid.uuid4().hex
+        self.created_at = int(time.time())
+        self.model = model
+        self._request = request
+        self._sequence = 0
+
+    def response(self, status: str, text: Optional[str] = None,
+                 finish_reason: Optional[str] = None, usage: Optional[dict] = None) -> dict:
+        params = self._request.chat.params
+        output = [] if text is None else [self.item("completed", text)]
+        incomplete = None
+        if status == "completed" and finish_reason == "length":
+            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+        return {"id": self.id, "object": "response", "created_at": self.created_at,
+                "status": status, "model": self.model, "output": output,
+                "instructions": self._request.instructions,
+                "previous_response_id": self._request.previous_response_id,
+                "incomplete_details": incomplete, "error": None, "metadata": {},
+                "max_output_tokens": params.max_tokens, "temperature": params.temperature,
+                "top_p": params.top_p, "parallel_tool_calls": False, "tool_choice": "none",
+                "tools": [], "store": self._request.store, "usage": usage}
+
+    def item(self, status: str, text: Optional[str]) -> dict:
+        content = [] if text is None else [self.part(text)]
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
+                "content": content}
+
+    @staticmethod
+    def part(text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": []}
+
+    @staticmethod
+    def usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+        return {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens,
+                "input_tokens_details": {"cached_tokens": cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": 0}}
+
+    def event(self, kind: str, **fields) -> str:
+        """One server-sent event of the stream (its `event:` line names its type)."""
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def opening(self) -> list[str]:
+        where = {"output_index": 0}
+        return [self.event("response.created", response=self.response("in_progress")),
+                self.event("response.in_progress", response=self.response("in_progress")),
+                self.event("response.output_item.added", item=self.item("in_progress", None),
+                           **where),
+                self.event("response.content_part.added", item_id=self.item_id,
+                           content_index=0, part=self.part(""), **where)]
+
+    def delta(self, text: str) -> str:
+        return self.event("response.output_text.delta", item_id=self.item_id, output_index=0,
+                          content_index=0, delta=text)
+
+    def closing(self, text: str, finish_reason: str, usage: dict) -> list[str]:
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        final = self.response("completed", text, finish_reason, usage)
+        return [self.event("response.output_text.done", text=text, **where),
+                self.event("response.content_part.done", part=self.part(text), **where),
+                self.event("response.output_item.done", item=self.item("completed", text),
+                           output_index=0),
+                self.event("response.incomplete" if final["status"] == "incomplete"
+                           else "response.completed", response=final)]
