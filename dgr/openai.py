@@ -21,6 +21,7 @@ import attrs
 from dgr._codes import MAX_LOGPROBS
 from dgr.config import SamplingParams
 from dgr.errors import InvalidRequest
+from dgr import tools as tool_calls
 from dgr.stream import Chunk, TopLogprobs
 
 MAX_CHOICES = 32  # prompts x n in one request
@@ -34,7 +35,8 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
              "response_format", "grammar", "min_tokens", "stop_token_ids"}
 FIELDS = {"completions": _SAMPLING | {"prompt", "logprobs", "echo"},
-          "chat": _SAMPLING | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}}
+          "chat": _SAMPLING | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
+                               "tools", "tool_choice", "parallel_tool_calls"}}
 # OpenAI's own hints: they change no output (attribution, retention, routing)
 HINTS = {"user", "metadata", "store", "service_tier"}
 
@@ -103,6 +105,7 @@ class ParsedRequest:
     n: int = 1  # choices per prompt
     top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
     echo: bool = False  # completions: each choice's text begins with its prompt
+    tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
 
 
 # OpenAI's (and llama-server's, vLLM's) name of each SamplingParams field that a
@@ -120,7 +123,8 @@ SAMPLING_NAMES = {
 
 def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             top_logprobs: int = 0, echo: bool = False,
-            prompt_logprobs: Optional[int] = None) -> ParsedRequest:
+            prompt_logprobs: Optional[int] = None,
+            tools: Optional[tool_calls.ToolSpec] = None) -> ParsedRequest:
     n = _int(body, "n", 1, MAX_CHOICES) or 1
     if len(prompts) * n > MAX_CHOICES:
         raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
@@ -146,13 +150,15 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             **fields,
             # OpenAI's default and range, narrower than the library's
             temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
-            logprobs=logprobs, logit_bias=_logit_bias(body), grammar=_grammar(body),
+            logprobs=logprobs, logit_bias=_logit_bias(body),
+            grammar=tool_calls.grammar(tools) if tools is not None else _grammar(body),
             prompt_logprobs=prompt_logprobs)
     except BadRequest:
         raise
     except InvalidRequest as exc:
         raise BadRequest(str(exc), given.get(exc.field, (exc.field,))[0]) from None
-    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo)
+    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo,
+                         tools)
 
 
 def _grammar(body: dict) -> Optional[str]:
@@ -237,6 +243,15 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
+    try:
+        tools = tool_calls.parse_tools(body)
+        messages = tool_calls.history(messages)
+        if tools is not None and (body.get("grammar") is not None
+                                  or body.get("response_format") is not None):
+            raise tool_calls.ToolsError("'tools' cannot be combined with 'grammar' or "
+                                        "'response_format'", "tools")
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
     clean = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -264,13 +279,24 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
         logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
     elif body.get("top_logprobs") is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    return _common(body, logprobs, chat=True, prompts=[], top_logprobs=top), clean
+    if tools is not None:  # the tools are described in the system message
+        prompt = tool_calls.system_prompt(tools)
+        if clean[0]["role"] == "system":
+            clean[0] = {"role": "system", "content": clean[0]["content"] + "\n\n" + prompt}
+        else:
+            clean.insert(0, {"role": "system", "content": prompt})
+    try:
+        parsed = _common(body, logprobs, chat=True, prompts=[], top_logprobs=top, tools=tools)
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
+    return parsed, clean
 
 
 class ResponseBuilder:
     """Builds OpenAI response objects for one request."""
 
-    def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0):
+    def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0,
+                 tools: Optional[tool_calls.ToolSpec] = None):
         self.model = model
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -279,6 +305,7 @@ class ResponseBuilder:
         self._token_bytes = token_bytes or (lambda t: token_text(t).encode())
         self._top = top_logprobs  # chat: alternatives per token
         self._offsets: dict[int, int] = {}  # choice index -> text offset so far
+        self._tools = tools  # chat: answers are parsed for tool calls
 
     def _logprobs(self, chunks: list[Chunk], index: int = 0,
                   prompt: Optional[list] = None) -> Optional[dict]:
@@ -340,7 +367,13 @@ class ResponseBuilder:
         for index, (text, chunks, finish_reason) in enumerate(choices):
             logprobs = self._logprobs(chunks, index, prompts[index] if prompts else None)
             if self.chat:
-                out.append({"index": index, "message": {"role": "assistant", "content": text},
+                message: dict = {"role": "assistant", "content": text}
+                if self._tools is not None:
+                    message["content"], calls = tool_calls.parse_answer(text, self._tools)
+                    if calls:
+                        message["tool_calls"] = calls
+                        finish_reason = "tool_calls"
+                out.append({"index": index, "message": message,
                             "logprobs": logprobs, "finish_reason": finish_reason})
             else:
                 out.append({"index": index, "text": text, "logprobs": logprobs,
@@ -367,6 +400,24 @@ class ResponseBuilder:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice]}
+
+    def tool_answer(self, text: str, finish_reason: str, index: int = 0) -> list[dict]:
+        """A streamed choice's answer with tools: it is held until it is whole (the
+        JSON decides between text and calls), then sent as one delta (the calls
+        with their index, as OpenAI streams them) and the finish."""
+        content, calls = tool_calls.parse_answer(text, self._tools)
+        delta: dict = {"role": "assistant"}
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+            finish_reason = "tool_calls"
+        else:
+            delta["content"] = content
+        head = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model}
+        return [head | {"choices": [{"index": index, "delta": delta, "logprobs": None,
+                                     "finish_reason": None}]},
+                head | {"choices": [{"index": index, "delta": {}, "logprobs": None,
+                                     "finish_reason": finish_reason}]}]
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
                     cached_tokens: int = 0) -> dict:

@@ -100,7 +100,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     async def _generate(request: Request, node: Node, parsed, prompts: list) -> Response:
         """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group)."""
         builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text, node.token_bytes,
-                                  parsed.top_logprobs)
+                                  parsed.top_logprobs, parsed.tools)
         # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
         echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
                   for p in prompts for _ in range(parsed.n)]
@@ -173,11 +173,19 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     for index, chunks in enumerate(streams):
                         nursery.start_soon(forward, index, chunks, send.clone())
             first = set(range(len(streams)))
+            held: dict[int, list[str]] = {}  # with tools: each choice's text until it is whole
             async with merged as receive:
                 async for index, chunk in receive:
                     if chunk.token_id is not None:
                         completion += 1
                     request.scope["dgr.tokens"] = completion
+                    if parsed.tools is not None and chunk.finish_reason != "error":
+                        held.setdefault(index, []).append(chunk.text)
+                        if chunk.finish_reason is not None:
+                            for obj in builder.tool_answer("".join(held[index]),
+                                                           chunk.finish_reason, index):
+                                await emit(_event(obj))
+                        continue
                     rows = [chunk] if chunk.token_id is not None else []
                     if chunk.finish_reason == "error":
                         await emit(_event(error_body(chunk.error, "server_error", "model_failed")))

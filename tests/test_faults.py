@@ -48,7 +48,9 @@ FAULTS_NODE = dict(max_running=4, n_ctx=2048, n_batch=128, n_ubatch=128)
 
 @pytest.mark.parametrize("code", [1, 2, -1, -3, _codes.FAULT_RAISE])
 async def test_node_fails_affected_sessions_and_keeps_serving(code, node_config):
-    params = dgr.SamplingParams(max_tokens=50, ignore_eos=True)
+    # long enough that neither victim ends before the fault, however far the loop
+    # ran ahead of the steps this task has seen
+    params = dgr.SamplingParams(max_tokens=400, ignore_eos=True)
     async with dgr.open_node(node_config(**FAULTS_NODE)) as node:
         reference = await node.generate("after the fault", params)
         failures = []

@@ -655,3 +655,67 @@ async def test_responses_plain_streamed_continued_and_structured(start_server):
         gone = await client.post("/v1/responses", json={"input": "x",
                                                         "previous_response_id": unstored["id"]})
         assert gone.status_code == 400
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    # bounded choices: the tiny random model's strings could run past max_tokens
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                                    "days": {"type": "integer"}},
+                   "required": ["city", "days"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+
+
+async def test_tool_calls_required_named_streamed_and_an_agent_loop(start_server):
+    import jsonschema
+
+    server = await start_server()
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    base = {"messages": messages, "tools": [WEATHER_TOOL, TIME_TOOL], "max_tokens": 200,
+            "temperature": 0}
+    async with server.client() as client:
+        required = (await client.post("/v1/chat/completions", json=base | {
+            "tool_choice": "required", "parallel_tool_calls": False})).json()
+        choice = required["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        calls = choice["message"]["tool_calls"]
+        assert calls and all(c["type"] == "function" and c["id"].startswith("call_")
+                             for c in calls)
+        schemas = {t["function"]["name"]: t["function"]["parameters"]
+                   for t in (WEATHER_TOOL, TIME_TOOL)}
+        for call in calls:  # the arguments always parse and follow the tool's schema
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                schemas[call["function"]["name"]])
+        named = (await client.post("/v1/chat/completions", json=base | {
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": False})).json()
+        named_calls = named["choices"][0]["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in named_calls] == ["get_weather"]
+        streamed = await client.post("/v1/chat/completions", json=base | {
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": False, "stream": True})
+        events = sse_events(streamed.text)
+        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        streamed_calls = [c for d in deltas for c in d.get("tool_calls", [])]
+        assert [c["function"] for c in streamed_calls] == [c["function"] for c in named_calls]
+        assert streamed_calls[0]["index"] == 0
+        assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        # the agent loop: the call, its result, then the model's next answer
+        call = named_calls[0]
+        turn = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                           {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21 C"}]
+        answer = (await client.post("/v1/chat/completions", json=base | {
+            "messages": turn, "tool_choice": "auto"})).json()["choices"][0]
+        message = answer["message"]
+        assert (message.get("tool_calls") and answer["finish_reason"] == "tool_calls") or (
+            isinstance(message["content"], str) and answer["finish_reason"] in ("stop", "length"))
+        plain = (await client.post("/v1/chat/completions", json=base | {
+            "messages": turn, "tool_choice": "none"})).json()["choices"][0]
+        assert "tool_calls" not in plain["message"]
+        for bad, param in [({"tool_choice": {"type": "function", "function": {"name": "x"}}},
+                            "tool_choice"),
+                           ({"messages": messages + [{"role": "tool", "tool_call_id": "nope",
+                                                      "content": "1"}]}, "messages")]:
+            refused = await client.post("/v1/chat/completions", json=base | bad)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param

@@ -1,5 +1,7 @@
 """OpenAI request parsing and response shapes, without a model or a server."""
 
+import json
+
 import pytest
 
 from dgr._codes import MAX_LOGPROBS
@@ -128,9 +130,13 @@ def test_response_shapes():
 
 
 def test_message_roles_are_openais_and_developer_is_system():
-    _, messages = parse_chat({"messages": [{"role": "developer", "content": "d"},
-                                           {"role": "tool", "content": "t"}]})
-    assert [m["role"] for m in messages] == ["system", "tool"]
+    _, messages = parse_chat({"messages": [
+        {"role": "developer", "content": "d"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                              "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "t"}]})
+    assert [m["role"] for m in messages] == ["system", "assistant", "tool"]
+    assert json.loads(messages[1]["content"]) == {"tool_calls": [{"name": "f", "arguments": {}}]}
     with pytest.raises(BadRequest) as exc:
         parse_chat({"messages": [{"role": "wizard", "content": "x"}]})
     assert exc.value.param == "messages" and "wizard" in str(exc.value)
@@ -173,3 +179,56 @@ def test_echo_with_logprobs_scores_the_prompt_and_allows_max_tokens_0():
     assert body["choices"][0]["logprobs"] == {
         "tokens": ["a", "bc", "d"], "token_logprobs": [None, -0.5, -0.25],
         "top_logprobs": [None, {"bc": -0.5, "d": -1.0}, {"d": -0.25}], "text_offset": [0, 1, 3]}
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_tools_become_a_grammar_and_a_system_message():
+    parsed, messages = parse_chat({"messages": [{"role": "user", "content": "weather?"}],
+                                   "tools": [WEATHER], "tool_choice": "required"})
+    assert parsed.tools.choice == "required" and parsed.tools.names == ["get_weather"]
+    assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    assert "tool_calls" in parsed.params.grammar and "response" not in parsed.params.grammar
+    auto, _ = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})
+    assert auto.tools.choice == "auto" and "response" in auto.params.grammar
+    none, plain = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
+                              "tool_choice": "none"})
+    assert none.tools is None and none.params.grammar is None and len(plain) == 1
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "tools"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_tool_requests_name_the_field(extra, param):
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]} | extra
+    with pytest.raises(BadRequest) as exc:
+        parse_chat(body)
+    assert exc.value.param == param
+
+
+def test_a_tool_message_must_answer_an_earlier_call():
+    with pytest.raises(BadRequest) as exc:
+        parse_chat({"messages": [{"role": "tool", "tool_call_id": "c9", "content": "1"}]})
+    assert exc.value.param == "messages"
+
+
+def test_tool_answers_become_calls_or_content():
+    from dgr import tools
+
+    spec = tools.ToolSpec((WEATHER["function"],), "auto", True)
+    content, calls = tools.parse_answer('{"tool_calls": [{"name": "get_weather", '
+                                        '"arguments": {"city": "Paris"}}]}', spec)
+    assert content is None and calls[0]["function"] == {"name": "get_weather",
+                                                         "arguments": '{"city": "Paris"}'}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert tools.parse_answer('{"response": "sunny"}', spec) == ("sunny", [])
+    assert tools.parse_answer('{"tool_ca', spec) == ('{"tool_ca', [])  # cut short
