@@ -15,12 +15,14 @@ from typing import Any, Optional
 
 import attrs
 
+from dgr import tools as tool_calls
 from dgr.openai import BadRequest, ParsedRequest, parse_chat
 
 # Fields honoured, and those OpenAI's SDK sends that change nothing here
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text",
-          "stream", "store", "previous_response_id", "seed"}
-HINTS = {"user", "metadata", "service_tier", "truncation", "parallel_tool_calls"}
+          "stream", "store", "previous_response_id", "seed", "tools", "tool_choice",
+          "parallel_tool_calls"}
+HINTS = {"user", "metadata", "service_tier", "truncation"}
 # the chat request's name of a field -> the Responses API's (for error messages)
 _CHAT_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
@@ -29,7 +31,8 @@ _TEXT_PARTS = {"input_text", "output_text", "text"}
 @attrs.frozen
 class ResponseRequest:
     chat: ParsedRequest
-    messages: list[dict]     # the whole conversation, previous turns included
+    prompt: list[dict]       # what the chat template renders: instructions, tools, history
+    conversation: list[dict]  # the chat messages so far, as stored for a next turn
     stream: bool
     store: bool
     instructions: Optional[str]
@@ -72,19 +75,34 @@ class ResponseStore:
 
 
 def _messages(value: Any) -> list[dict]:
-    """`input`: a string (one user message) or a list of message items."""
+    """`input` as chat messages: a string (one user message) or a list of items:
+    messages, and a previous answer's function calls and their outputs."""
     if isinstance(value, str):
         if not value:
             raise BadRequest("'input' must not be empty", "input")
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise BadRequest("'input' must be a string or a non-empty list of items", "input")
-    messages = []
+    messages: list[dict] = []
     for item in value:
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
-            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-            raise BadRequest(f"input items of type {kind!r} are not supported (messages only)",
-                             "input")
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            if messages and messages[-1].get("tool_calls") is not None:
+                messages[-1]["tool_calls"].append(call)  # calls of one answer: one message
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            continue
+        if kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                raise BadRequest("a function_call_output's 'output' must be a string", "input")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output})
+            continue
+        if kind != "message":
+            raise BadRequest(f"input items of type {kind!r} are not supported", "input")
         content = item.get("content")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS
@@ -93,6 +111,25 @@ def _messages(value: Any) -> list[dict]:
             content = "".join(p["text"] for p in content)
         messages.append({"role": item.get("role"), "content": content})
     return messages
+
+
+def _tools(body: dict) -> dict:
+    """The Responses API's function tools and tool_choice in the chat endpoint's shape."""
+    out: dict = {}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise BadRequest("'tools' must be a list of function tools", "tools")
+        out["tools"] = [{"type": t.get("type"), "function": {
+            k: t[k] for k in ("name", "description", "parameters") if k in t}} for t in tools]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        choice = {"type": choice.get("type"), "function": {"name": choice.get("name")}}
+    if choice is not None:
+        out["tool_choice"] = choice
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return out
 
 
 def _response_format(text: Any) -> Optional[dict]:
@@ -130,7 +167,7 @@ def parse_response_request(body: Any, store: ResponseStore) -> ResponseRequest:
         raise BadRequest("'instructions' must be a string", "instructions")
     conversation = [*history, *_messages(body.get("input"))]
     chat_body = {"messages": ([{"role": "system", "content": instructions}] if instructions
-                              else []) + conversation}
+                              else []) + conversation} | _tools(body)
     for name, chat_name in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                             ("top_p", "top_p"), ("seed", "seed")):
         if body.get(name) is not None:
@@ -146,9 +183,9 @@ def parse_response_request(body: Any, store: ResponseStore) -> ResponseRequest:
     if not isinstance(stream, bool) or not isinstance(stored, bool):
         raise BadRequest("'stream' and 'store' must be booleans",
                          "stream" if not isinstance(stream, bool) else "store")
-    # what a later turn continues: the conversation without this turn's instructions
-    return ResponseRequest(chat, messages[1:] if instructions else messages, stream, stored,
-                           instructions, previous_id)
+    # a later turn continues the conversation, without this turn's instructions
+    return ResponseRequest(chat, messages, conversation, stream, stored, instructions,
+                           previous_id)
 
 
 class ResponseBuilder:
@@ -161,11 +198,31 @@ class ResponseBuilder:
         self.model = model
         self._request = request
         self._sequence = 0
+        self._answer: Optional[tuple[str, tuple[list[dict], dict]]] = None
+
+    def answer(self, text: str) -> tuple[list[dict], dict]:
+        """The output items of the model's whole answer and the assistant message a
+        next turn continues from: a message, or (with tools) function calls (their
+        ids made once: the response and the stored conversation share them)."""
+        if self._answer is None or self._answer[0] != text:
+            self._answer = (text, self._parse_answer(text))
+        return self._answer[1]
+
+    def _parse_answer(self, text: str) -> tuple[list[dict], dict]:
+        spec = self._request.chat.tools
+        calls = tool_calls.parse_answer(text, spec) if spec is not None else (text, [])
+        content, calls = calls
+        if not calls:
+            return [self.item("completed", content)], {"role": "assistant", "content": content}
+        items = [{"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "status": "completed",
+                  "call_id": c["id"], "name": c["function"]["name"],
+                  "arguments": c["function"]["arguments"]} for c in calls]
+        return items, {"role": "assistant", "content": None, "tool_calls": calls}
 
     def response(self, status: str, text: Optional[str] = None,
                  finish_reason: Optional[str] = None, usage: Optional[dict] = None) -> dict:
-        params = self._request.chat.params
-        output = [] if text is None else [self.item("completed", text)]
+        params, spec = self._request.chat.params, self._request.chat.tools
+        output = [] if text is None else self.answer(text)[0]
         incomplete = None
         if status == "completed" and finish_reason == "length":
             status, incomplete = "incomplete", {"reason": "max_output_tokens"}
@@ -175,8 +232,11 @@ class ResponseBuilder:
                 "previous_response_id": self._request.previous_response_id,
                 "incomplete_details": incomplete, "error": None, "metadata": {},
                 "max_output_tokens": params.max_tokens, "temperature": params.temperature,
-                "top_p": params.top_p, "parallel_tool_calls": False, "tool_choice": "none",
-                "tools": [], "store": self._request.store, "usage": usage}
+                "top_p": params.top_p, "store": self._request.store, "usage": usage,
+                "parallel_tool_calls": spec.parallel if spec else False,
+                "tool_choice": "none" if spec is None else spec.choice if spec.choice in (
+                    "auto", "required") else {"type": "function", "name": spec.choice},
+                "tools": [{"type": "function", **t} for t in spec.tools] if spec else []}
 
     def item(self, status: str, text: Optional[str]) -> dict:
         content = [] if text is None else [self.part(text)]
@@ -202,23 +262,48 @@ class ResponseBuilder:
 
     def opening(self) -> list[str]:
         where = {"output_index": 0}
-        return [self.event("response.created", response=self.response("in_progress")),
-                self.event("response.in_progress", response=self.response("in_progress")),
-                self.event("response.output_item.added", item=self.item("in_progress", None),
-                           **where),
-                self.event("response.content_part.added", item_id=self.item_id,
-                           content_index=0, part=self.part(""), **where)]
+        started = [self.event("response.created", response=self.response("in_progress")),
+                   self.event("response.in_progress", response=self.response("in_progress"))]
+        if self._request.chat.tools is not None:
+            return started  # the output items follow once the answer is whole
+        return started + [
+            self.event("response.output_item.added", item=self.item("in_progress", None),
+                       **where),
+            self.event("response.content_part.added", item_id=self.item_id,
+                       content_index=0, part=self.part(""), **where)]
 
     def delta(self, text: str) -> str:
         return self.event("response.output_text.delta", item_id=self.item_id, output_index=0,
                           content_index=0, delta=text)
 
     def closing(self, text: str, finish_reason: str, usage: dict) -> list[str]:
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         final = self.response("completed", text, finish_reason, usage)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        if self._request.chat.tools is not None:  # the answer was held until whole
+            events = []
+            for index, item in enumerate(final["output"]):
+                events.append(self.event("response.output_item.added", output_index=index,
+                                         item=item | {"status": "in_progress"}))
+                if item["type"] == "function_call":
+                    events.append(self.event("response.function_call_arguments.done",
+                                             item_id=item["id"], output_index=index,
+                                             arguments=item["arguments"]))
+                else:
+                    part = item["content"][0]
+                    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+                    events += [self.event("response.content_part.added", part=self.part(""),
+                                          **where),
+                               self.event("response.output_text.delta", delta=part["text"],
+                                          **where),
+                               self.event("response.output_text.done", text=part["text"],
+                                          **where),
+                               self.event("response.content_part.done", part=part, **where)]
+                events.append(self.event("response.output_item.done", output_index=index,
+                                         item=item))
+            return events + [self.event(kind, response=final)]
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         return [self.event("response.output_text.done", text=text, **where),
                 self.event("response.content_part.done", part=self.part(text), **where),
                 self.event("response.output_item.done", item=self.item("completed", text),
                            output_index=0),
-                self.event("response.incomplete" if final["status"] == "incomplete"
-                           else "response.completed", response=final)]
+                self.event(kind, response=final)]

@@ -217,9 +217,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         node = ready_node()
         parsed = responses_api.parse_response_request(await read_json(request), store)
         try:
-            prompt = node.apply_chat_template(
-                ([{"role": "system", "content": parsed.instructions}] if parsed.instructions
-                 else []) + parsed.messages)
+            prompt = node.apply_chat_template(parsed.prompt)
         except ValueError as exc:
             raise BadRequest(f"cannot apply the chat template: {exc}", "input") from None
         ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
@@ -228,7 +226,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         def finished(text: str, chunks) -> dict:
             usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens)
             if parsed.store:
-                store.put(builder.id, parsed.messages + [{"role": "assistant", "content": text}])
+                store.put(builder.id, parsed.conversation + [builder.answer(text)[1]])
             return usage
 
         generated: list[int] = []
@@ -250,7 +248,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                         return
                     if chunk.text:
                         texts.append(chunk.text)
-                        await emit(builder.delta(chunk.text))
+                        if parsed.chat.tools is None:  # with tools it is held until whole
+                            await emit(builder.delta(chunk.text))
                 if chunks.finish_reason == "cancelled":
                     await emit(builder.event("error", code="cancelled",
                                              message="the session was cancelled"))

@@ -88,3 +88,27 @@ async def test_prompt_logprobs_and_cached_tokens(client):
             model="m", messages=[{"role": "system", "content": system},
                                  {"role": "user", "content": "hi"}], max_tokens=2, temperature=0)
     assert chat.usage.prompt_tokens_details.cached_tokens == chat.usage.prompt_tokens - 1
+
+
+async def test_responses_function_calls_and_a_tool_loop(client):
+    tool = {"type": "function", "name": WEATHER_TOOL["function"]["name"],
+            "description": WEATHER_TOOL["function"]["description"],
+            "parameters": WEATHER_TOOL["function"]["parameters"]}
+    first = await client.responses.create(
+        model="m", input="Weather in Paris?", tools=[tool], tool_choice="required",
+        parallel_tool_calls=False, max_output_tokens=200, temperature=0)
+    call = first.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Rome")
+    # the result, continuing the stored conversation
+    answer = await client.responses.create(
+        model="m", previous_response_id=first.id, tools=[tool], max_output_tokens=30,
+        temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
+                               "output": "sunny"}])
+    assert answer.output and answer.usage.input_tokens_details.cached_tokens > 0
+    events = [e async for e in await client.responses.create(
+        model="m", input="Weather in Paris?", tools=[tool], tool_choice="required",
+        parallel_tool_calls=False, max_output_tokens=200, temperature=0, stream=True)]
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    assert events[-1].response.output[0].arguments == call.arguments

@@ -642,7 +642,8 @@ async def test_responses_plain_streamed_continued_and_structured(start_server):
         assert isinstance(json.loads(structured["output"][0]["content"][0]["text"])["a"], int)
         for bad, param in [({"input": "x", "previous_response_id": "resp_nope"},
                             "previous_response_id"),
-                           ({"input": "x", "tools": []}, "tools"),
+                           ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+                           ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
                            ({"input": [{"type": "function_call_output", "output": "1"}]}, "input"),
                            ({"input": [{"role": "wizard", "content": "x"}]}, "input"),
                            ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),

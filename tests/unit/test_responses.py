@@ -27,9 +27,10 @@ def test_a_request_becomes_a_chat_with_its_history():
                    "content": [{"type": "input_text", "text": "c"}]}],
         "previous_response_id": "r1", "instructions": "sys", "max_output_tokens": 5,
         "temperature": 0.5, "text": {"format": {"type": "json_object"}}}, store)
-    assert parsed.messages == [{"role": "user", "content": "a"},
-                               {"role": "assistant", "content": "b"},
-                               {"role": "user", "content": "c"}]
+    assert parsed.conversation == [{"role": "user", "content": "a"},
+                                   {"role": "assistant", "content": "b"},
+                                   {"role": "user", "content": "c"}]
+    assert parsed.prompt == [{"role": "system", "content": "sys"}, *parsed.conversation]
     assert parsed.instructions == "sys" and parsed.store and not parsed.stream
     params = parsed.chat.params
     assert params.max_tokens == 5 and params.temperature == 0.5 and params.grammar
@@ -39,3 +40,26 @@ def test_a_request_becomes_a_chat_with_its_history():
     with pytest.raises(BadRequest) as exc:
         parse_response_request({"input": "x", "stream": "yes"}, store)
     assert exc.value.param == "stream"
+
+
+def test_function_calls_and_their_outputs_become_the_chat_history():
+    store = ResponseStore(10, 10_000)
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    parsed = parse_response_request({
+        "input": [{"role": "user", "content": "go"},
+                  {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                  {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                  {"type": "function_call_output", "call_id": "c2", "output": "two"}],
+        "tools": [tool], "tool_choice": "required"}, store)
+    assert [m["role"] for m in parsed.conversation] == ["user", "assistant", "tool", "tool"]
+    assert len(parsed.conversation[1]["tool_calls"]) == 2  # one answer's calls, one message
+    assert parsed.chat.tools.choice == "required" and parsed.chat.tools.names == ["f"]
+    with pytest.raises(BadRequest) as exc:
+        parse_response_request({"input": [{"type": "function_call_output", "call_id": "zz",
+                                           "output": "x"}]}, store)
+    assert exc.value.param == "input"
+    with pytest.raises(BadRequest) as exc:
+        parse_response_request({"input": "x", "tools": [tool],
+                                "tool_choice": {"type": "function", "name": "g"}}, store)
+    assert exc.value.param == "tool_choice"
