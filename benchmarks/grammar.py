@@ -1,9 +1,10 @@
 """The bench's grammar case: does a grammar-constrained session slow the others?
 
 8 greedy sessions run beside a 9th that samples (temperature 0.7), once without a
-grammar and once under a JSON schema (llama.cpp's grammar sampler), alternating,
-in one process: the 8 sessions' aggregate tokens/s in each, and their ratio (1.0:
-the grammar costs the others nothing beyond what any sampled session does).
+grammar, once under a JSON schema (llama.cpp's grammar sampler) and once under a
+tool call's grammar (dgr.tools, tool_choice "required"), alternating, in one
+process: the 8 sessions' aggregate tokens/s in each, and their ratios (1.0: the
+grammar costs the others nothing beyond what any sampled session does).
 
 The 9th session is restarted whenever it ends, and a restart costs a prefill: so
 that both kinds live equally long, the plain one ignores end-of-generation and the
@@ -25,6 +26,10 @@ SCHEMA = {"type": "object", "properties": {
               "items": {"type": "string", "minLength": 2, "maxLength": 24}}},
     "required": ["items"]}
 PROMPTS = [f"Session {i}: describe a city you would like to visit, and why." for i in range(8)]
+# a tool whose call is as long as the schema's answer
+TOOL = {"name": "add_fruits", "description": "Add fruits to the list",
+        "parameters": {"type": "object", "properties": {"fruits": SCHEMA["properties"]["items"]},
+                       "required": ["fruits"]}}
 
 
 async def eight_beside(model: str, threads: int, grammar: str | None, n_new: int
@@ -62,22 +67,30 @@ async def eight_beside(model: str, threads: int, grammar: str | None, n_new: int
 def run(model: str, threads: int, rounds: int = 2, n_new: int = 96) -> list[dict]:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    from dgr import tools
+
     grammar = json_schema_to_gbnf(json.dumps(SCHEMA))
+    tool_grammar = tools.grammar(tools.ToolSpec((TOOL,), "required", False))
     out = []
     for _ in range(rounds):
         sampled, sampled_ends = trio.run(eight_beside, model, threads, None, n_new)
         constrained, constrained_ends = trio.run(eight_beside, model, threads, grammar, n_new)
+        called, called_ends = trio.run(eight_beside, model, threads, tool_grammar, n_new)
         out.append({"beside_sampled_tok_s": sampled, "beside_grammar_tok_s": constrained,
-                    "ratio": constrained / sampled, "sampled_9th_ended": sampled_ends,
-                    "grammar_9th_ended": constrained_ends})
+                    "beside_tool_call_tok_s": called, "ratio": constrained / sampled,
+                    "tool_call_ratio": called / sampled, "sampled_9th_ended": sampled_ends,
+                    "grammar_9th_ended": constrained_ends, "tool_call_9th_ended": called_ends})
     return out
 
 
 def markdown(rounds: list[dict]) -> list[str]:
     lines = ["", "| grammar case, round | 8 greedy beside a sampled session tok/s | beside a "
-             "JSON-schema session tok/s | ratio | 9th session ended (sampled / schema) |",
-             "|---|---|---|---|---|"]
+             "JSON-schema session tok/s | ratio | beside a tool-call session tok/s | ratio | "
+             "9th session ended (sampled / schema / tool call) |",
+             "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds):
         lines.append(f"| {i} | {r['beside_sampled_tok_s']:.1f} | {r['beside_grammar_tok_s']:.1f} "
-                     f"| {r['ratio']:.3f} | {r['sampled_9th_ended']} / {r['grammar_9th_ended']} |")
+                     f"| {r['ratio']:.3f} | {r['beside_tool_call_tok_s']:.1f} "
+                     f"| {r['tool_call_ratio']:.3f} | {r['sampled_9th_ended']} / "
+                     f"{r['grammar_9th_ended']} / {r['tool_call_9th_ended']} |")
     return lines
