@@ -32,8 +32,11 @@ TOOL = {"name": "add_fruits", "description": "Add fruits to the list",
                        "required": ["fruits"]}}
 
 
-async def eight_beside(model: str, threads: int, grammar: str | None, n_new: int
-                       ) -> tuple[float, int]:
+NINTH = "List many fruits as JSON:"
+
+
+async def eight_beside(model: str, threads: int, grammar: str | None, n_new: int,
+                       ninth_prompt: str = NINTH) -> tuple[float, int]:
     """The 8 sessions' tokens/s, and how many times the 9th session ended meanwhile."""
     config = dgr.NodeConfig(model_path=model, n_ctx=8192, n_threads=threads)
     plain = dgr.SamplingParams(max_tokens=n_new, ignore_eos=True)
@@ -44,7 +47,7 @@ async def eight_beside(model: str, threads: int, grammar: str | None, n_new: int
         async with trio.open_nursery() as nursery:
             async def ninth():
                 while True:
-                    await node.generate("List many fruits as JSON:", dgr.SamplingParams(
+                    await node.generate(ninth_prompt, dgr.SamplingParams(
                         max_tokens=400, temperature=0.7, grammar=grammar,
                         ignore_eos=grammar is None))
                     ended.append(time.monotonic())
@@ -70,12 +73,16 @@ def run(model: str, threads: int, rounds: int = 2, n_new: int = 96) -> list[dict
     from dgr import tools
 
     grammar = json_schema_to_gbnf(json.dumps(SCHEMA))
-    tool_grammar = tools.grammar(tools.ToolSpec((TOOL,), "required", False))
+    spec = tools.ToolSpec((TOOL,), "required", False)
+    tool_grammar = tools.grammar(spec)
+    # as a chat request with tools has it: the tools described before the question
+    tool_prompt = tools.system_prompt(spec) + "\n" + NINTH
     out = []
     for _ in range(rounds):
         sampled, sampled_ends = trio.run(eight_beside, model, threads, None, n_new)
         constrained, constrained_ends = trio.run(eight_beside, model, threads, grammar, n_new)
-        called, called_ends = trio.run(eight_beside, model, threads, tool_grammar, n_new)
+        called, called_ends = trio.run(eight_beside, model, threads, tool_grammar, n_new,
+                                       tool_prompt)
         out.append({"beside_sampled_tok_s": sampled, "beside_grammar_tok_s": constrained,
                     "beside_tool_call_tok_s": called, "ratio": constrained / sampled,
                     "tool_call_ratio": called / sampled, "sampled_9th_ended": sampled_ends,
