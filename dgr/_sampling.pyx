@@ -105,6 +105,8 @@ cdef class Sampling:
         if not 0 <= slot < self.n_slots:
             raise ValueError(f"sequence slot {slot} out of range 0..{self.n_slots - 1}")
         bias = params.sampler_bias()
+        # the node refuses such a request first (InvalidRequest); here it guards the
+        # bans and biases, which index the vocabulary
         for token in (*params.stop_token_ids, *(t for t, _ in bias)):
             if not 0 <= token < self.vocab_size:
                 raise ValueError(f"token id {token} out of vocabulary (n_vocab={self.vocab_size})")

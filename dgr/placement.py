@@ -75,12 +75,13 @@ class Placement:
             session.start(slot)
             self._outbox.append(Start(session))
             return slot
-        holder, n_reused = cache.match(session.prompt_array)
-        self._follow(session, n_reused, running)
         if session.params.prompt_logprobs is not None:
-            # it scores every prompt token, so it computes them all
+            # it scores every prompt token, so it computes them all: no prefix, no leader
             holder, n_reused = None, 0
             session.follow(None, 0)
+        else:
+            holder, n_reused = cache.match(session.prompt_array)
+            self._follow(session, n_reused, running)
         if session.leader is not None:
             # it shares when it starts, from its leader or what holds the prefix then
             holder, n_reused = None, 0

@@ -22,7 +22,7 @@ from dgr.openai import BadRequest, ParsedRequest, parse_chat
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "text",
           "stream", "store", "previous_response_id", "seed", "tools", "tool_choice",
           "parallel_tool_calls"}
-HINTS = {"user", "metadata", "service_tier", "truncation"}
+HINTS = {"user", "metadata", "service_tier"}
 # the chat request's name of a field -> the Responses API's (for error messages)
 _CHAT_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
 _TEXT_PARTS = {"input_text", "output_text", "text"}

@@ -121,29 +121,11 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     rows[i].append(chunk)
                     request.scope["dgr.tokens"] = sum(map(len, rows))
 
-        gone = trio.Event()
-
-        async def watch(scope):
-            await _cancel_on_disconnect(request.receive, scope)
-            gone.set()
-
         async with node.stream_group(prompts, parsed.params, parsed.n) as streams:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch, nursery.cancel_scope)
-                async with trio.open_nursery() as collectors:
-                    for i, chunks in enumerate(streams):
-                        collectors.start_soon(collect, i, chunks)
-                nursery.cancel_scope.cancel()
-        if gone.is_set():
-            # nobody reads this; the status is for the log line (nginx's "client closed request")
-            return Response(status_code=499)
+            instead = await _read_whole(request, streams, collect)
+        if instead is not None:
+            return instead
         reasons = [chunks.finish_reason for chunks in streams]
-        failed = next((c for c in streams if c.finish_reason == "error"), None)
-        if failed is not None:
-            return _error(500, failed.error, "server_error", "model_failed")
-        if "cancelled" in reasons:
-            return _error(503, "the session was cancelled (server shutting down)", "server_error",
-                          "cancelled")
         completion = sum(map(len, rows))
         return JSONResponse(builder.full(
             [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
@@ -260,28 +242,18 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
 
             return _SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
         texts = []
-        gone = trio.Event()
 
-        async def watch(scope):
-            await _cancel_on_disconnect(request.receive, scope)
-            gone.set()
+        async def collect(_, chunks):
+            async for chunk in chunks:
+                texts.append(chunk.text)
+                if chunk.token_id is not None:
+                    generated.append(chunk.token_id)
+                    request.scope["dgr.tokens"] = len(generated)
 
         async with node.stream(ids, parsed.chat.params) as chunks:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch, nursery.cancel_scope)
-                async for chunk in chunks:
-                    texts.append(chunk.text)
-                    if chunk.token_id is not None:
-                        generated.append(chunk.token_id)
-                        request.scope["dgr.tokens"] = len(generated)
-                nursery.cancel_scope.cancel()
-        if gone.is_set():
-            return Response(status_code=499)
-        if chunks.finish_reason == "error":
-            return _error(500, chunks.error, "server_error", "model_failed")
-        if chunks.finish_reason == "cancelled":
-            return _error(503, "the session was cancelled (server shutting down)", "server_error",
-                          "cancelled")
+            instead = await _read_whole(request, [chunks], collect)
+        if instead is not None:
+            return instead
         text = "".join(texts)
         return JSONResponse(builder.response("completed", text, chunks.finish_reason,
                                              finished(text, chunks)))
@@ -392,6 +364,34 @@ class _SessionEvents(Response):
         finally:
             with trio.CancelScope(shield=True):
                 await self.close()
+
+
+async def _read_whole(request: Request, streams, collect) -> Optional[Response]:
+    """Read every stream to its end with `collect(index, chunks)`, cancelling them
+    all if the client leaves. Returns what to send instead of the answer (499: the
+    client left, 500: the model failed, 503: cancelled by a shutdown), or None."""
+    gone = trio.Event()
+
+    async def watch(scope):
+        await _cancel_on_disconnect(request.receive, scope)
+        gone.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch, nursery.cancel_scope)
+        async with trio.open_nursery() as collectors:
+            for i, chunks in enumerate(streams):
+                collectors.start_soon(collect, i, chunks)
+        nursery.cancel_scope.cancel()
+    if gone.is_set():
+        # nobody reads this; the status is for the log line (nginx's "client closed request")
+        return Response(status_code=499)
+    failed = next((c for c in streams if c.finish_reason == "error"), None)
+    if failed is not None:
+        return _error(500, failed.error, "server_error", "model_failed")
+    if any(c.finish_reason == "cancelled" for c in streams):
+        return _error(503, "the session was cancelled (server shutting down)", "server_error",
+                      "cancelled")
+    return None
 
 
 async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:

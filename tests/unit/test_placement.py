@@ -20,6 +20,15 @@ def session(sid, prompt, max_tokens=4, leader=None):
                    leader=leader)
 
 
+def cached(adm, sid, prompt, generated=()):
+    """A session admitted, started, run to its end: its slot becomes a cache entry."""
+    s = session(sid, prompt)
+    adm.submit(s)
+    assert adm.placement.take_ops() == [Start(s)]
+    run_to_end(adm, s, generated)
+    return s
+
+
 def run_to_end(adm, s, generated=()):
     """What the step loop does for a session that prefills all and ends."""
     placement = adm.placement
@@ -36,10 +45,7 @@ def run_to_end(adm, s, generated=()):
 
 def test_a_session_extending_a_cached_entry_goes_on_in_place():
     adm = node()
-    first = session(1, range(100))
-    adm.submit(first)
-    assert adm.placement.take_ops() == [Start(first)]
-    run_to_end(adm, first, generated=[500, 501])
+    first = cached(adm, 1, range(100), generated=[500, 501])
     # the entry holds the prompt and the first generated token (the last was not fed back)
     nxt = session(2, [*range(100), 500, 900])
     adm.submit(nxt)
@@ -49,10 +55,7 @@ def test_a_session_extending_a_cached_entry_goes_on_in_place():
 
 def test_a_partly_shared_entry_is_copied_and_survives():
     adm = node()
-    first = session(1, range(100))
-    adm.submit(first)
-    adm.placement.take_ops()
-    run_to_end(adm, first)
+    first = cached(adm, 1, range(100))
     other = session(2, [*range(10), 999])
     adm.submit(other)
     assert other.slot != first.slot and other.reuse_from == first.slot and other.n_reused == 10
@@ -112,10 +115,7 @@ def test_a_cancelled_follower_is_unheld_and_a_leaders_end_starts_the_rest():
 
 def test_a_session_cancelled_before_its_start_leaves_its_slot_empty():
     adm = node()
-    first = session(1, range(100))
-    adm.submit(first)
-    adm.placement.take_ops()
-    run_to_end(adm, first)
+    first = cached(adm, 1, range(100))
     taker = session(2, [*range(100), 5])
     adm.submit(taker)  # placed on the cached entry, in place
     assert taker.slot == first.slot and taker.phase is Phase.PREFILL
@@ -129,13 +129,7 @@ def test_a_session_cancelled_before_its_start_leaves_its_slot_empty():
 
 def test_evictions_make_room_least_recently_used_first_and_flush_empties():
     adm = node(slots=3, cells=400)
-    ends = []
-    for sid, base in ((1, 0), (2, 1000)):
-        s = session(sid, range(base, base + 150))
-        adm.submit(s)
-        adm.placement.take_ops()
-        run_to_end(adm, s)
-        ends.append(s.slot)
+    ends = [cached(adm, sid, range(base, base + 150)).slot for sid, base in ((1, 0), (2, 1000))]
     big = session(3, range(5000, 5200))  # 204 reserved + 300 cached > 400: one entry goes
     adm.submit(big)
     assert adm.placement.take_ops() == [Evict(ends[0]), Start(big)]
