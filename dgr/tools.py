@@ -18,6 +18,11 @@ import attrs
 from dgr.errors import InvalidRequest
 
 
+# Calls in one answer with parallel_tool_calls: a bound, so that a model repeating
+# calls (a base model does) ends its JSON and the answer parses
+MAX_PARALLEL_CALLS = 8
+
+
 class ToolsError(InvalidRequest):
     """A request's tools, tool_choice or tool messages are unusable (`field`)."""
 
@@ -82,9 +87,8 @@ def _call_schema(tools: list[dict], parallel: bool) -> dict:
     calls = {"anyOf": [{"type": "object",
                         "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
                         "required": ["name", "arguments"]} for t in tools]}
-    array = {"type": "array", "items": calls, "minItems": 1}
-    if not parallel:
-        array["maxItems"] = 1
+    array = {"type": "array", "items": calls, "minItems": 1,
+             "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
     return {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
 
 
