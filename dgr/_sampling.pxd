@@ -15,6 +15,8 @@ cdef class Sampling:
     cdef llama_sampler ** chains        # per slot: its llama.cpp sampler chain
     cdef llama_sampler ** grammars      # per slot: the grammar sampler, outside the chain (or NULL)
     cdef char * greedy                  # per slot: pure greedy, sampled by argmax in C
+    cdef char * repick                  # per slot: how a pick its grammar rejects is redone
+    cdef llama_token_data * best        # per thread: a greedy row's best candidates
     cdef llama_token_data * candidates  # per thread: one row's vocabulary (chain rows)
     cdef llama_logit_bias * eog_bias    # end-of-generation tokens, bias -inf
     cdef int n_eog
@@ -42,7 +44,6 @@ cdef class Sampling:
     cdef int _n_banned(self, int slot) noexcept nogil
     cdef void _fill(self, int slot, const float * logits,
                     llama_token_data * candidates) noexcept nogil
-    cdef int _sample_chain(self, int slot, const float * logits,
-                           llama_token_data * candidates) noexcept nogil
+    cdef int _sample_chain(self, int slot, const float * logits, int tid) noexcept nogil
     cdef int _pick(self, int slot, const float * logits, llama_token_data * candidates,
                    llama_sampler * grammar) noexcept nogil

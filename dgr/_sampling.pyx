@@ -21,6 +21,17 @@ from dgr.config import SamplingParams, seed32
 cdef extern from "dgr_argmax.h" nogil:
     int dgr_argmax(const float * x, int n)
 
+# What a grammar session does when the grammar rejects its chain's free pick
+# (see Sampling._sample_chain), per slot:
+cdef enum Repick:
+    REPICK_MASKED = 0  # the grammar constrains the whole vocabulary, the chain picks again
+    REPICK_BEST = 1    # greedy: the best of the BEST_CANDIDATES highest logits it allows
+    REPICK_REDRAW = 2  # sampled, untruncated: the chain draws again, up to REDRAWS times
+
+cdef enum:
+    BEST_CANDIDATES = 128
+    REDRAWS = 4
+
 
 cdef class Sampling:
     """The sampling state of every slot of one context (see the module doc). Its
@@ -41,6 +52,9 @@ cdef class Sampling:
         self.chains = <llama_sampler **> calloc(n_slots, sizeof(llama_sampler *))
         self.grammars = <llama_sampler **> calloc(n_slots, sizeof(llama_sampler *))
         self.greedy = <char *> calloc(n_slots, 1)
+        self.repick = <char *> calloc(n_slots, 1)
+        self.best = <llama_token_data *> malloc(
+            <size_t> n_threads * BEST_CANDIDATES * sizeof(llama_token_data))
         self.candidates = <llama_token_data *> malloc(
             <size_t> n_threads * self.vocab_size * sizeof(llama_token_data))
         self.eog_bias = <llama_logit_bias *> malloc(max(1, self.n_eog) * sizeof(llama_logit_bias))
@@ -52,6 +66,7 @@ cdef class Sampling:
         self.sampled_n = <int *> calloc(n_slots, sizeof(int))
         self.n_slots = n_slots
         if (self.chains == NULL or self.grammars == NULL or self.greedy == NULL
+                or self.repick == NULL or self.best == NULL
                 or self.candidates == NULL or self.eog_bias == NULL or self.saved == NULL
                 or self.bans == NULL or self.n_bans == NULL or self.n_bans_always == NULL
                 or self.ban_until == NULL or self.sampled_n == NULL):
@@ -74,11 +89,12 @@ cdef class Sampling:
                 if self.grammars[slot] != NULL:
                     llama_sampler_free(self.grammars[slot])
         free(self.chains); free(self.grammars); free(self.greedy); free(self.candidates)
+        free(self.repick); free(self.best)
         free(self.eog_bias); free(self.saved); free(self.bans)
         free(self.n_bans); free(self.n_bans_always); free(self.ban_until); free(self.sampled_n)
         self.chains = self.grammars = NULL
-        self.greedy = NULL
-        self.candidates = NULL
+        self.greedy = self.repick = NULL
+        self.candidates = self.best = NULL
         self.eog_bias = self.bans = NULL
         self.saved = NULL
         self.n_bans = self.n_bans_always = self.ban_until = self.sampled_n = NULL
@@ -151,6 +167,8 @@ cdef class Sampling:
             if constrained == NULL:
                 llama_sampler_free(chain)
                 raise ValueError("invalid grammar")
+        cdef bint truncated = (params.top_k > 0 or params.top_p < 1.0
+                               or params.min_p > 0.0)
         cdef bint penalized = params.repeat_last_n != 0 and (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0
             or params.presence_penalty != 0.0)
@@ -176,6 +194,12 @@ cdef class Sampling:
         if self.grammars[slot] != NULL:
             llama_sampler_free(self.grammars[slot])
         self.grammars[slot] = constrained
+        if params.temperature <= 0.0:
+            self.repick[slot] = REPICK_BEST
+        elif truncated:
+            self.repick[slot] = REPICK_MASKED
+        else:
+            self.repick[slot] = REPICK_REDRAW
         # Greedy needs no chain: an argmax over the logits row picks the same
         # token (the first maximum) without copying the whole vocabulary.
         self.greedy[slot] = (params.temperature <= 0.0 and not n_bias and not penalized
@@ -236,8 +260,7 @@ cdef class Sampling:
             token = _argmax(<float *> logits, self.vocab_size, self.bans + slot * self.ban_stride,
                             self._n_banned(slot), self.saved + tid * self.ban_stride)
         else:
-            token = self._sample_chain(slot, logits,
-                                       self.candidates + <size_t> tid * self.vocab_size)
+            token = self._sample_chain(slot, logits, tid)
         if token >= 0:
             self.sampled_n[slot] += 1
         if token >= 0 and k > 0 and (want & WANT_LOGPROBS):
@@ -263,20 +286,42 @@ cdef class Sampling:
         for j in range(self._n_banned(slot)):
             candidates[bans[j].token].logit = -INFINITY
 
-    cdef int _sample_chain(self, int slot, const float * logits,
-                           llama_token_data * candidates) noexcept nogil:
-        """A token from the slot's sampler chain over the whole vocabulary, as
-        llama_sampler_sample does (which cannot run on two threads at once: it
-        looks the logits up itself). With a grammar, as llama.cpp's common sampler
-        does: the chain picks freely and the grammar checks only that pick; only a
-        rejected pick makes the grammar constrain every candidate before the chain
-        runs again. For a sampled row that is exactly the constrained distribution
-        (a rejected pick is redrawn from it), and it spares a grammar check of the
-        whole vocabulary per step that would stall every other row."""
+    cdef int _sample_chain(self, int slot, const float * logits, int tid) noexcept nogil:
+        """A token from the slot's sampler chain over the whole vocabulary with
+        thread tid's scratch, as llama_sampler_sample does (which cannot run on two
+        threads at once: it looks the logits up itself).
+
+        With a grammar, as llama.cpp's common sampler does, the chain picks freely
+        and the grammar checks only that pick: a grammar's check of the whole
+        vocabulary costs 60-130 ms on a 262k vocabulary (evidence/DGR-024), a
+        stall of every other row of the step. A rejected pick is picked again with
+        the same result as constraining the whole vocabulary first, at that cost
+        only where nothing cheaper gives it (the slot's repick):
+        - greedy: the constrained argmax is the first token, by logit and then by
+          id, that the grammar allows; the grammar checks the BEST_CANDIDATES
+          highest logits of the chain's row (bans, biases and penalties applied);
+        - sampled without top_k, top_p or min_p: a draw redrawn while rejected is
+          a draw from the constrained distribution (rejection sampling); after
+          REDRAWS rejections the grammar constrains the whole vocabulary;
+        - otherwise (a truncation depends on which tokens the grammar allows)
+          the grammar constrains the whole vocabulary."""
         cdef llama_sampler * grammar = self.grammars[slot]
+        cdef llama_token_data * candidates = self.candidates + <size_t> tid * self.vocab_size
         cdef int token = self._pick(slot, logits, candidates, NULL)
+        cdef int attempt
         if grammar != NULL and token >= 0 and not _grammar_allows(grammar, token):
-            token = self._pick(slot, logits, candidates, grammar)
+            token = -1
+            if self.repick[slot] == REPICK_BEST:
+                token = _best_allowed(grammar, candidates, self.vocab_size,
+                                      self.best + tid * BEST_CANDIDATES)
+            elif self.repick[slot] == REPICK_REDRAW:
+                for attempt in range(REDRAWS):
+                    token = self._pick(slot, logits, candidates, NULL)
+                    if token < 0 or _grammar_allows(grammar, token):
+                        break
+                    token = -1
+            if token < 0:
+                token = self._pick(slot, logits, candidates, grammar)
         if token < 0:
             return -1
         if grammar != NULL:
@@ -329,6 +374,37 @@ cdef bint _grammar_allows(llama_sampler * grammar, int token) noexcept nogil:
     single.sorted = False
     llama_sampler_apply(grammar, &single)
     return single.data[0].logit != -INFINITY
+
+
+cdef int _best_allowed(llama_sampler * grammar, const llama_token_data * row, int n,
+                       llama_token_data * best) noexcept nogil:
+    """The first token of `row` (n candidates in id order), by logit and then by id,
+    that the grammar allows, looked for among the BEST_CANDIDATES first in that
+    order (gathered into `best`); -1 where none of those is allowed with a finite
+    logit, and the whole row must be constrained to know."""
+    cdef int i, j, filled = 0
+    cdef float v
+    for i in range(n):
+        v = row[i].logit
+        if filled == BEST_CANDIDATES and v <= best[BEST_CANDIDATES - 1].logit:
+            continue
+        j = filled if filled < BEST_CANDIDATES else BEST_CANDIDATES - 1
+        while j > 0 and best[j - 1].logit < v:
+            best[j] = best[j - 1]
+            j -= 1
+        best[j] = row[i]
+        if filled < BEST_CANDIDATES:
+            filled += 1
+    cdef llama_token_data_array cur
+    cur.data = best
+    cur.size = filled
+    cur.selected = -1
+    cur.sorted = False
+    llama_sampler_apply(grammar, &cur)  # a rejected candidate's logit becomes -inf
+    for j in range(filled):
+        if best[j].logit != -INFINITY:
+            return best[j].id
+    return -1
 
 
 cdef void _logprobs(const float * logits, int n_vocab, int k, int chosen,

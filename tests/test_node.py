@@ -1,6 +1,8 @@
 """The node under Trio with the tiny model: batching, admission, backpressure,
 cancellation, shutdown and telemetry."""
 
+import ctypes
+import math
 import threading
 
 import attrs
@@ -787,3 +789,83 @@ async def test_a_scored_prompt_has_bitwise_the_logprobs_of_decoding_it(node_conf
         tail = scores[0][len(prompt):]
         assert [lp for lp, _ in tail] == decoded.token_logprobs
         assert [top for _, top in tail] == decoded.logprobs
+
+
+class GrammarOracle:
+    """llama.cpp's grammar sampler on the tiny model's vocabulary, outside the node:
+    which tokens a grammar allows after the tokens accepted so far."""
+
+    def __init__(self, model_path, grammar):
+        import llama_cpp
+
+        self.llama = llama_cpp
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self.model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
+        vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+
+    def allows(self, token):
+        one = (self.llama.llama_token_data * 1)()
+        one[0].id, one[0].logit = token, 1.0
+        cur = self.llama.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        self.llama.llama_sampler_apply(self.sampler, ctypes.byref(cur))
+        return one[0].logit != float("-inf")
+
+    def accept(self, token):
+        self.llama.llama_sampler_accept(self.sampler, token)
+
+    def close(self):
+        self.llama.llama_sampler_free(self.sampler)
+        self.llama.llama_model_free(self.model)
+
+
+async def test_a_greedy_grammar_session_takes_the_best_token_the_grammar_allows(
+        node_config, tiny_model):
+    """Greedy under a grammar is the argmax of the constrained vocabulary: every
+    token the model ranks above the chosen one is one the grammar rejects (the
+    chosen one is looked for among the best candidates when the free pick is
+    rejected, or in the constrained vocabulary when none of those is allowed)."""
+    grammar = 'root ::= [a-f]+ "=" [0-9] [0-9]? ("," [a-f]+ "=" [0-9])*'
+    params = dgr.SamplingParams(max_tokens=24, grammar=grammar, logprobs=20)
+    async with dgr.open_node(node_config()) as node:
+        for prompt in ("key value pairs:", "Once upon a time", "zzz 123"):
+            result = await node.generate(prompt, params)
+            oracle = GrammarOracle(tiny_model, grammar)
+            try:
+                for token, tops in zip(result.token_ids, result.logprobs, strict=True):
+                    assert oracle.allows(token)
+                    chosen = next((lp for t, lp in tops if t == token), None)
+                    better = [t for t, lp in tops if chosen is None or lp > chosen
+                              or (lp == chosen and t < token)]
+                    assert not any(oracle.allows(t) for t in better), (prompt, token, tops)
+                    oracle.accept(token)
+            finally:
+                oracle.close()
+
+
+async def test_a_sampled_grammar_session_draws_from_the_constrained_distribution(node_config):
+    """A sampled grammar session without truncation redraws a pick the grammar
+    rejects: over many seeds, each allowed token's frequency follows the model's
+    probabilities renormalised over the allowed ones. The grammar allows a few
+    one-character tokens the model ranks below its favourite, so that most free
+    picks are rejected, some redrawn and some constrained."""
+    prompt = "pick a letter:"
+    async with dgr.open_node(node_config()) as node:
+        probe = await node.generate(prompt, dgr.SamplingParams(max_tokens=1, logprobs=20))
+        allowed = {}
+        for token, lp in probe.logprobs[0][1:]:
+            text = node.detokenize([token])
+            if len(text) == 1 and text.isalnum() and text.isascii() and len(allowed) < 5:
+                allowed[token] = (text, math.exp(lp))
+        assert len(allowed) >= 3
+        grammar = "root ::= " + " | ".join(f'"{text}"' for text, _ in allowed.values())
+        counts = dict.fromkeys(allowed, 0)
+        n = 600
+        for seed in range(n):
+            got = await node.generate(prompt, dgr.SamplingParams(
+                max_tokens=1, temperature=1.0, seed=seed, grammar=grammar))
+            counts[got.token_ids[0]] += 1
+    total = sum(p for _, p in allowed.values())
+    for token, (text, p) in allowed.items():
+        assert abs(counts[token] / n - p / total) < 0.05, (text, p / total, counts)
