@@ -369,10 +369,12 @@ class ResponseBuilder:
             if self.chat:
                 message: dict = {"role": "assistant", "content": text}
                 if self._tools is not None:
-                    message["content"], calls = tool_calls.parse_answer(text, self._tools)
+                    reader = tool_calls.AnswerReader()
+                    reader.feed(text)
+                    message["content"], calls = reader.result()
                     if calls:
                         message["tool_calls"] = calls
-                        finish_reason = "tool_calls"
+                        finish_reason = "tool_calls" if reader.whole else finish_reason
                 out.append({"index": index, "message": message,
                             "logprobs": logprobs, "finish_reason": finish_reason})
             else:
@@ -401,23 +403,43 @@ class ResponseBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice]}
 
-    def tool_answer(self, text: str, finish_reason: str, index: int = 0) -> list[dict]:
-        """A streamed choice's answer with tools: it is held until it is whole (the
-        JSON decides between text and calls), then sent as one delta (the calls
-        with their index, as OpenAI streams them) and the finish."""
-        content, calls = tool_calls.parse_answer(text, self._tools)
-        delta: dict = {"role": "assistant"}
-        if calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+    def tool_deltas(self, pieces: list, index: int, first: bool) -> list[dict]:
+        """A streamed answer's pieces with tools (dgr.tools.AnswerReader) as chunks,
+        as OpenAI streams them: a call's id, type and name with empty arguments,
+        then its arguments' text piece by piece; a text answer's content."""
+        out = []
+        for piece in pieces:
+            if isinstance(piece, tool_calls.ContentPiece):
+                delta: dict = {"content": piece.text}
+            elif isinstance(piece, tool_calls.CallStarted):
+                delta = {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
+                                         "function": {"name": piece.name, "arguments": ""}}]}
+            else:
+                delta = {"tool_calls": [{"index": piece.index,
+                                         "function": {"arguments": piece.text}}]}
+            if first:
+                delta, first = {"role": "assistant"} | delta, False
+            out.append(self._chunk(index, delta))
+        return out
+
+    def tool_finish(self, reader: tool_calls.AnswerReader, finish_reason: str, index: int,
+                    first: bool) -> list[dict]:
+        """The end of a streamed answer with tools: "tool_calls" once its calls are
+        whole; an answer that said nothing yet (an empty response, or one cut short
+        before a call's name) is sent as content, as it is unstreamed."""
+        out = []
+        if not reader.sent_any:
+            delta = {"content": reader.result()[0]}
+            out.append(self._chunk(index, {"role": "assistant"} | delta if first else delta))
+        elif reader.calls and reader.whole:
             finish_reason = "tool_calls"
-        else:
-            delta["content"] = content
-        head = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model}
-        return [head | {"choices": [{"index": index, "delta": delta, "logprobs": None,
-                                     "finish_reason": None}]},
-                head | {"choices": [{"index": index, "delta": {}, "logprobs": None,
-                                     "finish_reason": finish_reason}]}]
+        return out + [self._chunk(index, {}, finish_reason)]
+
+    def _chunk(self, index: int, delta: dict, finish_reason: Optional[str] = None) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [{"index": index, "delta": delta,
+                                                  "logprobs": None,
+                                                  "finish_reason": finish_reason}]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
                     cached_tokens: int = 0) -> dict:

@@ -198,26 +198,33 @@ class ResponseBuilder:
         self.model = model
         self._request = request
         self._sequence = 0
-        self._answer: Optional[tuple[str, tuple[list[dict], dict]]] = None
+        # with tools, the answer as read so far (streamed: piece by piece), the ids of
+        # its function_call items, and the item being streamed (its kind and index)
+        self._reader = tool_calls.AnswerReader() if request.chat.tools is not None else None
+        self._call_items: list[str] = []
+        self._open: Optional[tuple[str, int]] = None
 
     def answer(self, text: str) -> tuple[list[dict], dict]:
         """The output items of the model's whole answer and the assistant message a
         next turn continues from: a message, or (with tools) function calls (their
-        ids made once: the response and the stored conversation share them)."""
-        if self._answer is None or self._answer[0] != text:
-            self._answer = (text, self._parse_answer(text))
-        return self._answer[1]
-
-    def _parse_answer(self, text: str) -> tuple[list[dict], dict]:
-        spec = self._request.chat.tools
-        calls = tool_calls.parse_answer(text, spec) if spec is not None else (text, [])
-        content, calls = calls
+        ids made once: the stream, the response and the stored conversation share
+        them)."""
+        if self._reader is None:
+            return [self.item("completed", text)], {"role": "assistant", "content": text}
+        if self._reader.text != text:  # unstreamed: read whole here
+            self._reader.feed(text[len(self._reader.text):])
+        content, calls = self._reader.result()
         if not calls:
             return [self.item("completed", content)], {"role": "assistant", "content": content}
-        items = [{"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "status": "completed",
-                  "call_id": c["id"], "name": c["function"]["name"],
-                  "arguments": c["function"]["arguments"]} for c in calls]
+        items = [self._call_item(i, call, "completed") for i, call in enumerate(calls)]
         return items, {"role": "assistant", "content": None, "tool_calls": calls}
+
+    def _call_item(self, index: int, call: dict, status: str) -> dict:
+        while len(self._call_items) <= index:
+            self._call_items.append("fc_" + uuid.uuid4().hex)
+        return {"type": "function_call", "id": self._call_items[index], "status": status,
+                "call_id": call["id"], "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"] if status == "completed" else ""}
 
     def response(self, status: str, text: Optional[str] = None,
                  finish_reason: Optional[str] = None, usage: Optional[dict] = None) -> dict:
@@ -261,49 +268,75 @@ class ResponseBuilder:
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     def opening(self) -> list[str]:
-        where = {"output_index": 0}
         started = [self.event("response.created", response=self.response("in_progress")),
                    self.event("response.in_progress", response=self.response("in_progress"))]
-        if self._request.chat.tools is not None:
-            return started  # the output items follow once the answer is whole
-        return started + [
-            self.event("response.output_item.added", item=self.item("in_progress", None),
-                       **where),
-            self.event("response.content_part.added", item_id=self.item_id,
-                       content_index=0, part=self.part(""), **where)]
+        if self._reader is not None:
+            return started  # the answer's JSON says which output items follow
+        return started + self._open_message(0)
 
-    def delta(self, text: str) -> str:
-        return self.event("response.output_text.delta", item_id=self.item_id, output_index=0,
-                          content_index=0, delta=text)
+    def _open_message(self, index: int) -> list[str]:
+        self._open = ("message", index)
+        return [self.event("response.output_item.added", item=self.item("in_progress", None),
+                           output_index=index),
+                self.event("response.content_part.added", item_id=self.item_id,
+                           output_index=index, content_index=0, part=self.part(""))]
+
+    def delta(self, text: str) -> list[str]:
+        """The events a piece of the model's text makes: without tools, a text delta;
+        with tools, what the answer read so far adds (a text delta of a text answer,
+        a function call's item once its name is read, then its arguments' pieces)."""
+        if self._reader is None:
+            return self._text_delta(0, text)
+        events = []
+        for piece in self._reader.feed(text):
+            if isinstance(piece, tool_calls.ContentPiece):
+                events += self._text_delta(0, piece.text)
+            elif isinstance(piece, tool_calls.CallStarted):
+                events += self._close_open()
+                call = {"id": piece.id, "function": {"name": piece.name}}
+                self._open = ("call", piece.index)
+                events.append(self.event("response.output_item.added", output_index=piece.index,
+                                         item=self._call_item(piece.index, call, "in_progress")))
+            else:
+                events.append(self.event("response.function_call_arguments.delta",
+                                         item_id=self._call_items[piece.index],
+                                         output_index=piece.index, delta=piece.text))
+        return events
+
+    def _text_delta(self, index: int, text: str) -> list[str]:
+        events = self._open_message(index) if self._open is None else []
+        return events + [self.event("response.output_text.delta", item_id=self.item_id,
+                                    output_index=index, content_index=0, delta=text)]
+
+    def _close_open(self, output: Optional[list[dict]] = None) -> list[str]:
+        """The done events of the item being streamed, as it ends up in `output`
+        (the final response's items; None: a call whose next call has begun)."""
+        if self._open is None:
+            return []
+        kind, index = self._open
+        self._open = None
+        if kind == "message":
+            item = output[index] if output else self.item("completed", "")
+            text = item["content"][0]["text"]
+            where = {"item_id": self.item_id, "output_index": index, "content_index": 0}
+            return [self.event("response.output_text.done", text=text, **where),
+                    self.event("response.content_part.done", part=self.part(text), **where),
+                    self.event("response.output_item.done", item=item, output_index=index)]
+        content, calls = self._reader.result()
+        item = self._call_item(index, calls[index], "completed")
+        return [self.event("response.function_call_arguments.done", item_id=item["id"],
+                           output_index=index, arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=index, item=item)]
 
     def closing(self, text: str, finish_reason: str, usage: dict) -> list[str]:
         final = self.response("completed", text, finish_reason, usage)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        if self._request.chat.tools is not None:  # the answer was held until whole
-            events = []
-            for index, item in enumerate(final["output"]):
-                events.append(self.event("response.output_item.added", output_index=index,
-                                         item=item | {"status": "in_progress"}))
-                if item["type"] == "function_call":
-                    events.append(self.event("response.function_call_arguments.done",
-                                             item_id=item["id"], output_index=index,
-                                             arguments=item["arguments"]))
-                else:
-                    part = item["content"][0]
-                    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-                    events += [self.event("response.content_part.added", part=self.part(""),
-                                          **where),
-                               self.event("response.output_text.delta", delta=part["text"],
-                                          **where),
-                               self.event("response.output_text.done", text=part["text"],
-                                          **where),
-                               self.event("response.content_part.done", part=part, **where)]
-                events.append(self.event("response.output_item.done", output_index=index,
-                                         item=item))
-            return events + [self.event(kind, response=final)]
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        return [self.event("response.output_text.done", text=text, **where),
-                self.event("response.content_part.done", part=self.part(text), **where),
-                self.event("response.output_item.done", item=self.item("completed", text),
-                           output_index=0),
-                self.event(kind, response=final)]
+        if self._reader is not None and not self._reader.sent_any:
+            # an answer that said nothing yet (an empty text answer, or one cut short
+            # before a call's name): its text as one message
+            events = self._open_message(0)
+            content = final["output"][0]["content"][0]["text"]
+            if content:
+                events += self._text_delta(0, content)
+            return events + self._close_open(final["output"]) + [self.event(kind, response=final)]
+        return self._close_open(final["output"]) + [self.event(kind, response=final)]

@@ -31,6 +31,7 @@ from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.node import Node, open_node
 from dgr.stream import Chunk
 from dgr import responses as responses_api
+from dgr import tools as tool_calls
 from dgr.openai import (BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion,
                         parse_detokenize, parse_tokenize, token_piece)
 
@@ -155,18 +156,23 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     for index, chunks in enumerate(streams):
                         nursery.start_soon(forward, index, chunks, send.clone())
             first = set(range(len(streams)))
-            held: dict[int, list[str]] = {}  # with tools: each choice's text until it is whole
+            readers: dict[int, tool_calls.AnswerReader] = {}  # with tools: each choice's answer
             async with merged as receive:
                 async for index, chunk in receive:
                     if chunk.token_id is not None:
                         completion += 1
                     request.scope["dgr.tokens"] = completion
                     if parsed.tools is not None and chunk.finish_reason != "error":
-                        held.setdefault(index, []).append(chunk.text)
+                        reader = readers.setdefault(index, tool_calls.AnswerReader())
+                        objs = builder.tool_deltas(reader.feed(chunk.text), index,
+                                                   first=index in first)
+                        if objs:
+                            first.discard(index)
                         if chunk.finish_reason is not None:
-                            for obj in builder.tool_answer("".join(held[index]),
-                                                           chunk.finish_reason, index):
-                                await emit(_event(obj))
+                            objs += builder.tool_finish(reader, chunk.finish_reason, index,
+                                                        first=index in first)
+                        for obj in objs:
+                            await emit(_event(obj))
                         continue
                     rows = [chunk] if chunk.token_id is not None else []
                     if chunk.finish_reason == "error":
@@ -230,8 +236,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                         return
                     if chunk.text:
                         texts.append(chunk.text)
-                        if parsed.chat.tools is None:  # with tools it is held until whole
-                            await emit(builder.delta(chunk.text))
+                        for event in builder.delta(chunk.text):
+                            await emit(event)
                 if chunks.finish_reason == "cancelled":
                     await emit(builder.event("error", code="cancelled",
                                              message="the session was cancelled"))

@@ -153,18 +153,221 @@ def history(messages: list[Any]) -> list[dict]:
     return out
 
 
-def parse_answer(text: str, spec: ToolSpec) -> tuple[Optional[str], list[dict]]:
-    """(content, tool_calls in OpenAI's shape) of the model's constrained answer.
-    An answer cut short (max_tokens) that does not parse is returned as content."""
-    try:
-        answer = json.loads(text)
-    except ValueError:
-        return text, []
-    if isinstance(answer, dict) and "tool_calls" in answer:
-        return None, [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                       "function": {"name": call["name"],
-                                    "arguments": json.dumps(call["arguments"])}}
-                      for call in answer["tool_calls"]]
-    if isinstance(answer, dict) and isinstance(answer.get("response"), str):
-        return answer["response"], []
-    return text, []
+def parse_answer(text: str) -> tuple[Optional[str], list[dict]]:
+    """(content, tool_calls in OpenAI's shape) of the model's whole constrained
+    answer, read as a stream reads it (AnswerReader.result)."""
+    reader = AnswerReader()
+    reader.feed(text)
+    return reader.result()
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@attrs.frozen
+class ContentPiece:
+    text: str
+
+
+@attrs.frozen
+class CallStarted:
+    index: int
+    id: str
+    name: str
+
+
+@attrs.frozen
+class ArgumentsPiece:
+    index: int
+    text: str
+
+
+class _Frame:
+    """An open JSON container of the answer: `{` or `[`, the last key read in an
+    object, and whether a key comes next."""
+
+    __slots__ = ("kind", "key", "want_key")
+
+    def __init__(self, kind: str):
+        self.kind, self.key, self.want_key = kind, None, kind == "{"
+
+
+class AnswerReader:
+    """Reads a constrained answer as it is generated and says what a stream sends
+    of it, as OpenAI streams: the text of a `{"response": ...}` answer as it
+    comes; each tool call once its name is whole (CallStarted), then its
+    arguments' JSON text piece by piece as written (ArgumentsPiece; the pieces
+    together are the arguments). It scans the JSON one character at a time,
+    tracking only the containers open, so a piece of text may end anywhere (in a
+    key, an escape, a number)."""
+
+    def __init__(self):
+        self.calls = 0                    # tool calls started
+        self.whole = False                # the answer's JSON object has ended
+        self._text: list[str] = []        # everything read (the fallback)
+        self._stack: list[_Frame] = []
+        self._in_string = self._escape = self._is_key = self._in_primitive = False
+        self._string: list[str] = []      # the open string's characters, raw
+        self._arming = False              # "arguments": read, its value not begun
+        self._capture_depth: Optional[int] = None  # stack depth of the arguments' value
+        self._content_sent = 0            # characters of the response string decoded and sent
+        self._content: list[str] = []     # the response's text sent
+        self._calls: list[dict] = []      # the calls started, in OpenAI's shape
+        self._out: list = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    @property
+    def sent_any(self) -> bool:
+        return self.calls > 0 or self._content_sent > 0
+
+    def result(self) -> tuple[Optional[str], list[dict]]:
+        """(content, tool_calls) of what was read: the calls (their arguments as
+        written; cut short where the answer is not whole), else the response's
+        text, else (an answer cut short before it said anything) the text read."""
+        if self._calls:
+            return None, self._calls
+        if self.whole or self._content_sent:
+            return "".join(self._content), []
+        return self.text, []
+
+    def feed(self, text: str) -> list:
+        """The pieces `text` completes (ContentPiece, CallStarted, ArgumentsPiece)."""
+        self._text.append(text)
+        self._out = []
+        self._piece: list[str] = []
+        for c in text:
+            self._char(c)
+        self._flush_arguments()
+        if self._in_string and self._in_response():
+            self._flush_content(final=False)
+        for piece in self._out:
+            if isinstance(piece, CallStarted):
+                self._calls.append({"id": piece.id, "type": "function",
+                                    "function": {"name": piece.name, "arguments": ""}})
+            elif isinstance(piece, ArgumentsPiece):
+                self._calls[piece.index]["function"]["arguments"] += piece.text
+            else:
+                self._content.append(piece.text)
+        return self._out
+
+    def _char(self, c: str) -> None:
+        capturing = self._capture_depth is not None
+        if self._in_string:
+            if capturing:
+                self._piece.append(c)
+            if self._escape:
+                self._escape = False
+            elif c == "\\":
+                self._escape = True
+            elif c == '"':
+                self._in_string = False
+                self._string_ended()
+                return
+            self._string.append(c)
+            return
+        if self._in_primitive:
+            if c not in ",}] \t\n\r":
+                if capturing:
+                    self._piece.append(c)
+                return
+            self._in_primitive = False
+            self._value_ended()
+            capturing = self._capture_depth is not None
+        if c in " \t\n\r":
+            if capturing:
+                self._piece.append(c)
+            return
+        if self._arming:
+            self._arming = False
+            self._capture_depth = len(self._stack)
+            capturing = True
+        if capturing:
+            self._piece.append(c)
+        top = self._stack[-1] if self._stack else None
+        if c in "{[":
+            self._stack.append(_Frame(c))
+        elif c in "}]":
+            if self._stack:
+                self._stack.pop()
+            if not self._stack:
+                self.whole = True
+            self._value_ended()
+        elif c == ":":
+            if top is not None and self._in_call() and top.key == "arguments":
+                self._arming = True
+        elif c == ",":
+            if top is not None and top.kind == "{":
+                top.want_key = True
+        elif c == '"':
+            self._in_string, self._string = True, []
+            self._is_key = top is not None and top.kind == "{" and top.want_key
+        else:
+            self._in_primitive = True
+
+    def _in_call(self) -> bool:
+        """The innermost container is a tool call's object."""
+        s = self._stack
+        return len(s) == 3 and s[0].key == "tool_calls" and s[1].kind == "[" and s[2].kind == "{"
+
+    def _in_response(self) -> bool:
+        return (not self._is_key and len(self._stack) == 1 and self._stack[0].key == "response")
+
+    def _string_ended(self) -> None:
+        top = self._stack[-1] if self._stack else None
+        if self._is_key:
+            top.key, top.want_key = _decode("".join(self._string)), False
+            return
+        if self._in_call() and top.key == "name" and self._capture_depth is None:
+            self._out.append(CallStarted(self.calls, call_id(), _decode("".join(self._string))))
+            self.calls += 1
+        elif self._in_response():
+            self._flush_content(final=True)
+        self._value_ended()
+
+    def _value_ended(self) -> None:
+        if self._capture_depth is not None and len(self._stack) == self._capture_depth:
+            self._flush_arguments()
+            self._capture_depth = None
+
+    def _flush_arguments(self) -> None:
+        if self._piece:
+            self._out.append(ArgumentsPiece(self.calls - 1, "".join(self._piece)))
+            self._piece = []
+
+    def _flush_content(self, final: bool) -> None:
+        """Send the response string's characters decoded so far (an escape or a
+        surrogate pair cut by the piece's end waits for the next)."""
+        raw = "".join(self._string)
+        decoded = _decode(raw if final else raw[:_whole_escapes(raw)], final)
+        if len(decoded) > self._content_sent:
+            self._out.append(ContentPiece(decoded[self._content_sent:]))
+            self._content_sent = len(decoded)
+
+
+def _decode(raw: str, final: bool = True) -> str:
+    """A JSON string's characters (without its quotes, its escapes whole) as text;
+    a string's control characters are taken as they are (the grammar allows
+    them), a lone surrogate escape becomes U+FFFD. Not final: a high surrogate
+    at the end waits for its pair."""
+    text = json.loads('"' + raw + '"', strict=False)
+    if not final and text and "\ud800" <= text[-1] <= "\udbff":
+        text = text[:-1]
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _whole_escapes(raw: str) -> int:
+    """The length of raw's longest prefix that ends with no escape cut short."""
+    i, n = 0, len(raw)
+    while i < n:
+        if raw[i] == "\\":
+            need = 6 if raw[i + 1:i + 2] == "u" else 2
+            if i + need > n:
+                return i
+            i += need
+        else:
+            i += 1
+    return n

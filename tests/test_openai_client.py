@@ -44,14 +44,19 @@ async def test_structured_output_and_tool_calls(client):
                                          "content": "sunny"}],
         tools=[WEATHER_TOOL], max_tokens=30, temperature=0)
     assert answer.choices[0].message.content is not None or answer.choices[0].message.tool_calls
-    stream = await client.chat.completions.create(
-        model="m", messages=messages, tools=[WEATHER_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        parallel_tool_calls=False, max_tokens=200, temperature=0, stream=True)
-    pieces = [chunk async for chunk in stream]
-    streamed = [c for p in pieces for c in (p.choices[0].delta.tool_calls or [] if p.choices
-                                            else [])]
-    assert streamed and streamed[0].function.name == "get_weather"
+    named = dict(model="m", messages=messages, tools=[WEATHER_TOOL],
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                 parallel_tool_calls=False, max_tokens=200, temperature=0)
+    whole = (await client.chat.completions.create(**named)).choices[0].message.tool_calls[0]
+    # the SDK's own stream helper puts the streamed pieces together
+    async with client.chat.completions.stream(**named) as stream:
+        argument_deltas = [event async for event in stream
+                           if event.type == "tool_calls.function.arguments.delta"]
+        final = await stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls[0]
+    assert final.choices[0].finish_reason == "tool_calls" and len(argument_deltas) > 1
+    assert streamed.function.name == "get_weather" and streamed.id.startswith("call_")
+    assert json.loads(streamed.function.arguments) == json.loads(whole.function.arguments)
 
 
 async def test_responses_api(client):
@@ -110,5 +115,21 @@ async def test_responses_function_calls_and_a_tool_loop(client):
         model="m", input="Weather in Paris?", tools=[tool], tool_choice="required",
         parallel_tool_calls=False, max_output_tokens=200, temperature=0, stream=True)]
     kinds = [e.type for e in events]
-    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
-    assert events[-1].response.output[0].arguments == call.arguments
+    assert kinds[-1] == "response.completed"
+    # as OpenAI streams a call: its item, its arguments in pieces, their whole, the item done
+    added = kinds.index("response.output_item.added")
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert events[added].item.type == "function_call" and events[added].item.arguments == ""
+    assert added < kinds.index("response.function_call_arguments.delta") < kinds.index(
+        "response.function_call_arguments.done") < kinds.index("response.output_item.done")
+    assert len(pieces) > 1 and "".join(pieces) == done.arguments == call.arguments
+    streamed = events[-1].response
+    assert streamed.output[0].arguments == call.arguments
+    assert streamed.output[0].call_id == events[added].item.call_id
+    # the streamed response's call is continued as stored, by its call id
+    after = await client.responses.create(
+        model="m", previous_response_id=streamed.id, tools=[tool], max_output_tokens=30,
+        temperature=0, input=[{"type": "function_call_output",
+                               "call_id": streamed.output[0].call_id, "output": "sunny"}])
+    assert after.output and after.usage.input_tokens_details.cached_tokens > 0

@@ -698,9 +698,17 @@ async def test_tool_calls_required_named_streamed_and_an_agent_loop(start_server
             "parallel_tool_calls": False, "stream": True})
         events = sse_events(streamed.text)
         deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        # as OpenAI streams a call: its id, type and name with empty arguments, then
+        # the arguments' text in pieces
         streamed_calls = [c for d in deltas for c in d.get("tool_calls", [])]
-        assert [c["function"] for c in streamed_calls] == [c["function"] for c in named_calls]
-        assert streamed_calls[0]["index"] == 0
+        assert deltas[0]["role"] == "assistant" and "content" not in deltas[0]
+        head, *pieces = streamed_calls
+        assert head["index"] == 0 and head["id"].startswith("call_")
+        assert head["type"] == "function"
+        assert head["function"] == {"name": "get_weather", "arguments": ""}
+        assert len(pieces) > 1 and all(set(c) == {"index", "function"} for c in pieces)
+        arguments = "".join(c["function"]["arguments"] for c in pieces)
+        assert json.loads(arguments) == json.loads(named_calls[0]["function"]["arguments"])
         assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
         # the agent loop: the call, its result, then the model's next answer
         call = named_calls[0]
@@ -711,6 +719,25 @@ async def test_tool_calls_required_named_streamed_and_an_agent_loop(start_server
         message = answer["message"]
         assert (message.get("tool_calls") and answer["finish_reason"] == "tool_calls") or (
             isinstance(message["content"], str) and answer["finish_reason"] in ("stop", "length"))
+        # streamed or not, an answer reads the same, cut short by max_tokens or whole
+        for max_tokens in (3, 8, 30, 200):
+            request = base | {"messages": turn, "tool_choice": "auto", "max_tokens": max_tokens}
+            whole = (await client.post("/v1/chat/completions", json=request)).json()["choices"][0]
+            events = sse_events((await client.post("/v1/chat/completions", json=request | {
+                "stream": True})).text)
+            deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+            content = "".join(d.get("content") or "" for d in deltas)
+            streamed_calls: dict[int, dict] = {}
+            for c in (c for d in deltas for c in d.get("tool_calls", [])):
+                got = streamed_calls.setdefault(c["index"], {"name": "", "arguments": ""})
+                got["name"] += c["function"].get("name", "")
+                got["arguments"] += c["function"]["arguments"]
+            assert events[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+            if whole["message"].get("tool_calls"):
+                assert list(streamed_calls.values()) == [
+                    c["function"] for c in whole["message"]["tool_calls"]]
+            else:
+                assert not streamed_calls and content == whole["message"]["content"]
         plain = (await client.post("/v1/chat/completions", json=base | {
             "messages": turn, "tool_choice": "none"})).json()["choices"][0]
         assert "tool_calls" not in plain["message"]
