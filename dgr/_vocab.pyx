@@ -45,6 +45,17 @@ cdef class Vocabulary:
     def n_vocab(self):
         return self.vocab_size
 
+    def special_text(self):
+        """{"bos_token": ..., "eos_token": ...}: the texts a Jinja chat template
+        knows them by ("" where the vocabulary has none)."""
+        self.check_open()
+        out = {}
+        for name, token in (("bos_token", llama_vocab_bos(self.vocab)),
+                            ("eos_token", llama_vocab_eos(self.vocab))):
+            out[name] = (self.token_to_piece(token, special=True).decode("utf-8", "replace")
+                         if 0 <= token < self.vocab_size else "")
+        return out
+
     def chat_template(self):
         """The model's chat template from its GGUF metadata, or None."""
         self.check_open()

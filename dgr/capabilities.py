@@ -15,12 +15,15 @@ from dgr.telemetry import Telemetry
 
 
 def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cells_used: int,
-           telemetry: Telemetry, prefix_cache: bool, devices: list[dict]) -> dict:
+           telemetry: Telemetry, prefix_cache: bool, devices: list[dict],
+           tool_format: str) -> dict:
     b = budgets
     return {
         "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
                                        "n_params", "n_vocab", "n_ctx_train")}
-                 | {"context_per_session": b.kv_cells_per_session},
+                 | {"context_per_session": b.kv_cells_per_session,
+                    # how tools are rendered and called (dgr.tool_formats)
+                    "tool_format": tool_format},
         "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
                                         "kv_unified", "weight_repack")},
         # this machine (endpoint None) and each RPC worker: its layers, memory and link

@@ -24,7 +24,8 @@ from typing import AsyncIterator, Optional, Sequence, Union
 import attrs
 import trio
 
-from dgr import _engine, capabilities
+from dgr import _engine, capabilities, tool_formats
+from dgr import tools as tool_calls
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
 from dgr.detok import IncrementalDetokenizer
@@ -70,6 +71,9 @@ class Node:
         self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
                              budgets.kv_cells_total)
         self.telemetry.batch_token_budget.set(budgets.step_tokens)
+        # the tool-call format the model's own template renders (dgr.tool_formats)
+        self.tool_format = tool_formats.for_template(engine.chat_template(),
+                                                     engine.special_text())
         self._rpc_links = RpcLinks(config.rpc_workers) if config.rpc_workers else None
         self._rpc_at_start = {}  # the links' figures once loaded: the weights sent are not steps'
         if self._rpc_links is not None:
@@ -123,6 +127,12 @@ class Node:
         """One token's raw bytes: a byte-fallback token (part of a multi-byte
         character) is its own byte, not a replacement character."""
         return bytes(self._open_engine().token_to_piece(token, special=True))
+
+    def chat_prompt(self, messages: list[dict], tools=None) -> str:
+        """The prompt of a chat (messages as dgr.openai.parse_chat makes them) with
+        the request's tools (a dgr.tools.ToolSpec, or None) in their format."""
+        tool_format = tools.format if tools is not None else tool_calls.GENERIC
+        return tool_format.render(messages, tools, self.apply_chat_template)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Render a chat with the model's template from its GGUF metadata. A GGUF
@@ -208,7 +218,7 @@ class Node:
         return capabilities.report(self._engine.info, self.config, self.budgets,
                                    self._admission.load(), self._loop.batch.cells_used,
                                    self.telemetry, self._admission.placement.cache is not None,
-                                   devices)
+                                   devices, self.tool_format.name)
 
     async def flush_prefix_cache(self) -> None:
         """Evict every cached prompt prefix (running sessions keep what they use)."""

@@ -151,7 +151,7 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
             # OpenAI's default and range, narrower than the library's
             temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
             logprobs=logprobs, logit_bias=_logit_bias(body),
-            grammar=tool_calls.grammar(tools) if tools is not None else _grammar(body),
+            grammar=tools.format.grammar(tools) if tools is not None else _grammar(body),
             prompt_logprobs=prompt_logprobs)
     except BadRequest:
         raise
@@ -236,7 +236,10 @@ def parse_completion(body: Any) -> ParsedRequest:
                    prompt_logprobs=scored)
 
 
-def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
+def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
+    """The request and its messages, checked and made uniform (roles, text
+    content, tool calls and results as dgr.tools.history makes them); tools are
+    in `tool_format` (the model's, dgr.tool_formats; None: the generic one)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _check_fields(body, "chat")
@@ -244,7 +247,7 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     try:
-        tools = tool_calls.parse_tools(body)
+        tools = tool_calls.parse_tools(body, tool_format)
         messages = tool_calls.history(messages)
         if tools is not None and (body.get("grammar") is not None
                                   or body.get("response_format") is not None):
@@ -272,19 +275,18 @@ def parse_chat(body: Any) -> tuple[ParsedRequest, list[dict]]:
             content = ""
         if not isinstance(content, str):
             raise BadRequest("message 'content' must be a string or a list of text parts", "messages")
-        clean.append({"role": ROLES[m["role"]], "content": content})
+        uniform = {"role": ROLES[m["role"]], "content": content}
+        if m.get("tool_calls"):
+            uniform["tool_calls"] = m["tool_calls"]
+        if uniform["role"] == "tool":
+            uniform["tool_call_id"] = m.get("tool_call_id")
+        clean.append(uniform)
     logprobs = top = 0
     if _bool(body, "logprobs"):
         top = _int(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
         logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
     elif body.get("top_logprobs") is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-    if tools is not None:  # the tools are described in the system message
-        prompt = tool_calls.system_prompt(tools)
-        if clean[0]["role"] == "system":
-            clean[0] = {"role": "system", "content": clean[0]["content"] + "\n\n" + prompt}
-        else:
-            clean.insert(0, {"role": "system", "content": prompt})
     try:
         parsed = _common(body, logprobs, chat=True, prompts=[], top_logprobs=top, tools=tools)
     except tool_calls.ToolsError as exc:
@@ -369,7 +371,7 @@ class ResponseBuilder:
             if self.chat:
                 message: dict = {"role": "assistant", "content": text}
                 if self._tools is not None:
-                    reader = tool_calls.AnswerReader()
+                    reader = self._tools.format.reader()
                     reader.feed(text)
                     message["content"], calls = reader.result()
                     if calls:
@@ -422,7 +424,7 @@ class ResponseBuilder:
             out.append(self._chunk(index, delta))
         return out
 
-    def tool_finish(self, reader: tool_calls.AnswerReader, finish_reason: str, index: int,
+    def tool_finish(self, reader, finish_reason: str, index: int,
                     first: bool) -> list[dict]:
         """The end of a streamed answer with tools: "tool_calls" once its calls are
         whole; an answer that said nothing yet (an empty response, or one cut short

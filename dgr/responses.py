@@ -147,7 +147,9 @@ def _response_format(text: Any) -> Optional[dict]:
     return fmt  # json_object, or a type the chat parser refuses
 
 
-def parse_response_request(body: Any, store: ResponseStore) -> ResponseRequest:
+def parse_response_request(body: Any, store: ResponseStore,
+                           tool_format=None) -> ResponseRequest:
+    """The request as a chat (tools in `tool_format`, as parse_chat takes it)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     for name in body:
@@ -176,7 +178,7 @@ def parse_response_request(body: Any, store: ResponseStore) -> ResponseRequest:
     if fmt is not None:
         chat_body["response_format"] = fmt
     try:
-        chat, messages = parse_chat(chat_body)
+        chat, messages = parse_chat(chat_body, tool_format)
     except BadRequest as exc:
         raise BadRequest(str(exc), _CHAT_NAMES.get(exc.param, exc.param)) from None
     stream, stored = body.get("stream", False), body.get("store", True)
@@ -200,7 +202,8 @@ class ResponseBuilder:
         self._sequence = 0
         # with tools, the answer as read so far (streamed: piece by piece), the ids of
         # its function_call items, and the item being streamed (its kind and index)
-        self._reader = tool_calls.AnswerReader() if request.chat.tools is not None else None
+        spec = request.chat.tools
+        self._reader = spec.format.reader() if spec is not None else None
         self._call_items: list[str] = []
         self._open: Optional[tuple[str, int]] = None
 

@@ -31,7 +31,6 @@ from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.node import Node, open_node
 from dgr.stream import Chunk
 from dgr import responses as responses_api
-from dgr import tools as tool_calls
 from dgr.openai import (BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion,
                         parse_detokenize, parse_tokenize, token_piece)
 
@@ -90,9 +89,9 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
 
     async def chat_completions(request: Request) -> Response:
         node = ready_node()
-        parsed, messages = parse_chat(await read_json(request))
+        parsed, messages = parse_chat(await read_json(request), node.tool_format)
         try:
-            prompt = node.apply_chat_template(messages)
+            prompt = node.chat_prompt(messages, parsed.tools)
         except ValueError as exc:
             raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
         ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
@@ -156,14 +155,16 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     for index, chunks in enumerate(streams):
                         nursery.start_soon(forward, index, chunks, send.clone())
             first = set(range(len(streams)))
-            readers: dict[int, tool_calls.AnswerReader] = {}  # with tools: each choice's answer
+            readers: dict = {}  # with tools: each choice's answer reader
             async with merged as receive:
                 async for index, chunk in receive:
                     if chunk.token_id is not None:
                         completion += 1
                     request.scope["dgr.tokens"] = completion
                     if parsed.tools is not None and chunk.finish_reason != "error":
-                        reader = readers.setdefault(index, tool_calls.AnswerReader())
+                        if index not in readers:
+                            readers[index] = parsed.tools.format.reader()
+                        reader = readers[index]
                         objs = builder.tool_deltas(reader.feed(chunk.text), index,
                                                    first=index in first)
                         if objs:
@@ -203,9 +204,10 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     async def responses(request: Request) -> Response:
         """OpenAI's Responses API over one chat session (dgr.responses)."""
         node = ready_node()
-        parsed = responses_api.parse_response_request(await read_json(request), store)
+        parsed = responses_api.parse_response_request(await read_json(request), store,
+                                                      node.tool_format)
         try:
-            prompt = node.apply_chat_template(parsed.prompt)
+            prompt = node.chat_prompt(parsed.prompt, parsed.chat.tools)
         except ValueError as exc:
             raise BadRequest(f"cannot apply the chat template: {exc}", "input") from None
         ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)

@@ -42,7 +42,8 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 
 def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,
                      n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
-                     n_ctx_train: int = 8192, seed: int = 1234) -> Path:
+                     n_ctx_train: int = 8192, seed: int = 1234,
+                     chat_template: str = CHAT_TEMPLATE) -> Path:
     """Write the model to `path` (atomically) and return the path."""
     import gguf  # a test dependency; the runtime never writes models
 
@@ -78,7 +79,7 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_add_space_prefix(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(chat_template)
 
     writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
     for i in range(n_layer):

@@ -1,10 +1,13 @@
-"""Tool calls in chat completions, in llama.cpp's "generic" format: the tools
+"""Tool calls in chat completions: the request's tools and history, and
+llama.cpp's "generic" format, which any model's template can render: the tools
 are described to the model in a system message and its answer is constrained
 by a grammar to one JSON object, either `{"tool_calls": [{"name": ...,
 "arguments": {...}}]}` or `{"response": "..."}` (only the first with
 tool_choice "required" or a named function), so a call's arguments always
 parse and follow the tool's schema. A history's assistant tool calls are
-rendered back in the same JSON, tool results as `tool` messages. No I/O.
+rendered back in the same JSON, tool results as `tool` messages. A model whose
+own template renders tools in a format dgr knows uses that instead
+(dgr.tool_formats). No I/O.
 """
 
 from __future__ import annotations
@@ -32,14 +35,22 @@ class ToolSpec:
     tools: tuple[dict, ...]        # {"name", "description", "parameters"}
     choice: str                    # "auto", "required", or a tool's name
     parallel: bool
+    format: Any = attrs.field(factory=lambda: GENERIC)  # how the model sees tools and calls
 
     @property
     def names(self) -> list[str]:
         return [t["name"] for t in self.tools]
 
+    @property
+    def offered(self) -> list[dict]:
+        """The tools the answer may call (all, or the named choice's)."""
+        return [t for t in self.tools if self.choice in ("auto", "required")
+                or t["name"] == self.choice]
 
-def parse_tools(body: dict) -> Optional[ToolSpec]:
-    """The request's tools, or None when it has none or tool_choice is "none"."""
+
+def parse_tools(body: dict, tool_format: Any = None) -> Optional[ToolSpec]:
+    """The request's tools in `tool_format` (None: the generic one), or None when
+    it has none or tool_choice is "none"."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
@@ -80,14 +91,29 @@ def parse_tools(body: dict) -> Optional[ToolSpec]:
                          "tool_choice")
     if choice == "none" or not specs:
         return None
-    return ToolSpec(tuple(specs), choice, parallel)
+    return ToolSpec(tuple(specs), choice, parallel, tool_format or GENERIC)
+
+
+def call_schema(tools: list[dict]) -> dict:
+    """JSON schema of one call, {"name": ..., "arguments": {...}}, of one of `tools`."""
+    return {"anyOf": [{"type": "object",
+                       "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
+                       "required": ["name", "arguments"]} for t in tools]}
+
+
+def schema_grammar(schema: dict) -> str:
+    """GBNF of a JSON schema (llama-cpp-python's converter; root rule "root")."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter's message names what it cannot express
+        raise ToolsError(f"a tool's parameters cannot be turned into a grammar: {exc}",
+                         "tools") from None
 
 
 def _call_schema(tools: list[dict], parallel: bool) -> dict:
-    calls = {"anyOf": [{"type": "object",
-                        "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
-                        "required": ["name", "arguments"]} for t in tools]}
-    array = {"type": "array", "items": calls, "minItems": 1,
+    array = {"type": "array", "items": call_schema(tools), "minItems": 1,
              "maxItems": MAX_PARALLEL_CALLS if parallel else 1}
     return {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"]}
 
@@ -95,18 +121,11 @@ def _call_schema(tools: list[dict], parallel: bool) -> dict:
 def grammar(spec: ToolSpec) -> str:
     """GBNF for the answer: a tool call (of the named tool, for a named choice) or,
     with "auto", a text response."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    tools = [t for t in spec.tools if spec.choice in ("auto", "required") or t["name"] == spec.choice]
-    schema = _call_schema(tools, spec.parallel)
+    schema = _call_schema(spec.offered, spec.parallel)
     if spec.choice == "auto":
         schema = {"anyOf": [schema, {"type": "object", "properties": {
             "response": {"type": "string"}}, "required": ["response"]}]}
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter's message names what it cannot express
-        raise ToolsError(f"a tool's parameters cannot be turned into a grammar: {exc}",
-                         "tools") from None
+    return schema_grammar(schema)
 
 
 def system_prompt(spec: ToolSpec) -> str:
@@ -121,9 +140,10 @@ def system_prompt(spec: ToolSpec) -> str:
 
 
 def history(messages: list[Any]) -> list[dict]:
-    """Chat messages with their tool calls and tool results as text the template
-    renders: an assistant's tool calls as the JSON the model answers in, a tool
-    result as a `tool` message; a tool message must answer an earlier call."""
+    """The chat's assistant tool calls and tool results checked and made uniform:
+    a call as {"id", "type": "function", "function": {"name", "arguments": <the
+    arguments as a JSON value>}}, its message's content "" when none; a tool
+    message must answer an earlier call. Other messages are as given."""
     out, call_ids = [], set()
     for m in messages:
         calls = m.get("tool_calls") if isinstance(m, dict) else None
@@ -131,7 +151,7 @@ def history(messages: list[Any]) -> list[dict]:
             if m.get("role") != "assistant" or not isinstance(calls, list):
                 raise ToolsError("'tool_calls' belong to assistant messages, as a list",
                                  "messages")
-            rendered = []
+            uniform = []
             for call in calls:
                 function = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -142,8 +162,9 @@ def history(messages: list[Any]) -> list[dict]:
                     raise ToolsError("a tool call's arguments must be JSON text",
                                      "messages") from None
                 call_ids.add(call.get("id"))
-                rendered.append({"name": function["name"], "arguments": arguments})
-            out.append({"role": "assistant", "content": json.dumps({"tool_calls": rendered})})
+                uniform.append({"id": call.get("id"), "type": "function",
+                                "function": {"name": function["name"], "arguments": arguments}})
+            out.append(m | {"content": m.get("content") or "", "tool_calls": uniform})
             continue
         if isinstance(m, dict) and m.get("role") == "tool":
             if m.get("tool_call_id") not in call_ids:
@@ -151,6 +172,44 @@ def history(messages: list[Any]) -> list[dict]:
                                  "tool call", "messages")
         out.append(m)
     return out
+
+
+class GenericFormat:
+    """llama.cpp's generic format (see the module doc): rendered by any template."""
+
+    name = "generic"
+
+    @staticmethod
+    def render(messages: list[dict], spec: Optional[ToolSpec], apply_template) -> str:
+        """The prompt of a chat (messages as history() makes them) through
+        `apply_template` (messages of role and content -> text): the tools
+        described in the system message, the calls as the JSON the model answers in."""
+        plain = []
+        for m in messages:
+            if m.get("tool_calls"):
+                calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                         for c in m["tool_calls"]]
+                plain.append({"role": "assistant", "content": json.dumps({"tool_calls": calls})})
+            else:
+                plain.append({"role": m["role"], "content": m["content"]})
+        if spec is not None:
+            described = system_prompt(spec)
+            if plain[0]["role"] == "system":
+                plain[0] = {"role": "system", "content": plain[0]["content"] + "\n\n" + described}
+            else:
+                plain.insert(0, {"role": "system", "content": described})
+        return apply_template(plain)
+
+    @staticmethod
+    def grammar(spec: ToolSpec) -> str:
+        return grammar(spec)
+
+    @staticmethod
+    def reader() -> "AnswerReader":
+        return AnswerReader()
+
+
+GENERIC = GenericFormat()
 
 
 def parse_answer(text: str) -> tuple[Optional[str], list[dict]]:

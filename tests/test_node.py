@@ -445,7 +445,8 @@ async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(node_co
                 caller.cancel()
 
             node._loop.admit = admit_then_cancel
-            await node.generate(PROMPTS[2] + " and more", params)
+            # long enough that the loop cannot end it ("length") before the cancel lands
+            await node.generate(PROMPTS[2] + " and more", attrs.evolve(params, max_tokens=400))
         node._loop.admit = admit
         assert caller.cancelled_caught
         again = await node.generate(PROMPTS[2], params)

@@ -747,3 +747,57 @@ async def test_tool_calls_required_named_streamed_and_an_agent_loop(start_server
                                                       "content": "1"}]}, "messages")]:
             refused = await client.post("/v1/chat/completions", json=base | bad)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+
+
+async def test_a_template_with_native_tools_renders_and_calls_them_its_way(
+        start_server, hermes_model):
+    """A model whose template renders tools in the Hermes format gets them rendered
+    by that template (sandboxed Jinja) and answers calls in its tags, constrained
+    by a grammar: the reply's calls parse and follow the schema, streamed as
+    unstreamed, and a tool result continues the chat through the template."""
+    import jsonschema
+
+    server = await start_server({"model_path": hermes_model})
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    base = {"messages": messages, "tools": [WEATHER_TOOL, TIME_TOOL], "max_tokens": 200,
+            "temperature": 0}
+    async with server.client() as client:
+        capabilities = (await client.get("/capabilities")).json()
+        assert capabilities["model"]["tool_format"] == "hermes"
+        prompt = (await client.post("/v1/chat/completions", json=base | {
+            "tool_choice": "required", "max_tokens": 1, "logprobs": False})).json()
+        assert prompt["usage"]["prompt_tokens"] > 100  # the template's tool description
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            request = base | {"tool_choice": choice, "parallel_tool_calls": choice == "required"}
+            whole = (await client.post("/v1/chat/completions", json=request)).json()["choices"][0]
+            assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+            calls = whole["message"]["tool_calls"]
+            for call in calls:
+                schema = next(t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)
+                              if t["function"]["name"] == call["function"]["name"])
+                jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+            events = sse_events((await client.post("/v1/chat/completions", json=request | {
+                "stream": True})).text)
+            streamed: dict[int, dict] = {}
+            for c in (c for e in events if e.get("choices")
+                      for c in e["choices"][0]["delta"].get("tool_calls", [])):
+                got = streamed.setdefault(c["index"], {"name": "", "arguments": ""})
+                got["name"] += c["function"].get("name", "")
+                got["arguments"] += c["function"]["arguments"]
+            assert list(streamed.values()) == [c["function"] for c in calls]
+            assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        call = calls[0]
+        turn = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                           {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+        answer = (await client.post("/v1/chat/completions", json=base | {
+            "messages": turn, "tool_choice": "auto", "max_tokens": 20})).json()
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        message = answer["choices"][0]["message"]
+        assert message.get("tool_calls") or isinstance(message["content"], str)
+        # the Responses API renders and calls the same way
+        response = (await client.post("/v1/responses", json={
+            "input": "Weather in Paris?", "max_output_tokens": 200, "temperature": 0,
+            "tools": [{"type": "function", **WEATHER_TOOL["function"]}],
+            "tool_choice": "required", "parallel_tool_calls": False})).json()
+        assert response["output"][0]["type"] == "function_call"
+        assert response["output"][0]["name"] == "get_weather"

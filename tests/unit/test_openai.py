@@ -8,6 +8,7 @@ from dgr._codes import MAX_LOGPROBS
 from dgr.config import MAX_STOP_STRINGS
 from dgr.openai import BadRequest, ResponseBuilder, parse_chat, parse_completion
 from dgr.stream import Chunk
+from dgr.tools import GENERIC
 
 
 def test_a_completion_request_maps_every_field_to_sampling_params():
@@ -136,7 +137,13 @@ def test_message_roles_are_openais_and_developer_is_system():
                                               "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "t"}]})
     assert [m["role"] for m in messages] == ["system", "assistant", "tool"]
-    assert json.loads(messages[1]["content"]) == {"tool_calls": [{"name": "f", "arguments": {}}]}
+    assert messages[1]["tool_calls"] == [{"id": "c1", "type": "function",
+                                          "function": {"name": "f", "arguments": {}}}]
+    assert messages[2]["tool_call_id"] == "c1"
+    # the generic format renders the call as the JSON the model answers in
+    rendered = GENERIC.render(messages, None, lambda plain: plain)
+    assert json.loads(rendered[1]["content"]) == {"tool_calls": [{"name": "f", "arguments": {}}]}
+    assert all(set(m) == {"role", "content"} for m in rendered)
     with pytest.raises(BadRequest) as exc:
         parse_chat({"messages": [{"role": "wizard", "content": "x"}]})
     assert exc.value.param == "messages" and "wizard" in str(exc.value)
@@ -191,7 +198,8 @@ def test_tools_become_a_grammar_and_a_system_message():
     parsed, messages = parse_chat({"messages": [{"role": "user", "content": "weather?"}],
                                    "tools": [WEATHER], "tool_choice": "required"})
     assert parsed.tools.choice == "required" and parsed.tools.names == ["get_weather"]
-    assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    rendered = GENERIC.render(messages, parsed.tools, lambda plain: plain)
+    assert rendered[0]["role"] == "system" and "get_weather" in rendered[0]["content"]
     assert "tool_calls" in parsed.params.grammar and "response" not in parsed.params.grammar
     auto, _ = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})
     assert auto.tools.choice == "auto" and "response" in auto.params.grammar
