@@ -152,6 +152,11 @@ cdef class BatchLoop:
         pthread_cond_init(&self.ops_room, NULL)
         self.sync_ready = True
 
+
+    def set_step_time(self, double a, double b, double c, double e):
+        """The node's model of its step times (dgr.step_time), for the scheduler's
+        next plans (Scheduler.set_step_time)."""
+        self.scheduler.set_step_time(a, b, c, e)
     def __dealloc__(self):
         if self.sync_ready:
             pthread_cond_destroy(&self.wake)

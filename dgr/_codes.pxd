@@ -40,6 +40,7 @@ cpdef enum:
     MAX_RUNNING = 256          # sequences per llama.cpp context (LLAMA_MAX_SEQ): one per session
     SCORE_CHUNK = 16           # prompt rows per chunk of a session scoring its prompt (each an
                                # output row: at most one such chunk per step bounds the logits)
+    MIN_PIECE = 16             # prompt rows the oldest prefilling session gets at least per step
 
 # Engine.inject_fault's code for "raise after llama_decode ran" (a test hook).
 cpdef enum:

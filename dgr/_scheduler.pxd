@@ -5,7 +5,7 @@ from libc.stdint cimport int32_t, int64_t
 
 from dgr._codes cimport (EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN,
                         FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, FINISH_STOP,
-                        MAX_LOGPROBS, NO_LOGITS, SCORE_CHUNK)
+                        MAX_LOGPROBS, MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
 
 cdef enum SlotPhase:
     SLOT_FREE = 0
@@ -65,6 +65,10 @@ cdef class Scheduler:
     cdef readonly int prefill_chunk
     cdef readonly int prefill_sessions
     cdef readonly bint one_call     # a step's rows run in one llama_decode
+    cdef readonly double decode_stall   # while sessions decode: a step's time / a decode-only one's
+    cdef bint time_known                # set_step_time gave the model below
+    cdef double time_a, time_b, time_c, time_e
+    cdef int prefill_cap                # the prefill rows the current plan allows
     cdef char * eog                 # per vocabulary entry: ends generation
     cdef int n_vocab
     cdef int64_t next_order
@@ -80,6 +84,7 @@ cdef class Scheduler:
     cdef int max_step_events(self) noexcept nogil
     cdef int take_finish_requests(self, Event * out) noexcept nogil
     cdef int plan(self) noexcept nogil
+    cdef int _rows_within_stall(self, int position) noexcept nogil
     cdef int plan_rows(self) noexcept nogil
     cdef int chunk_offset(self, int c) noexcept nogil
     cdef int update(self, const int32_t * sampled, const int * call_rc, const float * chosen_lp,

@@ -11,11 +11,18 @@ Policy (re-planned every step; sessions join and leave between steps):
    decode rows, 72 ms ascending, 183 ms shuffled). A slot without credits
    (slow reader) is skipped, so backpressure reaches the model step instead
    of memory.
-2. Prefill fills what the token budget leaves, oldest session first, in
-   chunks of `prefill_chunk` tokens from where its prefill starts (after a
-   shared prefix). A chunk that does not fit waits for the next step, and so
-   do younger sessions' chunks (strict age order: a long prompt is never
-   starved).
+2. Prefill fills what the token budget leaves, oldest session first, each
+   session a piece from where its prefill stands (after a shared prefix) of
+   whatever size the step has room for: a token's KV does not depend on the
+   piece it was computed in (every flash-attention row takes the one-row
+   path). With no session decoding, the whole token budget. While sessions
+   decode, the step's prefill rows are bounded so that its time stays within
+   `decode_stall` times a decode-only step's, by the node's model of its own
+   step times (set_step_time: a + b decode rows + c prefill rows + e cells
+   the prefill rows attend, in 1,024s); until it has one (or with
+   decode_stall 0), `prefill_chunk` rows. The oldest session's piece is at
+   least MIN_PIECE tokens (a long prompt is never starved); a younger one's
+   is not started below that, and never ahead of an older one that waits.
    A session scoring its prompt (prompt_logprobs) prefills SCORE_CHUNK tokens a
    chunk, every row an output row; one such chunk per step, so the logits of a
    step stay within SCORE_CHUNK rows more than its decode rows (a second
@@ -40,6 +47,7 @@ meanwhile. An ended slot is FREE at once; the loop frees its KV before it
 publishes the events, so the node reuses a slot only after its EV_FINISH.
 """
 
+from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
@@ -78,7 +86,7 @@ cdef class Scheduler:
         self.order_buf = NULL
 
     def __init__(self, int n_slots, int token_budget, int prefill_chunk, int prefill_sessions,
-                 int n_vocab, eog_tokens=(), bint one_call=False):
+                 int n_vocab, eog_tokens=(), bint one_call=False, double decode_stall=0.0):
         if n_slots < 1 or prefill_chunk < 1 or prefill_sessions < 1 or n_vocab < 1:
             raise ValueError("n_slots, prefill_chunk, prefill_sessions and n_vocab must be positive")
         if token_budget <= n_slots or prefill_chunk > token_budget:
@@ -88,6 +96,9 @@ cdef class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.prefill_sessions = min(prefill_sessions, n_slots)
         self.one_call = one_call
+        if decode_stall != 0.0 and decode_stall < 1.0:
+            raise ValueError("decode_stall must be 0 (fixed pieces) or at least 1")
+        self.decode_stall = decode_stall
         self.n_vocab = n_vocab
         self.slots = <Slot *> calloc(n_slots, sizeof(Slot))
         self.eog = <char *> calloc(n_vocab, 1)
@@ -186,6 +197,20 @@ cdef class Scheduler:
         if not 0 <= slot < self.n_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.n_slots - 1}")
 
+    def set_step_time(self, double a, double b, double c, double e):
+        """The node's model of a step's seconds: a + b decode rows + c prefill rows
+        + e cells the prefill rows attend (in 1,024s); c > 0, e >= 0 and a + b > 0
+        (a model that is not is refused). Read by the next plans."""
+        if not (c > 0.0 and e >= 0.0 and a + b > 0.0):
+            raise ValueError("a step-time model needs c > 0, e >= 0 and a + b > 0")
+        self.time_a, self.time_b, self.time_c, self.time_e = a, b, c, e
+        self.time_known = True
+
+    @property
+    def last_prefill_cap(self):
+        """The prefill rows the last plan allowed."""
+        return self.prefill_cap
+
     # ------------------------------------------------------------ for tests
 
     def plan_step(self):
@@ -269,26 +294,58 @@ cdef class Scheduler:
                 self.order_buf[j] = s
                 n_waiting += 1
         self.n_chunks = 0
+        if n_waiting == 0:
+            self.prefill_cap = 0
+        elif self.n_decode == 0:
+            self.prefill_cap = left
+        elif self.time_known and self.decode_stall > 0.0:
+            self.prefill_cap = self._rows_within_stall(self.slots[self.order_buf[0]].n_prefilled)
+        else:
+            self.prefill_cap = self.prefill_chunk
+        cdef int cap = self.prefill_cap, want, piece
         cdef bint scoring = False  # a chunk scoring its rows is in the plan (at most one)
         for i in range(n_waiting):
             s = self.order_buf[i]
             sl = &self.slots[s]
             start = sl.n_prefilled
-            end = start + (min(SCORE_CHUNK, self.prefill_chunk) if sl.prompt_logprobs >= 0
-                           else self.prefill_chunk)
-            if end > sl.n_prompt:
-                end = sl.n_prompt
-            if scoring and sl.prompt_logprobs >= 0:
-                continue  # one scoring chunk a step; the sessions behind it go on
-            if end - start > left or self.n_chunks == self.prefill_sessions:
+            want = sl.n_prompt - start
+            if sl.prompt_logprobs >= 0:
+                if scoring:
+                    continue  # one scoring chunk a step; the sessions behind it go on
+                want = min(want, min(SCORE_CHUNK, self.prefill_chunk))
+            piece = min(want, min(cap, left))
+            if piece < want and piece < MIN_PIECE:
+                if self.n_chunks > 0:
+                    break  # too small to start a younger session with
+                piece = min(want, MIN_PIECE)
+            if piece > left or piece <= 0 or self.n_chunks == self.prefill_sessions:
                 break
             scoring = scoring or sl.prompt_logprobs >= 0
             self.chunk_slot[self.n_chunks] = s
             self.chunk_start[self.n_chunks] = start
-            self.chunk_end[self.n_chunks] = end
+            self.chunk_end[self.n_chunks] = start + piece
             self.n_chunks += 1
-            left -= end - start
+            left -= piece
+            cap -= piece
         return self.token_budget - left
+
+    cdef int _rows_within_stall(self, int position) noexcept nogil:
+        """The most prefill rows from `position` that keep the step's predicted time
+        within decode_stall times the decode-only step's (at least MIN_PIECE, at
+        most the token budget): the largest n with
+        c n + e n (2 position + n + 1) / 2048 <= (decode_stall - 1)(a + b n_decode),
+        the rows at position.. attending position + 1.. cells."""
+        cdef double decode_only = self.time_a + self.time_b * self.n_decode
+        cdef double room = (self.decode_stall - 1.0) * decode_only
+        cdef double k1 = self.time_c + self.time_e * (2.0 * position + 1.0) / 2048.0
+        cdef double k2 = self.time_e / 2048.0
+        cdef double n
+        if room <= 0.0:
+            return MIN_PIECE
+        n = room / k1 if k2 <= 0.0 else (sqrt(k1 * k1 + 4.0 * k2 * room) - k1) / (2.0 * k2)
+        if n >= self.token_budget:
+            return self.token_budget
+        return max(MIN_PIECE, <int> n)
 
     cdef int plan_rows(self) noexcept nogil:
         return self.chunk_offset(self.n_chunks)

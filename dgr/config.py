@@ -85,8 +85,13 @@ class NodeConfig:
         "--max-batch-tokens", "Token budget of one step, <= --batch; decode rows come first, "
         "prefill chunks fill the rest.", "--batch", default=None)
     prefill_chunk: int = option(
-        "--prefill-chunk", "Prompt tokens per prefill chunk (chunk boundaries are its "
-        "multiples); bounds how long a long prompt can delay decoders in one step.", default=256)
+        "--prefill-chunk", "Prompt tokens a step prefills while sessions decode, until the "
+        "node has timed its steps (always, with --decode-stall 0); a step with no session "
+        "decoding prefills its whole token budget.", default=256)
+    decode_stall: float = option(
+        "--decode-stall", "While sessions decode, a step that also prefills takes at most "
+        "this many times a decode-only step's time, by the node's model of its own step "
+        "times (dgr/step_time.py); 0: --prefill-chunk tokens a step instead.", default=2.5)
     prefill_sessions_per_step: int = option(
         "--prefill-sessions", "Sessions that may prefill a chunk in one step (in the step's "
         "llama_decode with --kv-unified, each in a call of its own with split KV); bounds how "
@@ -141,6 +146,8 @@ class NodeConfig:
                              f"({len(self.rpc_workers)}), not all zero; got {self.rpc_tensor_split}")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
+        if self.decode_stall != 0 and not self.decode_stall >= 1:
+            raise ValueError(f"decode_stall must be 0 or at least 1, got {self.decode_stall}")
         if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):
             raise ValueError("rpc_layers must be >= 0 and needs RPC workers (--rpc)")
         if self.max_waiting < 0 or self.max_waiting_tokens < 0:

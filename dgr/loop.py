@@ -45,6 +45,7 @@ from dgr.engine import EngineThread
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 from dgr.placement import Evict, Start
 from dgr.sequence import FinishReason, Phase, Session
+from dgr.step_time import StepTimeModel
 from dgr.stream import TokenEvent
 from dgr.telemetry import Telemetry
 
@@ -54,7 +55,8 @@ class StepSettings:
     """How the batch loop fills a step (dgr/_scheduler.pyx, Policy); built once."""
 
     token_budget: int        # rows per step (<= n_batch)
-    prefill_chunk: int       # prompt tokens per chunk; boundaries are its multiples
+    prefill_chunk: int       # prefill rows a step beside decoders, until steps are timed
+    decode_stall: float      # beside decoders: a step's time / a decode-only one's (0: off)
     prefill_sessions: int    # chunks per step
     reply_buffer: int        # tokens a reader may hold unread (its credits)
 
@@ -106,6 +108,7 @@ class StepLoop:
         self._wake_fd = wake_fd
         self._workers_connected = workers_connected
         self.steps: collections.deque[StepRecord] = collections.deque(maxlen=STEP_HISTORY)
+        self.step_time = StepTimeModel()  # fitted from every step; bounds prefill beside decoders
         self._admission = admission
         self._placement = admission.placement
         self._telemetry = telemetry
@@ -134,7 +137,8 @@ class StepLoop:
         scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
                                          settings.prefill_chunk, settings.prefill_sessions,
                                          engine.n_vocab, engine.eog_tokens,
-                                         one_call=engine.info["kv_unified"])
+                                         one_call=engine.info["kv_unified"],
+                                         decode_stall=settings.decode_stall)
         batch = _batch.BatchLoop(engine, scheduler, wake_fd)
         return cls(batch, wake_fd, settings, admission, telemetry, max_sessions,
                    engine.n_seq_max, engine.workers_connected)
@@ -313,7 +317,12 @@ class StepLoop:
         self.steps.append(StepRecord(figures["index"], tuple(self._step_decode),
                                      tuple(self._step_prefill), figures["rows"], budget,
                                      figures["total_s"]))
+        chunks = [(start, end) for _, start, end in self._step_prefill]
         self._step_decode, self._step_prefill = [], []
+        self.step_time.observe(figures["decode_rows"], chunks, figures["total_s"])
+        model = self.step_time.coefficients()
+        if model is not None:
+            self.batch.set_step_time(*model)
 
     def _fail_node(self, why: str) -> None:
         """The engine can run no step any more (an RPC worker is lost: every

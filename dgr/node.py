@@ -60,6 +60,7 @@ class Node:
         self._admission = Admission(budgets, Placement(budgets.kv_cells_total, cache))
         settings = StepSettings(token_budget=budgets.step_tokens,
                                 prefill_chunk=config.prefill_chunk,
+                                decode_stall=config.decode_stall,
                                 prefill_sessions=config.prefill_sessions_per_step,
                                 reply_buffer=config.reply_buffer)
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,

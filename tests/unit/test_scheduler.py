@@ -15,9 +15,11 @@ from dgr.sequence import FinishReason, Phase, Session
 EOG = 99
 
 
-def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4, one_call=False):
+def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4, one_call=False,
+              decode_stall=0.0):
     return _scheduler.Scheduler(n_slots, token_budget, prefill_chunk, prefill_sessions,
-                                n_vocab=100, eog_tokens=[EOG], one_call=one_call)
+                                n_vocab=100, eog_tokens=[EOG], one_call=one_call,
+                                decode_stall=decode_stall)
 
 
 def decoding(sched, slots, prompt_len=3, max_tokens=1000, credits=1000, **kw):
@@ -57,32 +59,72 @@ def test_long_prefill_never_starves_decoders():
     assert steps == -(-1000 // 64)  # one chunk per step: ceil(1000 / 64)
 
 
-def test_prefill_chunks_are_oldest_first_and_never_cut_to_fit():
+def test_prefill_pieces_are_oldest_first_and_cut_to_fit():
     sched = scheduler(n_slots=40, token_budget=90, prefill_chunk=64)
     decoding(sched, range(30))
     sched.start(35, list(range(100)), 10)  # older
     sched.start(31, list(range(100)), 10)  # younger, on a lower slot
     _, decode, chunks = sched.plan_step()
-    # 30 decode rows leave 60: the 64-token chunk waits whole; the younger may not jump ahead
-    assert len(decode) == 30 and chunks == []
-    for slot in range(10, 30):
-        sched.request_finish(slot, FinishReason.CANCELLED.code)
-    finished, decode, chunks = sched.plan_step()
-    assert len(finished) == 20 and len(decode) == 10
-    assert chunks == [(35, 0, 64)]
+    # 30 decode rows leave 60: the oldest takes them; the younger may not jump ahead
+    assert len(decode) == 30 and chunks == [(35, 0, 60)]
+    sched.apply(tokens_for(sched, decode, chunks))
+    sched = scheduler(n_slots=32, token_budget=40, prefill_chunk=16)
+    decoding(sched, range(30))
+    sched.start(31, list(range(100)), 10)
+    sched.start(30, list(range(100)), 10)
+    # 10 rows left: less than the oldest's least piece (MIN_PIECE), so both wait
+    assert len(sched.plan_step()[1]) == 30 and sched.plan_step()[2] == []
 
 
-def test_final_chunk_is_the_remainder_and_yields_the_first_token():
+def test_without_decoders_a_step_prefills_its_whole_budget():
+    sched = scheduler(token_budget=256, prefill_chunk=64)
+    sched.start(5, list(range(200)), 5)
+    sched.start(1, list(range(200)), 5)
+    assert sched.plan_step()[2] == [(5, 0, 200), (1, 0, 56)]
+
+
+def test_final_piece_is_the_remainder_and_yields_the_first_token():
     sched = scheduler(prefill_chunk=64)
+    decoding(sched, [0])
     sched.start(2, list(range(70)), 5)
-    _, _, chunks = sched.plan_step()
-    assert chunks == [(2, 0, 64)]
-    assert sched.apply([-1] * 64) == [Prefilled(2, 0, 64)]
+    _, decode, chunks = sched.plan_step()
+    assert chunks == [(2, 0, 64)]  # while a session decodes: prefill_chunk rows a step
+    assert Prefilled(2, 0, 64) in sched.apply([7] + [-1] * 64)
     _, _, chunks = sched.plan_step()
     assert chunks == [(2, 64, 70)]
-    events = sched.apply([-1] * 5 + [42])
-    assert events == [Prefilled(2, 64, 70), Sampled(2, 42)]
+    events = sched.apply([7] + [-1] * 5 + [42])
+    assert Prefilled(2, 64, 70) in events and Sampled(2, 42) in events
     assert sched.slot_state(2) == (2, 70, 1, 0)  # decoding, prefilled, one token, credit spent
+
+
+def test_while_sessions_decode_the_step_time_model_bounds_prefill():
+    """With decode_stall and a step-time model, a step's prefill rows are the most
+    whose predicted time keeps the step within decode_stall x a decode-only step."""
+    sched = scheduler(token_budget=512, prefill_chunk=64, decode_stall=2.0)
+    decoding(sched, range(4))
+    sched.start(6, list(range(2000)), 5)
+    assert sched.plan_step()[2] == [(6, 0, 64)]  # no model yet: prefill_chunk rows
+    sched.apply(tokens_for(sched, *sched.plan_step()[1:]))
+    a, b, c = 0.010, 0.001, 0.0001
+    sched.set_step_time(a, b, c, 0.0)  # room: (2 - 1)(a + 4b) = 0.014 s = 140 rows of c
+    _, decode, chunks = sched.plan_step()
+    assert chunks == [(6, 64, 204)] and sched.last_prefill_cap == 140
+    sched.apply(tokens_for(sched, decode, chunks))
+    e = 0.0002  # attention: each row's cost grows with the cells before it
+    sched.set_step_time(a, b, c, e)
+    _, decode, chunks = sched.plan_step()
+    (slot, start, end), = chunks
+    n = end - start
+    cost = lambda n: c * n + e * n * (2 * start + n + 1) / 2048
+    assert cost(n) <= 0.014 < cost(n + 1)
+    sched.set_step_time(a, b, 1.0, 0.0)  # a row costs more than the room: MIN_PIECE
+    sched.apply(tokens_for(sched, decode, chunks))
+    assert [e - s for _, s, e in sched.plan_step()[2]] == [16]
+    for bad in [(a, b, 0.0, 0.0), (a, b, c, -1.0), (0.0, 0.0, c, 0.0)]:
+        with pytest.raises(ValueError):
+            sched.set_step_time(*bad)
+    with pytest.raises(ValueError):
+        scheduler(decode_stall=0.5)
 
 
 def test_slow_reader_is_skipped_others_continue():
@@ -157,7 +199,7 @@ def test_a_failed_call_ends_only_its_sessions():
 def test_one_failed_call_for_the_whole_step_is_one_failure():
     """With one_call (unified KV) decode rows and chunks are one llama_decode: its
     failure ends every session in it and is reported once."""
-    sched = scheduler(prefill_chunk=16, one_call=True)
+    sched = scheduler(prefill_chunk=32, one_call=True)
     decoding(sched, [0, 1])
     sched.start(4, list(range(10)), 5, credits=4)
     sched.start(5, list(range(12)), 5, credits=4)
@@ -182,7 +224,7 @@ def test_prefill_sessions_per_step_bound():
     for slot in (3, 1, 2):
         sched.start(slot, list(range(5 + slot)), 4)
     assert sched.plan_step()[2] == [(3, 0, 8)]  # one chunk, the oldest session's
-    sched = scheduler(prefill_chunk=16, prefill_sessions=4)
+    sched = scheduler(prefill_chunk=64, prefill_sessions=4)
     decoding(sched, range(3))
     for slot in (6, 4, 5):
         sched.start(slot, list(range(5 + slot)), 4)

@@ -42,6 +42,9 @@ class FakeBatch:
     def credit(self, slot, n=1):
         pass
 
+    def set_step_time(self, a, b, c, e):
+        self.calls.append(("step_time", a, b, c, e))
+
     def request_finish(self, slot, reason):
         self.calls.append(("finish", slot, reason))
 
@@ -69,7 +72,7 @@ async def step_loop(cache=True):
     admission = Admission(budgets, Placement(1000, PrefixCache(16) if cache else None))
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     batch = FakeBatch(wake_fd)
-    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2, 4), admission, Telemetry(),
+    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2.5, 2, 4), admission, Telemetry(),
                     max_sessions=6, n_slots=SLOTS, workers_connected=lambda: {"w:1": False})
     thread = EngineThread()
     try:

@@ -1,0 +1,49 @@
+"""dgr.step_time: the node's model of its step times."""
+
+import random
+
+import pytest
+
+from dgr.step_time import StepTimeModel, attended
+
+
+def test_attended_counts_the_cells_each_prefill_row_sees():
+    assert attended([(0, 1)]) == 1 / 1024
+    assert attended([(0, 4), (10, 12)]) == (1 + 2 + 3 + 4 + 11 + 12) / 1024
+
+
+def test_the_fit_recovers_a_machines_step_times_and_follows_a_change():
+    a, b, c, e = 0.020, 0.002, 0.0015, 0.0004
+    rng = random.Random(5)
+    model = StepTimeModel()
+    assert model.coefficients() is None
+
+    def step(scale=1.0):
+        decoders = rng.randint(0, 8)
+        start = rng.randint(0, 3000)
+        chunks = [] if rng.random() < 0.4 else [(start, start + rng.randint(16, 256))]
+        if not decoders and not chunks:
+            return
+        t = a + b * decoders + c * sum(e_ - s for s, e_ in chunks) + e * attended(chunks)
+        model.observe(decoders, chunks, scale * t * (1 + rng.uniform(-0.02, 0.02)))
+
+    for _ in range(40):
+        step()
+    assert model.coefficients() is not None
+    for _ in range(300):
+        step()
+    fitted = model.coefficients()
+    assert fitted == pytest.approx((a, b, c, e), rel=0.15)
+    for _ in range(600):  # the machine slows down by half: the fit follows
+        step(scale=1.5)
+    assert model.coefficients() == pytest.approx((1.5 * a, 1.5 * b, 1.5 * c, 1.5 * e), rel=0.15)
+
+
+def test_no_model_before_both_kinds_of_step_or_when_it_is_not_sane():
+    model = StepTimeModel()
+    for _ in range(50):
+        model.observe(4, [], 0.02)
+    assert model.coefficients() is None  # no step has prefilled yet
+    for _ in range(50):
+        model.observe(4, [(0, 64)], 0.01)  # prefilling made steps faster: no sane c
+    assert model.coefficients() is None
