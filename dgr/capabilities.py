@@ -16,7 +16,7 @@ from dgr.telemetry import Telemetry
 
 def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cells_used: int,
            telemetry: Telemetry, prefix_cache: bool, devices: list[dict],
-           tool_format: str) -> dict:
+           tool_format: str, step_time: Optional[dict]) -> dict:
     b = budgets
     return {
         "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
@@ -34,7 +34,11 @@ def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cell
                    "bytes_per_cell": info["kv_bytes_per_cell"], "bytes_total": info["kv_bytes"]},
             "scratch": {"compute_bytes": info["compute_bytes"], "output_bytes": info["output_bytes"],
                         "step_tokens": b.step_tokens, "step_outputs": b.step_outputs,
-                        "prefill_chunk": config.prefill_chunk},
+                        "prefill_chunk": config.prefill_chunk,
+                        "decode_stall": config.decode_stall,
+                        # seconds: a + b decode rows + c prefill rows + e cells they attend
+                        # (1,024s); None until fitted (dgr.step_time)
+                        "step_time_model": step_time},
             "queue": {"max_running": b.slots, "max_waiting": b.max_waiting,
                       "max_waiting_tokens": b.max_waiting_tokens},
         },

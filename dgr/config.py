@@ -91,7 +91,9 @@ class NodeConfig:
     decode_stall: float = option(
         "--decode-stall", "While sessions decode, a step that also prefills takes at most "
         "this many times a decode-only step's time, by the node's model of its own step "
-        "times (dgr/step_time.py); 0: --prefill-chunk tokens a step instead.", default=2.5)
+        "times (dgr/step_time.py); 0: --prefill-chunk tokens a step instead. Beside "
+        "decoders a long prompt's time to first token grows by about FACTOR / (FACTOR - 1) "
+        "(evidence/DGR-025).", default=3.0)
     prefill_sessions_per_step: int = option(
         "--prefill-sessions", "Sessions that may prefill a chunk in one step (in the step's "
         "llama_decode with --kv-unified, each in a call of its own with split KV); bounds how "

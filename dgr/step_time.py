@@ -13,9 +13,10 @@ fit follows the machine's load and the sessions' contexts. The scheduler
 (dgr/_scheduler.pyx, Policy) solves it for the prefill rows that keep a step
 within `decode_stall` times a decode-only one.
 
-A model is given only once both kinds of step have been seen (decode-only
-steps fix a and b, steps that prefill c and e) and it is sane (c > 0, e >= 0,
-a decode-only step taking time); until then the scheduler prefills
+A model is given as soon as both kinds of step have been seen (a few
+decode-only steps fix a and b, one step that prefilled gives c; e needs a few
+steps at different positions and is 0 until then) and while it is sane (c > 0,
+e >= 0, a decode-only step taking time); until then the scheduler prefills
 `prefill_chunk` rows a step beside decoders.
 """
 
@@ -26,8 +27,11 @@ from typing import Optional
 import numpy as np
 
 FORGET = 0.99
-# weight of each kind of step seen before a model is given (about 8 steps each)
-MIN_WEIGHT = 8 * FORGET ** 8
+# forgetting-weighted steps seen before a model is given: decode-only ones (a, b),
+# ones that prefilled (c), and ones that prefilled for the attention term (e)
+MIN_DECODE_ONLY = 3 * FORGET ** 3
+MIN_PREFILLING = 0.5
+MIN_FOR_ATTENTION = 4 * FORGET ** 4
 
 
 def attended(chunks) -> float:
@@ -59,19 +63,26 @@ class StepTimeModel:
 
     def coefficients(self) -> Optional[tuple[float, float, float, float]]:
         """(a, b, c, e), or None before both kinds of step were seen or while the
-        fit is not sane. Without attention-heavy steps e is not identifiable, and
-        a negative e is fitted again without it."""
-        if self._decode_only < MIN_WEIGHT or self._prefilling < MIN_WEIGHT:
+        fit is not sane. e is fitted once a few steps prefilled, and a negative e
+        (positions too alike to tell it from c) is fitted again as 0."""
+        if self._decode_only < MIN_DECODE_ONLY or self._prefilling < MIN_PREFILLING:
             return None
         ridge = 1e-9 * np.trace(self._xtx) * np.eye(4)
         try:
-            w = np.linalg.solve(self._xtx + ridge, self._xty)
-            if w[3] < 0:
-                w3 = np.linalg.solve(self._xtx[:3, :3] + ridge[:3, :3], self._xty[:3])
-                w = np.append(w3, 0.0)
+            w = None
+            if self._prefilling >= MIN_FOR_ATTENTION:
+                w = np.linalg.solve(self._xtx + ridge, self._xty)
+            if w is None or w[3] < 0:
+                w = np.append(np.linalg.solve(self._xtx[:3, :3] + ridge[:3, :3],
+                                              self._xty[:3]), 0.0)
         except np.linalg.LinAlgError:
             return None
         a, b, c, e = (float(v) for v in w)
         if not (c > 0 and e >= 0 and a + b > 0):
             return None
         return a, b, c, e
+
+    def report(self) -> Optional[dict]:
+        """The fitted model by name (seconds), or None."""
+        fitted = self.coefficients()
+        return None if fitted is None else dict(zip(("a", "b", "c", "e"), fitted))
