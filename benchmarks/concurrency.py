@@ -6,8 +6,11 @@ N new tokens each (ignore_eos), against dgr's HTTP server and llama-server
 llama-cpp-python's `Llama` one request at a time (what Python users embed
 today). llama-batched-bench gives the pure-decode ceiling; it runs built from
 the pristine pin and from the patched one, alternating, to show what dgr's
-patch stack costs at each batch size. A mixed-load case measures decoder
-stalls while a long prompt prefills; a prefix case (benchmarks/shared_prefix.py)
+patch stack costs at each batch size. Every level runs --rounds rounds, both
+servers afresh each round, with each round's ratio reported. A serving-path
+case (benchmarks/serving.py) runs the tiny test model, whose steps cost next to
+nothing. A mixed-load case measures decoder stalls while a long prompt
+prefills, at several --decode-stall values; a prefix case (benchmarks/shared_prefix.py)
 measures shared system prompts and a multi-turn chat with and without dgr's
 prefix cache, and against llama-server's prompt caching; a grammar case
 (benchmarks/grammar.py) whether a JSON-schema-constrained session slows others.
@@ -38,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import grammar as grammar_case  # noqa: E402
-from benchmarks import shared_prefix  # noqa: E402
+from benchmarks import serving, shared_prefix  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
@@ -442,6 +445,8 @@ def markdown(report) -> str:
             lines.append(f"| {name} | {row['long_prompt_ttft_ms']:.0f} | {row['gap_median_ms']:.0f} | "
                          f"{row['gap_median_during_prefill_ms'] or 0:.0f} | {worst or 0:.0f} | "
                          f"{(worst or 0) / row['gap_median_ms']:.1f} |")
+    if report.get("serving"):
+        lines.extend(serving.markdown(report["serving"], "dgr", "llama-server"))
     p = report.get("prefix")
     if p:
         lines.extend(markdown_prefix(p))
@@ -486,6 +491,22 @@ def markdown_prefix(p) -> list[str]:
     return lines
 
 
+def markdown_level_rounds(rows: list[dict]) -> list[str]:
+    """Each round's dgr / llama-server ratio at each c, and their median, min, max."""
+    ratios: dict[int, list[float]] = {}
+    for row in rows:
+        ratios.setdefault(row["c"], []).append(row["dgr"] / row["llama_server"])
+    n = max(len(values) for values in ratios.values())
+    lines = ["", "dgr / llama-server by round (each round both servers afresh at each c):",
+             "", "| c | " + " | ".join(f"round {i}" for i in range(n))
+             + " | median | min | max |", "|---|" + "---|" * (n + 3)]
+    for c, values in ratios.items():
+        lines.append(f"| {c} | " + " | ".join(f"{v:.3f}" for v in values)
+                     + f" | {statistics.median(values):.3f} | {min(values):.3f} | "
+                       f"{max(values):.3f} |")
+    return lines
+
+
 def markdown_levels(report) -> list[str]:
     lines = ["| c | dgr tok/s | llama-server tok/s | dgr/server | Llama tok/s | dgr/Llama | "
              "batched-bench ceiling | dgr/ceiling | dgr TTFT p50/p99 ms | dgr ITL p50/p99 ms | "
@@ -504,6 +525,8 @@ def markdown_levels(report) -> list[str]:
             + f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.0f}/{r['itl_p99_ms']:.0f} | "
             f"{s['itl_p50_ms']:.0f}/{s['itl_p99_ms']:.0f} | {r['mean_occupancy']:.3f}/{r['peak_occupancy']:.3f} | "
             f"{r['peak_kv_pressure']:.2f} | {r['peak_queue_depth']:.0f} | {r['rejected']} |")
+    if report.get("level_rounds"):
+        lines.extend(markdown_level_rounds(report["level_rounds"]))
     for cost in (report.get("patch_cost"), report.get("patch_cost_long")):
         if cost:
             lines.extend(markdown_patch_cost(cost, 3))
@@ -579,14 +602,19 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
-    parser.add_argument("--cases", default="levels,mixed,prefix,grammar",
+    parser.add_argument("--cases", default="levels,serving,mixed,prefix,grammar",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
-                             "corruption check), mixed (mixed load), prefix (shared prefixes), "
-                             "grammar (8 sessions beside a JSON-schema one vs a sampled one)")
+                             "corruption check), serving (the serving path: the tiny model, "
+                             "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
+                             "(shared prefixes), grammar (8 sessions beside a JSON-schema one "
+                             "vs a sampled one)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="alternating rounds of dgr and llama-server at each c (levels and "
+                             "serving cases): each round's ratio, their median, min and max")
     parser.add_argument("--skip-mixed", action="store_true", help="skip the mixed-load case")
-    parser.add_argument("--mixed-chunks", default="32,128,256",
-                        help="dgr prefill chunk sizes tried in the mixed-load case (dgr's default "
-                             "is 256)")
+    parser.add_argument("--mixed-stalls", default="3,6,0",
+                        help="dgr --decode-stall values tried in the mixed-load case (dgr's "
+                             "default is 3; 0: fixed --prefill-chunk pieces)")
     parser.add_argument("--render-only", action="store_true",
                         help="re-render bench.md and bench.png from OUT/bench.json, run nothing")
     args = parser.parse_args(argv)
@@ -615,19 +643,26 @@ def main(argv=None) -> int:
     long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                             "noting changes in rainfall, reservoir levels and demand."] * 60)
     checked = sorted({c for c in levels if c >= 8} & {8, max(levels, default=0)})
-    mixed_chunks = [int(x) for x in args.mixed_chunks.split(",")]
-    steps = (3 * len(levels) + (2 if levels else 0) + len(checked)
-             + (1 + len(mixed_chunks) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
+    mixed_stalls = [float(x) for x in args.mixed_stalls.split(",")]
+    steps = (args.rounds * 2 * len(levels) + len(levels) + (2 if levels else 0) + len(checked)
+             + (1 if "serving" in cases else 0)
+             + (1 + len(mixed_stalls) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
              + (1 if "grammar" in cases else 0))
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
             run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar)
+        if "serving" in cases:
+            servers = {"dgr": lambda m, c: dgr_server(m, c, 512, args.threads, free_port()),
+                       "llama-server": lambda m, c: llama_server(
+                           peers["llama-server"], m, c, 512, args.threads, free_port())}
+            report["serving"] = serving.run(servers, [1, 16, 64], args.rounds)
+            bar.update()
         if "mixed" in cases:
             report["mixed_load"] = {}
-            for chunk in mixed_chunks:
+            for stall in mixed_stalls:
                 with dgr_server(model, 5, 2048, args.threads, free_port(),
-                                ["--prefill-chunk", str(chunk)]) as srv:
-                    report["mixed_load"][f"dgr, prefill chunk {chunk}"] = trio.run(
+                                ["--decode-stall", str(stall)]) as srv:
+                    report["mixed_load"][f"dgr, --decode-stall {stall:g}"] = trio.run(
                         mixed_load, srv.url, long_prompt, True)
                     bar.update()
             with llama_server(peers["llama-server"], model, 5, 2048, args.threads, free_port()) as srv:
@@ -690,19 +725,28 @@ def run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar) -
     bar.update()
     report["engine_decode"] = engine_decode_rate(model, levels, args.new_tokens, args.threads)
     bar.update()
-    for c in levels:
-        with dgr_server(model, c, ctx_per_slot, args.threads, free_port()) as srv:
-            report["dgr"].append(trio.run(run_level, srv.url, c, args.new_tokens, True))
-            bar.set_postfix(c=c, dgr=f"{report['dgr'][-1]['gen_tok_s']:.0f}")
-            bar.update()
-            if c in checked:
-                report["corruption"].append(
-                    trio.run(corruption_check, srv.url, args.new_tokens, c))
+    # Rounds alternate dgr and llama-server at each c, each started afresh; the first
+    # round's figures fill the tables, every round's ratio the rounds table.
+    report["level_rounds"] = []
+    for r in range(args.rounds):
+        for c in levels:
+            with dgr_server(model, c, ctx_per_slot, args.threads, free_port()) as srv:
+                ours = trio.run(run_level, srv.url, c, args.new_tokens, True)
+                bar.set_postfix(c=c, dgr=f"{ours['gen_tok_s']:.0f}")
                 bar.update()
-        with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
-                          free_port()) as srv:
-            report["llama_server"].append(trio.run(run_level, srv.url, c, args.new_tokens, False))
-            bar.update()
+                if r == 0 and c in checked:
+                    report["corruption"].append(
+                        trio.run(corruption_check, srv.url, args.new_tokens, c))
+                    bar.update()
+            with llama_server(peers["llama-server"], model, c, ctx_per_slot, args.threads,
+                              free_port()) as srv:
+                theirs = trio.run(run_level, srv.url, c, args.new_tokens, False)
+                bar.update()
+            if r == 0:
+                report["dgr"].append(ours)
+                report["llama_server"].append(theirs)
+            report["level_rounds"].append({"round": r, "c": c, "dgr": ours["gen_tok_s"],
+                                           "llama_server": theirs["gen_tok_s"]})
     llm = llama_without_repack(model, args.threads)
     for c in levels:
         report["llama_cpp_python"].append(llama_cpp_python_level(llm, c, args.new_tokens))
