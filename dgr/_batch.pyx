@@ -152,11 +152,6 @@ cdef class BatchLoop:
         pthread_cond_init(&self.ops_room, NULL)
         self.sync_ready = True
 
-
-    def set_step_time(self, double a, double b, double c, double e):
-        """The node's model of its step times (dgr.step_time), for the scheduler's
-        next plans (Scheduler.set_step_time)."""
-        self.scheduler.set_step_time(a, b, c, e)
     def __dealloc__(self):
         if self.sync_ready:
             pthread_cond_destroy(&self.wake)
@@ -230,6 +225,11 @@ cdef class BatchLoop:
     def kv_ops_published(self):
         """KV changes applied by the loop and published (cells_used, pos_max show them)."""
         return self.ops_done
+
+    def set_step_time(self, double a, double b, double c, double e):
+        """The node's model of its step times (dgr.step_time), for the scheduler's
+        next plans (Scheduler.set_step_time)."""
+        self.scheduler.set_step_time(a, b, c, e)
 
     def credit(self, int slot, int n=1):
         """The slot's reader took n tokens; it may be sent n more."""

@@ -40,6 +40,8 @@ def attended(chunks) -> float:
 
 
 class StepTimeModel:
+    """The fit (module doc), updated by every step the node runs."""
+
     def __init__(self):
         self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)

@@ -212,14 +212,6 @@ class GenericFormat:
 GENERIC = GenericFormat()
 
 
-def parse_answer(text: str) -> tuple[Optional[str], list[dict]]:
-    """(content, tool_calls in OpenAI's shape) of the model's whole constrained
-    answer, read as a stream reads it (AnswerReader.result)."""
-    reader = AnswerReader()
-    reader.feed(text)
-    return reader.result()
-
-
 def call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 

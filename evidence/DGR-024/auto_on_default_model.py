@@ -31,9 +31,11 @@ async def main():
             parsed, messages = parse_chat({"messages": [{"role": "user", "content": question}],
                                            "tools": [TOOL], "tool_choice": "auto",
                                            "max_tokens": 200, "temperature": 0})
-            ids = node.tokenize(node.apply_chat_template(messages), parse_special=True)
+            ids = node.tokenize(node.chat_prompt(messages, parsed.tools), parse_special=True)
             result = await node.generate(ids, parsed.params)
-            content, calls = tools.parse_answer(result.text, parsed.tools)
+            reader = tools.AnswerReader()
+            reader.feed(result.text)
+            content, calls = reader.result()
             kind = f"{len(calls)} tool call(s)" if calls else "text"
             print(f"{question!r}: {kind}, finish {result.finish_reason}, "
                   f"{len(result.token_ids)} tokens: {result.text[:90]!r}")

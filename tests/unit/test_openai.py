@@ -232,15 +232,20 @@ def test_a_tool_message_must_answer_an_earlier_call():
 def test_tool_answers_become_calls_or_content():
     from dgr import tools
 
-    content, calls = tools.parse_answer('{"tool_calls": [{"name": "get_weather", '
+    def parse_answer(text):
+        reader = tools.AnswerReader()
+        reader.feed(text)
+        return reader.result()
+
+    content, calls = parse_answer('{"tool_calls": [{"name": "get_weather", '
                                         '"arguments": {"city": "Paris"}}]}')
     assert content is None and calls[0]["function"] == {"name": "get_weather",
                                                          "arguments": '{"city": "Paris"}'}
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
-    assert tools.parse_answer('{"response": "sunny"}') == ("sunny", [])
-    assert tools.parse_answer('{"tool_ca') == ('{"tool_ca', [])  # cut short
+    assert parse_answer('{"response": "sunny"}') == ("sunny", [])
+    assert parse_answer('{"tool_ca') == ('{"tool_ca', [])  # cut short
     # cut short after saying something: what it said, as a stream sends it
-    assert tools.parse_answer('{"response": "sun') == ("sun", [])
-    content, calls = tools.parse_answer('{"tool_calls": [{"name": "f", "arguments": {"a": 1')
+    assert parse_answer('{"response": "sun') == ("sun", [])
+    content, calls = parse_answer('{"tool_calls": [{"name": "f", "arguments": {"a": 1')
     assert content is None and calls[0]["function"] == {"name": "f", "arguments": '{"a": 1'}
-    assert tools.parse_answer('{"response": ""}') == ("", [])
+    assert parse_answer('{"response": ""}') == ("", [])
