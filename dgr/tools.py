@@ -265,7 +265,8 @@ class AnswerReader:
         self._content_sent = 0            # characters of the response string decoded and sent
         self._content: list[str] = []     # the response's text sent
         self._calls: list[dict] = []      # the calls started, in OpenAI's shape
-        self._out: list = []
+        self._out: list = []              # the pieces of the text being fed
+        self._piece: list[str] = []       # the arguments' characters read in it
 
     @property
     def text(self) -> str:
@@ -288,8 +289,7 @@ class AnswerReader:
     def feed(self, text: str) -> list:
         """The pieces `text` completes (ContentPiece, CallStarted, ArgumentsPiece)."""
         self._text.append(text)
-        self._out = []
-        self._piece: list[str] = []
+        self._out, self._piece = [], []
         for c in text:
             self._char(c)
         self._flush_arguments()
