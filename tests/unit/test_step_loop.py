@@ -5,13 +5,14 @@ import contextlib
 import os
 import threading
 
+import pytest
 import trio
 
 from dgr._codes import WORKER_LOST, FinishCode
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.engine import EngineThread
-from dgr.events import CallFailed, Finished, Prefilled, Sampled
+from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
@@ -193,3 +194,30 @@ async def test_a_flush_returns_once_the_loop_published_the_evictions():
             with trio.fail_after(5):
                 await done.wait()
         assert admission.load().cached_cells == 0
+
+
+def _step(index, decode_rows, prefill_rows, seconds):
+    return StepEnded({"index": index, "rows": decode_rows + prefill_rows,
+                      "decode_rows": decode_rows, "prefill_rows": prefill_rows,
+                      "generated": decode_rows, "calls": 1, "plan_s": 0.0,
+                      "decode_s": seconds, "sample_s": 0.0, "update_s": 0.0,
+                      "total_s": seconds, "ended_at": 0.0})
+
+
+async def test_the_steps_the_loop_runs_fit_the_model_that_bounds_prefill():
+    """Every step's figures feed the step-time model; once it has seen decode-only
+    steps and a step that prefilled, each step hands the fit to the batch loop."""
+    async with step_loop() as (loop, admission, batch):
+        (session,), _ = admit(loop, admission, range(40))
+        await settle()
+        for i in range(4):  # decode-only steps: 20 ms
+            batch.publish(_step(i, 2, 0, 0.020))
+        await settle()
+        assert not [c for c in batch.calls if c[0] == "step_time"]
+        batch.publish(Prefilled(session.slot, 0, 32), _step(4, 2, 32, 0.052))
+        await settle()
+        fits = [c[1:] for c in batch.calls if c[0] == "step_time"]
+        assert fits and loop.step_time.report() is not None
+        a, b, c, e = fits[-1]
+        assert a + 2 * b == pytest.approx(0.020, rel=0.05)
+        assert c == pytest.approx(0.001, rel=0.1) and e == 0.0
