@@ -319,8 +319,7 @@ class StepLoop:
                                      figures["total_s"]))
         chunks = [(start, end) for _, start, end in self._step_prefill]
         self._step_decode, self._step_prefill = [], []
-        self.step_time.observe(figures["decode_rows"], chunks, figures["total_s"])
-        model = self.step_time.coefficients()
+        model = self.step_time.observe(figures["decode_rows"], chunks, figures["total_s"])
         if model is not None:
             self.batch.set_step_time(*model)
 

@@ -313,13 +313,14 @@ class ResponseBuilder:
 
     def _close_open(self, output: Optional[list[dict]] = None) -> list[str]:
         """The done events of the item being streamed, as it ends up in `output`
-        (the final response's items; None: a call whose next call has begun)."""
+        (the final response's items; None only for a call whose next call has
+        begun: an answer is calls or a text, never a text then calls)."""
         if self._open is None:
             return []
         kind, index = self._open
         self._open = None
         if kind == "message":
-            item = output[index] if output else self.item("completed", "")
+            item = output[index]
             text = item["content"][0]["text"]
             where = {"item_id": self.item_id, "output_index": index, "content_index": 0}
             return [self.event("response.output_text.done", text=text, **where),

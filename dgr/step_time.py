@@ -32,6 +32,8 @@ FORGET = 0.99
 MIN_DECODE_ONLY = 3 * FORGET ** 3
 MIN_PREFILLING = 0.5
 MIN_FOR_ATTENTION = 4 * FORGET ** 4
+# steps between two fits once there is one (each step weighs about 1 % of the fit)
+REFIT_EVERY = 16
 
 
 def attended(chunks) -> float:
@@ -47,12 +49,18 @@ class StepTimeModel:
         self._xty = np.zeros(4)
         self._decode_only = 0.0  # forgetting-weighted counts of each kind of step
         self._prefilling = 0.0
+        self.fitted: Optional[tuple[float, float, float, float]] = None  # the last fit
+        self._since_fit = 0
 
-    def observe(self, decode_rows: int, chunks, seconds: float) -> None:
-        """One step: its decode rows, its prefill chunks [(start, end), ...], its time."""
+    def observe(self, decode_rows: int, chunks, seconds: float) -> Optional[tuple]:
+        """One step: its decode rows, its prefill chunks [(start, end), ...], its
+        time. Returns a new fit when one is due (the first as soon as there is
+        one, then every REFIT_EVERY steps: a solve each step is work on the Trio
+        thread's step path that a fit moving by ~1 % a step does not need), else
+        None."""
         prefill_rows = sum(end - start for start, end in chunks)
         if decode_rows == 0 and prefill_rows == 0:
-            return
+            return None
         x = np.array([1.0, decode_rows, prefill_rows, attended(chunks)])
         self._xtx = FORGET * self._xtx + np.outer(x, x)
         self._xty = FORGET * self._xty + x * seconds
@@ -62,6 +70,13 @@ class StepTimeModel:
             self._prefilling += 1.0
         elif decode_rows:
             self._decode_only += 1.0
+        self._since_fit += 1
+        if self.fitted is not None and self._since_fit < REFIT_EVERY:
+            return None
+        fit = self.coefficients()
+        if fit is not None:
+            self.fitted, self._since_fit = fit, 0
+        return fit
 
     def coefficients(self) -> Optional[tuple[float, float, float, float]]:
         """(a, b, c, e), or None before both kinds of step were seen or while the
@@ -85,6 +100,5 @@ class StepTimeModel:
         return a, b, c, e
 
     def report(self) -> Optional[dict]:
-        """The fitted model by name (seconds), or None."""
-        fitted = self.coefficients()
-        return None if fitted is None else dict(zip(("a", "b", "c", "e"), fitted))
+        """The last fit by name (seconds), or None."""
+        return None if self.fitted is None else dict(zip(("a", "b", "c", "e"), self.fitted))

@@ -102,8 +102,6 @@ class HermesReader:
         self._json = AnswerReader()
         self._mode = "start"   # start, text, open (a call's JSON next), call, close, between
         self._pending = ""     # characters that may be a tag
-        self._depth = 0        # the call's JSON: containers open, and whether in a string
-        self._in_string = self._escape = False
         self._text: list[str] = []
         self._content: list[str] = []
         self.whole = False     # every call begun has its closing tag
@@ -129,18 +127,17 @@ class HermesReader:
 
     def feed(self, text: str) -> list:
         self._text.append(text)
-        content, json_text = [], []
+        content: list[str] = []
+        self._json.begin()
         for c in text:
-            self._char(c, content, json_text)
-        out = []
+            self._char(c, content)
+        out = self._json.end()
         if content:
             self._content.append("".join(content))
-            out.append(ContentPiece(self._content[-1]))
-        if json_text:
-            out += self._json.feed("".join(json_text))
+            out.insert(0, ContentPiece(self._content[-1]))  # a text answer has no calls
         return out
 
-    def _char(self, c: str, content: list[str], json_text: list[str]) -> None:
+    def _char(self, c: str, content: list[str]) -> None:
         mode = self._mode
         if mode == "text":
             content.append(c)
@@ -149,7 +146,8 @@ class HermesReader:
                 return
             self._pending += c
             if self._pending == OPEN:
-                json_text.append('{"tool_calls": [' if mode == "start" else ", ")
+                for j in '{"tool_calls": [' if mode == "start" else ", ":
+                    self._json.char(j)
                 self._mode, self._pending, self.whole = "open", "", False
             elif not OPEN.startswith(self._pending):
                 if mode == "start":
@@ -160,25 +158,12 @@ class HermesReader:
                 self._pending = ""
         elif mode == "open":
             if c == "{":
-                self._mode, self._depth = "call", 1
-                json_text.append(c)
+                self._mode = "call"
+                self._json.char(c)
         elif mode == "call":
-            json_text.append(c)
-            if self._in_string:
-                if self._escape:
-                    self._escape = False
-                elif c == "\\":
-                    self._escape = True
-                elif c == '"':
-                    self._in_string = False
-            elif c == '"':
-                self._in_string = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    self._mode = "close"
+            self._json.char(c)
+            if self._json.depth == 2:  # the call's object closed: back in the array
+                self._mode = "close"
         elif mode == "close":
             if not self._pending and c.isspace():
                 return

@@ -289,9 +289,23 @@ class AnswerReader:
     def feed(self, text: str) -> list:
         """The pieces `text` completes (ContentPiece, CallStarted, ArgumentsPiece)."""
         self._text.append(text)
-        self._out, self._piece = [], []
+        self.begin()
         for c in text:
-            self._char(c)
+            self.char(c)
+        return self.end()
+
+    @property
+    def depth(self) -> int:
+        """JSON containers open."""
+        return len(self._stack)
+
+    # A reader of a format that wraps the JSON (dgr.tool_formats) feeds its JSON one
+    # character at a time between begin() and end(), which returns the pieces.
+
+    def begin(self) -> None:
+        self._out, self._piece = [], []
+
+    def end(self) -> list:
         self._flush_arguments()
         if self._in_string and self._in_response():
             self._flush_content(final=False)
@@ -305,7 +319,7 @@ class AnswerReader:
                 self._content.append(piece.text)
         return self._out
 
-    def _char(self, c: str) -> None:
+    def char(self, c: str) -> None:
         capturing = self._capture_depth is not None
         if self._in_string:
             if capturing:

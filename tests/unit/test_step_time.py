@@ -47,3 +47,16 @@ def test_no_model_before_both_kinds_of_step_or_when_it_is_not_sane():
     for _ in range(50):
         model.observe(4, [(0, 64)], 0.01)  # prefilling made steps faster: no sane c
     assert model.coefficients() is None
+
+
+def test_a_fit_is_handed_out_at_once_then_every_refit_steps():
+    from dgr.step_time import REFIT_EVERY
+
+    model = StepTimeModel()
+    got = [model.observe(4, [], 0.02) for _ in range(5)]
+    assert got == [None] * 5  # no step has prefilled yet
+    assert model.observe(4, [(0, 64)], 0.06) is not None  # the first fit, at once
+    got = [model.observe(4, [], 0.02) for _ in range(2 * REFIT_EVERY)]
+    assert [i for i, fit in enumerate(got) if fit is not None] == [REFIT_EVERY - 1,
+                                                                   2 * REFIT_EVERY - 1]
+    assert model.report() == dict(zip("abce", got[-1]))
