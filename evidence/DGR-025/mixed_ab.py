@@ -10,7 +10,10 @@ over the whole run. Each round starts each server afresh, in this order:
   decoders, the policy before the step-time budget for this case);
 - llama-server: the pinned tree, as the bench runs it (-np 5, -b 512).
 
-    python evidence/DGR-025/mixed_ab.py [--rounds 4] [--extra "dgr args"]
+    DGR_STALLS=6 python evidence/DGR-025/mixed_ab.py [--rounds 4]
+
+(DGR_STALLS: more --decode-stall values to try, comma-separated; mixed-ab.txt
+was run with DGR_STALLS=6.)
 """
 
 import argparse
@@ -38,11 +41,11 @@ threads = os.cpu_count() or 2
 peers = ensure_peers(log=lambda m: print(m, file=sys.stderr), batched_bench=False)
 long_prompt = " ".join(["The committee reviewed the annual report on regional water supplies, "
                         "noting changes in rainfall, reservoir levels and demand."] * 60)
-parser_stalls = [float(x) for x in os.environ.get("DGR_STALLS", "").split(",") if x]
+stalls = [float(x) for x in os.environ.get("DGR_STALLS", "").split(",") if x]
 variants = {
     "dgr": lambda port: dgr_server(model, 5, 2048, threads, port),
     **{f"dgr, --decode-stall {x:g}": (lambda x: lambda port: dgr_server(
-        model, 5, 2048, threads, port, ["--decode-stall", str(x)]))(x) for x in parser_stalls},
+        model, 5, 2048, threads, port, ["--decode-stall", str(x)]))(x) for x in stalls},
     "dgr, fixed pieces": lambda port: dgr_server(model, 5, 2048, threads, port,
                                                  ["--decode-stall", "0"]),
     "llama-server": lambda port: llama_server(peers["llama-server"], model, 5, 2048, threads,
