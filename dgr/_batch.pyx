@@ -12,9 +12,10 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        MAX_LOGPROBS, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
+                        MAX_LOGPROBS, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
 from dgr._engine cimport Engine
-from dgr._scheduler cimport SLOT_PREFILL, Event, Scheduler, Slot, StepFigures, event_record
+from dgr._scheduler cimport (SLOT_DECODE, SLOT_PREFILL, Event, Scheduler, Slot, StepFigures,
+                             event_record)
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
@@ -80,7 +81,8 @@ cdef class BatchLoop:
     cdef int32_t * row_pos
     cdef int32_t * row_seq
     cdef int8_t * row_want
-    cdef int32_t * row_next        # a scored row's next prompt token (WANT_SCORE)
+    cdef int32_t * row_next        # a scored row's next prompt token (WANT_SCORE), or the
+                                   # draft the next row was fed (WANT_CHAIN)
     cdef int32_t * sampled
     cdef float * chosen_lp
     cdef int32_t * top_ids
@@ -167,7 +169,7 @@ cdef class BatchLoop:
     # ------------------------------------------------------------ the node's side (GIL held)
 
     def start(self, int slot, prompt, int max_tokens, params, *, int credits=1,
-              int reuse_from=-1, int n_reused=0, bint keep_kv=False):
+              int reuse_from=-1, int n_reused=0, bint keep_kv=False, int speculate=0):
         """Run a session on a free slot (one whose EV_FINISH the node has seen),
         sampling by SamplingParams `params`.
 
@@ -176,7 +178,9 @@ cdef class BatchLoop:
         sequence (its own when reuse_from == slot): a shared prefix, which the
         session then does not prefill. With keep_kv, when the session ends (but
         with an error) its sequence keeps its KV: the prompt it prefilled and the
-        tokens it fed back (a prefix cache entry); otherwise it is freed."""
+        tokens it fed back (a prefix cache entry); otherwise it is freed. With
+        speculate (a Speculation code) its decode rows may carry drafts
+        (dgr._scheduler, Policy 3)."""
         if n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
@@ -185,7 +189,8 @@ cdef class BatchLoop:
         try:
             self.scheduler.start(slot, prompt, max_tokens, params.logprobs, params.ignore_eos,
                                  credits, n_reused, keep_kv,
-                                 -1 if params.prompt_logprobs is None else params.prompt_logprobs)
+                                 -1 if params.prompt_logprobs is None else params.prompt_logprobs,
+                                 speculate)
             self._queue_kv_op(slot, reuse_from if n_reused else -1, n_reused)
             pthread_cond_signal(&self.wake)
         finally:
@@ -354,7 +359,7 @@ cdef class BatchLoop:
         for call in range(1 if self.scheduler.one_call else 1 + self.scheduler.n_chunks):
             start = 0 if call == 0 else self.scheduler.chunk_offset(call - 1)
             end = (rows if self.scheduler.one_call else
-                   self.scheduler.n_decode if call == 0 else self.scheduler.chunk_offset(call))
+                   self.scheduler.decode_rows() if call == 0 else self.scheduler.chunk_offset(call))
             if end == start:
                 continue
             bad_row = -1
@@ -377,6 +382,7 @@ cdef class BatchLoop:
         pthread_mutex_lock(&self.lock)
         n_events += self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
                               self.top_lp, self.scratch + n_events, &figures)
+        self._drop_rejected_drafts()
         self._release_finished(n_events)
         self.steps += 1
         figures.index = self.steps
@@ -393,28 +399,47 @@ cdef class BatchLoop:
         self.scratch[n_events].step = figures
         self._publish(n_events + 1)
 
-    cdef void _fill_rows(self) noexcept nogil:
-        """The plan's rows from the slot table: decode rows, then each chunk."""
-        cdef int i, c, s, row = 0, p
+    cdef void _drop_rejected_drafts(self) noexcept nogil:
+        """A decoder still running after a step with drafts keeps the KV of its
+        accepted ones only (an ended one's KV goes with _release_finished)."""
+        cdef int i, s
         for i in range(self.scheduler.n_decode):
             s = self.scheduler.decode_slots[i]
-            self.row_tok[row] = self.scheduler.slots[s].last_token
-            self.row_pos[row] = self.scheduler.slots[s].n_prefilled + self.scheduler.slots[s].n_generated - 1
-            self.row_seq[row] = s
-            self.row_want[row] = WANT_SAMPLE | (WANT_LOGPROBS if self.scheduler.slots[s].n_logprobs else 0)
-            row += 1
+            if self.scheduler.slots[s].n_draft and self.scheduler.slots[s].phase == SLOT_DECODE:
+                self.engine.kv_keep(s, self.scheduler.kv_valid(s))
+
+    cdef void _fill_rows(self) noexcept nogil:
+        """The plan's rows from the slot table: decode rows, each followed by its
+        drafts (chained: a draft row is sampled only if the row before it sampled
+        its token), then each chunk."""
+        cdef int i, j, c, s, row = 0, p, position
+        cdef int8_t want
         cdef Slot * sl
+        for i in range(self.scheduler.n_decode):
+            s = self.scheduler.decode_slots[i]
+            sl = &self.scheduler.slots[s]
+            want = WANT_SAMPLE | (WANT_LOGPROBS if sl.n_logprobs else 0)
+            position = sl.n_prefilled + sl.n_generated - 1
+            for j in range(1 + sl.n_draft):
+                self.row_tok[row] = sl.last_token if j == 0 else sl.draft[j - 1]
+                self.row_pos[row] = position + j
+                self.row_seq[row] = s
+                self.row_want[row] = want
+                if j < sl.n_draft:
+                    self.row_want[row] = want | WANT_CHAIN
+                    self.row_next[row] = sl.draft[j]
+                row += 1
         for c in range(self.scheduler.n_chunks):
             s = self.scheduler.chunk_slot[c]
             sl = &self.scheduler.slots[s]
             for p in range(self.scheduler.chunk_start[c], self.scheduler.chunk_end[c]):
-                self.row_tok[row] = sl.prompt[p]
+                self.row_tok[row] = sl.tokens[p]
                 self.row_pos[row] = p
                 self.row_seq[row] = s
                 self.row_want[row] = 0
                 if sl.prompt_logprobs >= 0 and p + 1 < sl.n_prompt:
                     self.row_want[row] = WANT_SCORE
-                    self.row_next[row] = sl.prompt[p + 1]
+                    self.row_next[row] = sl.tokens[p + 1]
                 row += 1
             if self.scheduler.chunk_end[c] == sl.n_prompt and sl.max_tokens > 0:
                 self.row_want[row - 1] = WANT_SAMPLE | (WANT_LOGPROBS if sl.n_logprobs else 0)

@@ -19,6 +19,18 @@ cpdef enum EventKind:
     EV_STEP = 6                # the step ended, with its figures
     EV_SCORE = 7               # a prompt token's log-probability (prompt_logprobs sessions)
 
+# Where a session's draft tokens came from (speculative decoding, dgr/_drafts.pyx).
+cpdef enum DraftSource:
+    DRAFT_NONE = 0
+    DRAFT_CONTEXT = 1          # the session's own prompt and generated tokens
+    DRAFT_NODE = 2             # recent sessions' outputs (the node's NgramStore)
+
+# Whether a session's decode rows carry drafts (SamplingParams.speculation).
+cpdef enum Speculation:
+    SPECULATE_OFF = 0
+    SPECULATE_AUTO = 1         # where the step-time model says they pay (dgr/_scheduler.pyx)
+    SPECULATE_ALWAYS = 2       # whenever a source has a draft, within the step's bounds
+
 # Failure codes of a call beside llama_decode's own (1, 2, -1, below -1): each
 # means one thing.
 cpdef enum:
@@ -32,6 +44,8 @@ cpdef enum:
     WANT_SAMPLE = 1
     WANT_LOGPROBS = 2
     WANT_SCORE = 4             # report the log-probability of the given next token, sample none
+    WANT_CHAIN = 8             # the next row is a draft of this row's token: sample it only if
+                               # this row's token is that draft (speculative decoding)
 
 # Limits.
 cpdef enum:
@@ -41,6 +55,8 @@ cpdef enum:
     SCORE_CHUNK = 16           # prompt rows per chunk of a session scoring its prompt (each an
                                # output row: at most one such chunk per step bounds the logits)
     MIN_PIECE = 16             # prompt rows the oldest prefilling session gets at least per step
+    MAX_DRAFT = 8              # draft tokens a session may verify in one step
+    MAX_STEP_DRAFTS = 32       # draft rows in one step (output rows beyond one per slot)
 
 # Engine.inject_fault's code for "raise after llama_decode ran" (a test hook).
 cpdef enum:

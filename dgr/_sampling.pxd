@@ -38,6 +38,11 @@ cdef class Sampling:
                           const int8_t * want, const int32_t * next_tok, int k,
                           int32_t * out_ids, float * out_lp, int32_t * out_top,
                           float * out_top_lp, int * bad_row) noexcept nogil
+    cdef void _sample_rows_from(self, int i, int n, const float ** row_logits,
+                                const int32_t * seq, const int8_t * want,
+                                const int32_t * next_tok, int k, int32_t * out_ids,
+                                float * out_lp, int32_t * out_top, float * out_top_lp,
+                                int tid) noexcept nogil
     cdef void _sample_row(self, int row, const float * logits, int slot, int8_t want,
                           int next_token, int k, int32_t * out_ids, float * out_lp,
                           int32_t * out_top, float * out_top_lp, int tid) noexcept nogil

@@ -5,7 +5,11 @@ argmax in C, and log-probabilities from the raw logits.
 
 A row's token depends only on its own logits and its slot's state, so the rows
 of one step are sampled side by side on llama.cpp's OpenMP threads (which spin
-idle between two llama_decode calls) with the same result as one by one.
+idle between two llama_decode calls) with the same result as one by one. A
+decode row's drafts (WANT_CHAIN rows, speculative decoding) are sampled after
+it, in order, on the same thread, each only while the row before sampled the
+draft it was fed: the slot's chain then sees, accepts and draws for exactly
+the tokens it would decoding one a step.
 """
 
 from libc.math cimport expf, logf, INFINITY
@@ -13,7 +17,7 @@ from libc.stdint cimport uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from cython.parallel cimport prange, threadid
 
-from dgr._codes cimport MAX_STOP_IDS, WANT_LOGPROBS, WANT_SCORE
+from dgr._codes cimport MAX_STOP_IDS, WANT_CHAIN, WANT_LOGPROBS, WANT_SCORE
 from dgr._llama cimport *
 
 from dgr.config import SamplingParams, seed32
@@ -31,6 +35,7 @@ cdef enum Repick:
 cdef enum:
     BEST_CANDIDATES = 128
     REDRAWS = 4
+    UNSAMPLED = -2     # a draft row after a rejected draft: its logits go unused
 
 
 cdef class Sampling:
@@ -220,26 +225,49 @@ cdef class Sampling:
         first such row in bad_row), and with WANT_LOGPROBS the top k
         log-probabilities (k apart in out_top*) and the token's own (out_lp). A
         WANT_SCORE row samples nothing and changes no state: its token is
-        next_tok[i], given, and its log-probabilities are reported."""
+        next_tok[i], given, and its log-probabilities are reported. A WANT_CHAIN row's
+        next row is a draft of its token (next_tok[i]), sampled only if this row
+        sampled that token (else its out_ids is UNSAMPLED)."""
         cdef int i, wanted = 0
         for i in range(n):
-            if want[i] != 0:
+            if want[i] != 0 and (i == 0 or not want[i - 1] & WANT_CHAIN):
                 wanted += 1
         cdef int threads = min(self.n_threads, wanted)
         if threads > 1:
             for i in prange(n, num_threads=threads, schedule="dynamic"):
-                self._sample_row(i, row_logits[i], seq[i], want[i],
-                                 next_tok[i] if next_tok != NULL else -1, k, out_ids, out_lp,
-                                 out_top, out_top_lp, threadid())
+                if i == 0 or not want[i - 1] & WANT_CHAIN:
+                    self._sample_rows_from(i, n, row_logits, seq, want, next_tok, k, out_ids,
+                                           out_lp, out_top, out_top_lp, threadid())
         else:
             for i in range(n):
-                self._sample_row(i, row_logits[i], seq[i], want[i],
-                                 next_tok[i] if next_tok != NULL else -1, k, out_ids, out_lp,
-                                 out_top, out_top_lp, 0)
+                if i == 0 or not want[i - 1] & WANT_CHAIN:
+                    self._sample_rows_from(i, n, row_logits, seq, want, next_tok, k, out_ids,
+                                           out_lp, out_top, out_top_lp, 0)
         for i in range(n):
-            if want[i] != 0 and out_ids[i] < 0:
+            if want[i] != 0 and out_ids[i] == -1:
                 bad_row[0] = i
                 break
+
+    cdef void _sample_rows_from(self, int i, int n, const float ** row_logits,
+                                const int32_t * seq, const int8_t * want,
+                                const int32_t * next_tok, int k, int32_t * out_ids,
+                                float * out_lp, int32_t * out_top, float * out_top_lp,
+                                int tid) noexcept nogil:
+        """Row i, and the rows chained after it while each row sampled the draft
+        the next was fed; the rest of the chain UNSAMPLED."""
+        cdef bint go_on = True
+        while True:
+            if go_on:
+                self._sample_row(i, row_logits[i], seq[i], want[i],
+                                 next_tok[i] if next_tok != NULL else -1, k, out_ids, out_lp,
+                                 out_top, out_top_lp, tid)
+                go_on = (want[i] & WANT_CHAIN) != 0 and out_ids[i] >= 0 \
+                    and out_ids[i] == next_tok[i]
+            else:
+                out_ids[i] = UNSAMPLED
+            if not want[i] & WANT_CHAIN or i + 1 >= n:
+                return
+            i += 1
 
     cdef void _sample_row(self, int row, const float * logits, int slot, int8_t want,
                           int next_token, int k, int32_t * out_ids, float * out_lp,

@@ -3,9 +3,11 @@
 
 from libc.stdint cimport int32_t, int64_t
 
-from dgr._codes cimport (EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN,
+from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF, EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN,
                         FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, FINISH_STOP,
-                        MAX_LOGPROBS, MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
+                        MAX_DRAFT, MAX_LOGPROBS, MAX_STEP_DRAFTS, MIN_PIECE, NO_LOGITS,
+                        SCORE_CHUNK)
+from dgr._drafts cimport NgramStore
 
 cdef enum SlotPhase:
     SLOT_FREE = 0
@@ -14,7 +16,7 @@ cdef enum SlotPhase:
 
 cdef struct Slot:
     int phase
-    int32_t * prompt
+    int32_t * tokens           # the prompt (n_prompt), then the tokens generated (n_generated)
     int n_prompt
     int n_prefilled
     int n_generated
@@ -27,11 +29,18 @@ cdef struct Slot:
     bint keep_kv               # its sequence keeps its KV when it ends (a prefix cache entry)
     int prompt_logprobs        # -1, or it scores its prompt tokens (with this many alternatives)
     int64_t order              # admission order: prefill goes oldest first
+    int speculate              # Speculation: may its decode rows carry drafts (dgr/_drafts.pyx)
+    int n_draft                # draft rows planned for the current step
+    int draft_source           # DraftSource of those drafts
+    int32_t draft[MAX_DRAFT]
+    double accept_hits         # drafts accepted and drafts tried, recent steps weighing more
+    double accept_tries
 
 cdef struct StepFigures:
     int64_t index
     int rows
-    int decode_rows
+    int decode_rows            # sessions with a decode row
+    int draft_rows             # draft rows verified beside those
     int prefill_rows           # rows of chunks whose call succeeded
     int generated
     int calls
@@ -51,6 +60,9 @@ cdef struct Event:
     int reason
     int code
     int kept                   # EV_FINISH: positions [0, kept) stay in its sequence
+    int drafted                # EV_DECODE: draft rows verified, and how many were accepted
+    int accepted
+    int source                 # EV_DECODE: the drafts' DraftSource
     float logprob
     int n_top
     int32_t top_ids[MAX_LOGPROBS]
@@ -69,12 +81,18 @@ cdef class Scheduler:
     cdef bint time_known                # set_step_time gave the model below
     cdef double time_a, time_b, time_c, time_e
     cdef int prefill_cap                # the prefill rows the current plan allows
+    cdef readonly NgramStore store      # recent sessions' outputs, a draft source
+    cdef double source_hits[3]          # per DraftSource: drafts accepted and tried, node-wide
+    cdef double source_tries[3]
     cdef char * eog                 # per vocabulary entry: ends generation
     cdef int n_vocab
     cdef int64_t next_order
     # The plan of the current step: decode rows first (ascending slot), then chunks.
     cdef int n_decode
     cdef int * decode_slots
+    cdef int n_draft_rows               # draft rows after the decode rows they verify
+    cdef int * draft_found              # per decode row: draft tokens its sources gave
+    cdef double * draft_rate            # per decode row: its session's acceptance rate
     cdef int n_chunks
     cdef int * chunk_slot
     cdef int * chunk_start
@@ -84,6 +102,10 @@ cdef class Scheduler:
     cdef int max_step_events(self) noexcept nogil
     cdef int take_finish_requests(self, Event * out) noexcept nogil
     cdef int plan(self) noexcept nogil
+    cdef void _plan_drafts(self, int room) noexcept nogil
+    cdef double _accept_rate(self, int s) noexcept nogil
+    cdef int decode_rows(self) noexcept nogil
+    cdef int kv_valid(self, int s) noexcept nogil
     cdef int _rows_within_stall(self, int position) noexcept nogil
     cdef int plan_rows(self) noexcept nogil
     cdef int chunk_offset(self, int c) noexcept nogil
@@ -94,6 +116,9 @@ cdef class Scheduler:
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil
     cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil
+    cdef int _verify(self, int s, int row, const int32_t * sampled, const float * chosen_lp,
+                     const int32_t * top_ids, const float * top_lp, Event * decoded,
+                     Event * out, StepFigures * figures) noexcept nogil
     cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil
 

@@ -27,7 +27,20 @@ Policy (re-planned every step; sessions join and leave between steps):
    chunk, every row an output row; one such chunk per step, so the logits of a
    step stay within SCORE_CHUNK rows more than its decode rows (a second
    scoring session waits, the others go on).
-3. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
+3. Drafts (speculation, unified pool only): a speculating decoder's row may be
+   followed by draft rows, tokens guessed from its own context or the node's
+   recent outputs (dgr/_drafts.pyx), which the step verifies. Draft rows go
+   one at a time to the session whose next draft is likeliest accepted (its
+   acceptance rate a, measured, to the power of the draft's place), while
+   that expected token beats the step's tokens per second: p T > b N for a
+   step of N expected tokens and predicted time T, b the model's time per
+   decode row. Compute-bound steps (many decoders: T near b N) thus draft
+   nothing. A session drafts at most MAX_DRAFT tokens, no more than its
+   credits and max_tokens leave room for (so drafts never take KV beyond its
+   reservation); a step at most MAX_STEP_DRAFTS; none before the step time is
+   modelled. A session that speculates "always" drafts all its sources give,
+   within those bounds, whatever they cost.
+4. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
    results do not depend on the rows it shares a call with (the patch stack,
    and flash attention on its one-row path for every row:
@@ -42,16 +55,31 @@ Post-step update: a sampled token is appended to its slot; an end-of-generation
 token (unless ignore_eos) ends the slot with FINISH_STOP and is not reported;
 otherwise it is reported (EV_TOKEN, one credit spent) and the slot ends with
 FINISH_LENGTH at max_tokens. A slot whose call failed ends with FINISH_ERROR.
+A decode row with drafts yields its sampled tokens in order while each equals
+the draft the next row was fed (the sampler samples a draft row only then:
+WANT_CHAIN), so the tokens, the sampler's state and its random draws are those
+of decoding one token a step; the KV of the rows after the last accepted one
+is dropped by the loop (kv_valid) before the next step.
 A finish the node asked for (cancel, stop string) wins over a token sampled
 meanwhile. An ended slot is FREE at once; the loop frees its KV before it
 publishes the events, so the node reuses a slot only after its EV_FINISH.
 """
 
-from libc.math cimport sqrt
+from libc.math cimport pow, sqrt
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
+from dgr._codes cimport DRAFT_CONTEXT, DRAFT_NODE
+from dgr._drafts cimport NgramStore, context_draft
+
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
+
+cdef enum:
+    PRIOR_WEIGHT = 2           # drafts the node-wide rate of a source counts as, for a session
+
+# per verifying step: how much a session's and the node's past acceptance still weighs
+cdef double SLOT_FORGET = 0.7
+cdef double SOURCE_FORGET = 0.99
 
 
 cdef object event_record(const Event * e):
@@ -63,7 +91,7 @@ cdef object event_record(const Event * e):
         return Sampled(e.slot, e.token, e.logprob,
                        [(e.top_ids[j], e.top_lp[j]) for j in range(e.n_top)])
     if e.kind == EV_DECODE:
-        return Decoded(e.slot)
+        return Decoded(e.slot, e.drafted, e.accepted, e.source)
     if e.kind == EV_PREFILL:
         return Prefilled(e.slot, e.start, e.end)
     if e.kind == EV_FINISH:
@@ -84,6 +112,8 @@ cdef class Scheduler:
         self.eog = NULL
         self.decode_slots = self.chunk_slot = self.chunk_start = self.chunk_end = NULL
         self.order_buf = NULL
+        self.draft_found = NULL
+        self.draft_rate = NULL
 
     def __init__(self, int n_slots, int token_budget, int prefill_chunk, int prefill_sessions,
                  int n_vocab, eog_tokens=(), bint one_call=False, double decode_stall=0.0):
@@ -107,10 +137,14 @@ cdef class Scheduler:
         self.chunk_start = <int *> calloc(n_slots, sizeof(int))
         self.chunk_end = <int *> calloc(n_slots, sizeof(int))
         self.order_buf = <int *> calloc(n_slots, sizeof(int))
+        self.draft_found = <int *> calloc(n_slots, sizeof(int))
+        self.draft_rate = <double *> calloc(n_slots, sizeof(double))
         if (self.slots == NULL or self.eog == NULL or self.decode_slots == NULL
                 or self.chunk_slot == NULL or self.chunk_start == NULL or self.chunk_end == NULL
-                or self.order_buf == NULL):
+                or self.order_buf == NULL or self.draft_found == NULL or self.draft_rate == NULL):
             raise MemoryError()
+        # drafts need one call a step (split KV would cut it into many)
+        self.store = NgramStore() if one_call else None
         for t in eog_tokens:
             if 0 <= t < n_vocab:
                 self.eog[t] = 1
@@ -118,7 +152,7 @@ cdef class Scheduler:
     def __dealloc__(self):
         if self.slots != NULL:
             for s in range(self.n_slots):
-                free(self.slots[s].prompt)
+                free(self.slots[s].tokens)
         free(self.slots)
         free(self.eog)
         free(self.decode_slots)
@@ -126,11 +160,14 @@ cdef class Scheduler:
         free(self.chunk_start)
         free(self.chunk_end)
         free(self.order_buf)
+        free(self.draft_found)
+        free(self.draft_rate)
 
     # ------------------------------------------------------------ the node's side
 
     def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
-              int credits=1, int n_reused=0, bint keep_kv=False, int prompt_logprobs=-1):
+              int credits=1, int n_reused=0, bint keep_kv=False, int prompt_logprobs=-1,
+              int speculate=SPECULATE_OFF):
         """Give a free slot a session: prefill `prompt` from position n_reused (the
         KV of the positions before it is already in the slot's sequence: a
         shared prefix), then generate up to max_tokens. With keep_kv its sequence
@@ -138,7 +175,9 @@ cdef class Scheduler:
         event's `kept` positions. With prompt_logprobs >= 0 it also scores its
         prompt: each prompt token's log-probability given the ones before it (and
         that many alternatives) as EV_SCORE events, its prompt prefilled
-        SCORE_CHUNK tokens a step, from position 0; max_tokens may then be 0."""
+        SCORE_CHUNK tokens a step, from position 0; max_tokens may then be 0. With
+        speculate (a Speculation, with one_call) its decode rows may carry drafts
+        (Policy 3)."""
         self._check(slot)
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
@@ -151,13 +190,14 @@ cdef class Scheduler:
             raise ValueError("a session scoring its prompt computes all of it (n_reused 0)")
         if not 0 <= n_reused < n:
             raise ValueError(f"n_reused ({n_reused}) must lie before the prompt's last token")
-        cdef int32_t * copy = <int32_t *> malloc(n * sizeof(int32_t))
+        # room for what it generates: its drafts' context, the node's store
+        cdef int32_t * copy = <int32_t *> malloc((<size_t> n + max_tokens) * sizeof(int32_t))
         if copy == NULL:
             raise MemoryError()
         for i in range(n):
             copy[i] = prompt[i]
         cdef Slot * sl = &self.slots[slot]
-        sl.prompt = copy
+        sl.tokens = copy
         sl.n_prompt = n
         sl.n_prefilled = n_reused
         sl.n_generated = 0
@@ -171,6 +211,11 @@ cdef class Scheduler:
         sl.prompt_logprobs = prompt_logprobs
         sl.order = self.next_order
         self.next_order += 1
+        if not SPECULATE_OFF <= speculate <= SPECULATE_ALWAYS:
+            raise ValueError(f"not a speculation code: {speculate}")
+        sl.speculate = speculate if self.store is not None else SPECULATE_OFF
+        sl.n_draft = 0
+        sl.accept_hits = sl.accept_tries = 0.0
         sl.phase = SLOT_PREFILL
 
     def credit(self, int slot, int n=1):
@@ -211,6 +256,17 @@ cdef class Scheduler:
         """The prefill rows the last plan allowed."""
         return self.prefill_cap
 
+    def planned_draft(self, int slot):
+        """The draft tokens the last plan gave the slot's decode row."""
+        self._check(slot)
+        return [self.slots[slot].draft[i] for i in range(self.slots[slot].n_draft)]
+
+    def acceptance(self):
+        """Per draft source ("context", "node"): (accepted, tried), forgetting-weighted."""
+        return {"context": (self.source_hits[<int> DRAFT_CONTEXT],
+                            self.source_tries[<int> DRAFT_CONTEXT]),
+                "node": (self.source_hits[<int> DRAFT_NODE], self.source_tries[<int> DRAFT_NODE])}
+
     # ------------------------------------------------------------ for tests
 
     def plan_step(self):
@@ -233,7 +289,8 @@ cdef class Scheduler:
         with one_call a single call, else the decode rows' (if any) and each chunk's."""
         cdef int rows = self.plan_rows()
         if len(sampled) != rows:
-            raise ValueError(f"the plan has {rows} rows, got {len(sampled)} tokens")
+            raise ValueError(f"the plan has {rows} rows (decode rows with their drafts, then "
+                             f"chunks), got {len(sampled)} tokens")
         n_calls = ((1 if rows else 0) if self.one_call
                    else (1 if self.n_decode else 0) + self.n_chunks)
         call_rc = list(call_rc) if call_rc is not None else [0] * n_calls
@@ -261,8 +318,8 @@ cdef class Scheduler:
 
     cdef int max_step_events(self) noexcept nogil:
         # decode rows + chunks + tokens + finishes + failed calls + the step record,
-        # and one scoring chunk's scores
-        return 3 * self.n_slots + 2 * self.prefill_sessions + 2 + SCORE_CHUNK
+        # one scoring chunk's scores and the tokens of accepted drafts
+        return 3 * self.n_slots + 2 * self.prefill_sessions + 2 + SCORE_CHUNK + MAX_STEP_DRAFTS
 
     cdef int take_finish_requests(self, Event * out) noexcept nogil:
         """End every slot the node asked to end; returns the events written."""
@@ -282,7 +339,8 @@ cdef class Scheduler:
             if sl.phase == SLOT_DECODE and sl.credits > 0:
                 self.decode_slots[self.n_decode] = s
                 self.n_decode += 1
-        left = self.token_budget - self.n_decode
+        self._plan_drafts(self.token_budget - self.n_decode - MIN_PIECE)
+        left = self.token_budget - self.decode_rows()
         # Prefilling slots, oldest first (insertion sort: a few dozen slots at most).
         cdef int n_waiting = 0
         for s in range(self.n_slots):
@@ -329,13 +387,79 @@ cdef class Scheduler:
             cap -= piece
         return self.token_budget - left
 
+    cdef void _plan_drafts(self, int room) noexcept nogil:
+        """Give speculating decoders draft rows (module doc, Policy 3), at most
+        `room` in all."""
+        cdef int i, s, best, k
+        cdef double gain, best_gain, expected, seconds
+        cdef Slot * sl
+        self.n_draft_rows = 0
+        for i in range(self.n_decode):
+            sl = &self.slots[self.decode_slots[i]]
+            sl.n_draft = 0
+            self.draft_found[i] = 0
+            if sl.speculate == SPECULATE_OFF or (sl.speculate == SPECULATE_AUTO and not (
+                    self.time_known and self.time_b > 0.0)):
+                continue
+            k = min(MAX_DRAFT, min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1))
+            if k <= 0:
+                continue
+            sl.draft_source = DRAFT_CONTEXT
+            self.draft_found[i] = context_draft(sl.tokens, sl.n_prompt + sl.n_generated, k,
+                                                sl.draft)
+            if self.draft_found[i] == 0:
+                sl.draft_source = DRAFT_NODE
+                self.draft_found[i] = self.store.draft(sl.tokens, sl.n_prompt + sl.n_generated,
+                                                       k, sl.draft)
+            self.draft_rate[i] = self._accept_rate(self.decode_slots[i])
+        room = min(room, MAX_STEP_DRAFTS)
+        for i in range(self.n_decode):
+            sl = &self.slots[self.decode_slots[i]]
+            if sl.speculate == SPECULATE_ALWAYS:
+                sl.n_draft = min(self.draft_found[i], room - self.n_draft_rows)
+                self.n_draft_rows += sl.n_draft
+        expected = self.n_decode
+        seconds = self.time_a + self.time_b * self.n_decode
+        while self.n_draft_rows < room:
+            best, best_gain = -1, 0.0
+            for i in range(self.n_decode):
+                sl = &self.slots[self.decode_slots[i]]
+                if sl.speculate == SPECULATE_AUTO and sl.n_draft < self.draft_found[i]:
+                    gain = pow(self.draft_rate[i], sl.n_draft + 1)
+                    if gain > best_gain:
+                        best, best_gain = i, gain
+            if best < 0 or best_gain * seconds <= self.time_b * expected:
+                break
+            self.slots[self.decode_slots[best]].n_draft += 1
+            self.n_draft_rows += 1
+            expected += best_gain
+            seconds += self.time_b
+
+    cdef double _accept_rate(self, int s) noexcept nogil:
+        """The chance that slot s's next draft token is accepted: its own recent
+        record, beside PRIOR_WEIGHT drafts at its source's node-wide rate."""
+        cdef Slot * sl = &self.slots[s]
+        cdef double prior = ((self.source_hits[sl.draft_source] + 1.0)
+                             / (self.source_tries[sl.draft_source] + 2.0))
+        return (sl.accept_hits + PRIOR_WEIGHT * prior) / (sl.accept_tries + PRIOR_WEIGHT)
+
+    cdef int decode_rows(self) noexcept nogil:
+        """The plan's decode rows with their drafts (the rows before the chunks)."""
+        return self.n_decode + self.n_draft_rows
+
+    cdef int kv_valid(self, int s) noexcept nogil:
+        """Positions [0, kv_valid) of slot s's sequence hold the KV of its tokens
+        (the prompt, the generated tokens but the last); after a step, the rest
+        (rejected drafts) are dropped."""
+        return self.slots[s].n_prefilled + self.slots[s].n_generated - 1
+
     cdef int _rows_within_stall(self, int position) noexcept nogil:
         """The most prefill rows from `position` that keep the step's predicted time
         within decode_stall times the decode-only step's (at least MIN_PIECE, at
         most the token budget): the largest n with
         c n + e n (2 position + n + 1) / 2048 <= (decode_stall - 1)(a + b n_decode),
         the rows at position.. attending position + 1.. cells."""
-        cdef double decode_only = self.time_a + self.time_b * self.n_decode
+        cdef double decode_only = self.time_a + self.time_b * self.decode_rows()
         cdef double room = (self.decode_stall - 1.0) * decode_only
         cdef double k1 = self.time_c + self.time_e * (2.0 * position + 1.0) / 2048.0
         cdef double k2 = self.time_e / 2048.0
@@ -352,7 +476,7 @@ cdef class Scheduler:
 
     cdef int chunk_offset(self, int c) noexcept nogil:
         """First row of chunk c (rows of chunk n_chunks: the plan's row count)."""
-        cdef int row = self.n_decode, i
+        cdef int row = self.decode_rows(), i
         for i in range(c):
             row += self.chunk_end[i] - self.chunk_start[i]
         return row
@@ -369,12 +493,16 @@ cdef class Scheduler:
         cdef bint reported = False  # with one_call, one failed call is one EV_FAILURE
         cdef Event * e
         figures.decode_rows = self.n_decode
+        figures.draft_rows = self.n_draft_rows
         figures.prefill_rows = 0
         figures.generated = 0
         for i in range(self.n_decode):
             e = &out[n]
             e.kind = EV_DECODE
             e.slot = self.decode_slots[i]
+            e.drafted = self.slots[e.slot].n_draft
+            e.accepted = 0
+            e.source = self.slots[e.slot].draft_source if e.drafted else 0
             n += 1
         for c in range(self.n_chunks):
             e = &out[n]
@@ -386,16 +514,17 @@ cdef class Scheduler:
         if self.n_decode and call_rc[0] != 0:
             n += self._failure(call_rc[0], out + n)
             reported = self.one_call
+        row = 0
         for i in range(self.n_decode):
             s = self.decode_slots[i]
             if self.slots[s].phase == SLOT_FREE:
-                continue
-            if call_rc[0] != 0:
+                pass
+            elif call_rc[0] != 0:
                 n += self._finish(s, FINISH_ERROR, call_rc[0], out + n)
-                continue
-            n += self._output(s, sampled[i], chosen_lp[i], top_ids + i * MAX_LOGPROBS,
-                              top_lp + i * MAX_LOGPROBS, out + n)
-            figures.generated += 1
+            else:
+                n += self._verify(s, row, sampled, chosen_lp, top_ids, top_lp, &out[i],
+                                  out + n, figures)
+            row += 1 + self.slots[s].n_draft
         for c in range(self.n_chunks):
             s = self.chunk_slot[c]
             rc = call_rc[0 if self.one_call else 1 + c]
@@ -424,6 +553,32 @@ cdef class Scheduler:
                 figures.generated += 1
         return n
 
+    cdef int _verify(self, int s, int row, const int32_t * sampled, const float * chosen_lp,
+                     const int32_t * top_ids, const float * top_lp, Event * decoded,
+                     Event * out, StepFigures * figures) noexcept nogil:
+        """Slot s's decode row (at `row`) and its drafts after it: its tokens, in
+        order, while each is the draft the next row was fed; the acceptance
+        figures in its EV_DECODE (`decoded`) and rates. Returns the events written."""
+        cdef Slot * sl = &self.slots[s]
+        cdef int k = sl.n_draft, j, n = 0, accepted = 0, source = sl.draft_source
+        for j in range(k + 1):
+            n += self._output(s, sampled[row + j], chosen_lp[row + j],
+                              top_ids + (row + j) * MAX_LOGPROBS,
+                              top_lp + (row + j) * MAX_LOGPROBS, out + n)
+            figures.generated += 1
+            if sl.phase == SLOT_FREE or j == k or sampled[row + j] != sl.draft[j]:
+                break
+            accepted += 1
+        if k:
+            decoded.accepted = accepted
+            # drafts tried: those accepted and the first rejected one
+            sl.accept_hits = SLOT_FORGET * sl.accept_hits + accepted
+            sl.accept_tries = SLOT_FORGET * sl.accept_tries + min(accepted + 1, k)
+            self.source_hits[source] = SOURCE_FORGET * self.source_hits[source] + accepted
+            self.source_tries[source] = (SOURCE_FORGET * self.source_tries[source]
+                                         + min(accepted + 1, k))
+        return n
+
     cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil:
         """Chunk c's scores: row p gave the log-probability of prompt token p + 1
@@ -435,7 +590,7 @@ cdef class Scheduler:
                 out[n].kind = EV_SCORE
                 out[n].slot = s
                 out[n].start = p + 1
-                out[n].token = sl.prompt[p + 1]
+                out[n].token = sl.tokens[p + 1]
                 out[n].logprob = chosen_lp[row]
                 out[n].n_top = sl.prompt_logprobs
                 memcpy(out[n].top_ids, top_ids + row * MAX_LOGPROBS,
@@ -462,6 +617,7 @@ cdef class Scheduler:
         sl.last_token = token
         if self.eog[token] and not sl.ignore_eos:
             return self._finish(s, FINISH_STOP, 0, out)
+        sl.tokens[sl.n_prompt + sl.n_generated] = token
         sl.n_generated += 1  # the tokens reported: the node's Session.generated
         out.kind = EV_TOKEN
         out.slot = s
@@ -487,8 +643,10 @@ cdef class Scheduler:
         out.kept = 0
         if sl.keep_kv and reason != FINISH_ERROR:
             out.kept = sl.n_prefilled + (sl.n_generated - 1 if sl.n_generated > 0 else 0)
-        free(sl.prompt)
-        sl.prompt = NULL
+        if self.store is not None and reason != FINISH_ERROR:
+            self.store.add(sl.tokens, sl.n_prompt, sl.n_prompt + sl.n_generated)
+        free(sl.tokens)
+        sl.tokens = NULL
         sl.phase = SLOT_FREE
         sl.finish_requested = FINISH_NONE
         return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS
 from dgr.admission import Budgets, Load
 from dgr.config import NodeConfig
 from dgr.rpc_stats import LinkFigures
@@ -54,6 +55,12 @@ def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cell
             "draining": load.draining,
             "failure": load.failure,
             **telemetry.recent_rates(),
+        },
+        # exact speculative decoding (dgr/_drafts.pyx; dgr/_scheduler.pyx, Policy 3)
+        "speculation": {
+            "mode": config.speculation if config.kv_unified else "off",
+            "max_draft": MAX_DRAFT, "max_step_drafts": MAX_STEP_DRAFTS,
+            **telemetry.speculation_totals(),
         },
         "prefix_cache": {
             "enabled": prefix_cache,

@@ -14,12 +14,16 @@ from typing import Optional
 import attrs
 import cattrs
 
-from dgr._codes import MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS
+from dgr._codes import MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS, Speculation
 from dgr.errors import InvalidRequest
 
 MAX_STOP_STRINGS = 8        # stop strings per session
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGIT_BIAS = 1024       # tokens one session may bias
+# speculative decoding (dgr/_drafts.pyx, dgr/_scheduler.pyx Policy 3): never, where
+# the node's step-time model says drafts pay, or whenever there is a draft
+SPECULATION_MODES = {"off": Speculation.SPECULATE_OFF, "auto": Speculation.SPECULATE_AUTO,
+                     "always": Speculation.SPECULATE_ALWAYS}
 
 
 def _total_memory_bytes() -> int:
@@ -99,6 +103,13 @@ class NodeConfig:
         "llama_decode with --kv-unified, each in a call of its own with split KV); bounds how "
         "many chunks decoders wait for in one step.",
         default=4)
+    speculation: str = option(
+        "--speculation", "Exact speculative decoding: 'auto' verifies draft tokens (from the "
+        "session's own context and recent sessions' outputs) as extra rows of the session "
+        "in its steps, where the node's model of its step times says they pay; tokens and "
+        "log-probabilities are bitwise those without it. 'always': whenever there is a "
+        "draft, whatever it costs; 'off': never. A request's 'speculation' overrides it. "
+        "Needs --kv-unified.", default="auto")
     n_threads: Optional[int] = option("--threads", "CPU threads for llama.cpp.", "all cores",
                                       default=None)
     kv_unified: bool = option(
@@ -148,6 +159,9 @@ class NodeConfig:
                              f"({len(self.rpc_workers)}), not all zero; got {self.rpc_tensor_split}")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
+        if not isinstance(self.speculation, str) or self.speculation not in SPECULATION_MODES:
+            raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, "
+                             f"got {self.speculation!r}")
         if self.decode_stall != 0 and not self.decode_stall >= 1:
             raise ValueError(f"decode_stall must be 0 or at least 1, got {self.decode_stall}")
         if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):
@@ -278,6 +292,9 @@ class SamplingParams:
     tokens before it, with that many alternatives (vLLM's; the first token has
     none); the prompt is then computed whole (nothing shared from the prefix
     cache), so the figures are those of computing it, and max_tokens may be 0.
+    speculation: "off", "auto" or "always" (SPECULATION_MODES), None for the node's
+    setting: whether its decode steps may verify draft tokens (the output is
+    the same either way, only its speed differs).
     """
 
     max_tokens: Optional[int] = None
@@ -299,6 +316,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=lambda v: _tuple(v))
     min_tokens: int = 0
     prompt_logprobs: Optional[int] = None
+    speculation: Optional[str] = None
 
     def __attrs_post_init__(self) -> None:
         def bad(field: str, msg: str) -> None:
@@ -361,6 +379,10 @@ class SamplingParams:
         if self.min_tokens and self.grammar is not None:
             bad("min_tokens", "min_tokens cannot be used with a grammar (it ends where the "
                               "grammar does)")
+        if self.speculation is not None and (not isinstance(self.speculation, str)
+                                             or self.speculation not in SPECULATION_MODES):
+            bad("speculation", f"speculation must be one of {', '.join(SPECULATION_MODES)}, "
+                               f"got {self.speculation!r}")
         if not isinstance(self.logit_bias, tuple):
             bad("logit_bias", "logit_bias must map token ids to biases")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:

@@ -10,7 +10,7 @@ import outcome
 import trio
 
 from dgr import _engine
-from dgr._codes import SCORE_CHUNK
+from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
 from dgr.errors import DgrError
@@ -93,20 +93,20 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets]:
         max_waiting=config.max_waiting,
         max_waiting_tokens=config.max_waiting_tokens,
         step_tokens=min(config.step_token_budget, info["n_batch"]),
-        # One sampled row per running session, and one scoring chunk's rows (a
-        # session scoring its prompt): the logits buffer's most rows in a step.
-        step_outputs=info["n_seq_max"] + SCORE_CHUNK,
+        # One sampled row per running session, one scoring chunk's rows (a session
+        # scoring its prompt) and the draft rows: the logits buffer's most rows in a step.
+        step_outputs=info["n_seq_max"] + SCORE_CHUNK + MAX_STEP_DRAFTS,
         memory_bytes=config.memory_budget,
     )
     try:
         # weights here: all but the RPC workers' layers (each worker checked its share;
         # the input and output layers stay here)
         remote = sum(d["layers"] for d in info["devices"][1:]) / (info["n_layer"] + 1)
-        # the logits buffer may grow by a scoring chunk's rows beyond what llama.cpp
-        # sized at creation
+        # the logits buffer may grow by a scoring chunk's rows and the draft rows
+        # beyond what llama.cpp sized at creation
         budgets.check_memory(int(info["model_bytes"] * (1 - remote)), info["kv_bytes"],
                              info["compute_bytes"] + info["output_bytes"]
-                             + SCORE_CHUNK * info["logits_bytes_per_output"])
+                             + (SCORE_CHUNK + MAX_STEP_DRAFTS) * info["logits_bytes_per_output"])
     except DgrError:
         engine.close()
         raise

@@ -14,9 +14,13 @@ record = attrs.define(slots=True, eq=True, repr=True)
 
 @record
 class Decoded:
-    """`slot` had a decode row in the step."""
+    """`slot` had a decode row in the step, and `drafted` draft rows after it, of
+    which `accepted` were (DraftSource `source`: dgr._codes)."""
 
     slot: int
+    drafted: int = 0
+    accepted: int = 0
+    source: int = 0
 
 
 @record

@@ -41,6 +41,7 @@ import trio
 from dgr import _batch, _engine, _scheduler
 from dgr._codes import ENGINE_FAULT, WORKER_LOST
 from dgr.admission import Admission
+from dgr.config import SPECULATION_MODES
 from dgr.engine import EngineThread
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 from dgr.placement import Evict, Start
@@ -59,6 +60,7 @@ class StepSettings:
     decode_stall: float      # beside decoders: a step's time / a decode-only one's (0: off)
     prefill_sessions: int    # chunks per step
     reply_buffer: int        # tokens a reader may hold unread (its credits)
+    speculation: str = "off"  # a session's default (SPECULATION_MODES): may it draft
 
 
 # Steps kept in `StepLoop.steps` (tests and diagnostics): a few hundred bytes each
@@ -245,7 +247,9 @@ class StepLoop:
                          credits=self.settings.reply_buffer,
                          reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                          n_reused=session.n_reused,
-                         keep_kv=self._placement.cache is not None)
+                         keep_kv=self._placement.cache is not None,
+                         speculate=SPECULATION_MODES[session.params.speculation
+                                                     or self.settings.speculation])
         self._placement.started(session)
         if session.n_reused:
             self._telemetry.prefix_hits.inc()
@@ -279,6 +283,8 @@ class StepLoop:
 
     def _on_decoded(self, event: Decoded, now: float) -> None:
         self._step_decode.append(self._by_slot[event.slot].id)
+        if event.drafted:
+            self._telemetry.record_drafts(event.source, event.drafted, event.accepted)
 
     def _on_scored(self, event: Scored, now: float) -> None:
         self._by_slot[event.slot].record_score(event.logprob, event.top)
@@ -319,7 +325,9 @@ class StepLoop:
                                      figures["total_s"]))
         chunks = [(start, end) for _, start, end in self._step_prefill]
         self._step_decode, self._step_prefill = [], []
-        model = self.step_time.observe(figures["decode_rows"], chunks, figures["total_s"])
+        # a draft row costs what a decode row does: both are output rows at a context's end
+        model = self.step_time.observe(figures["decode_rows"] + figures["draft_rows"], chunks,
+                                       figures["total_s"])
         if model is not None:
             self.batch.set_step_time(*model)
 

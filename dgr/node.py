@@ -62,7 +62,8 @@ class Node:
                                 prefill_chunk=config.prefill_chunk,
                                 decode_stall=config.decode_stall,
                                 prefill_sessions=config.prefill_sessions_per_step,
-                                reply_buffer=config.reply_buffer)
+                                reply_buffer=config.reply_buffer,
+                                speculation=config.speculation if config.kv_unified else "off")
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting)
         self._ids = itertools.count(1)

@@ -33,7 +33,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
-             "response_format", "grammar", "min_tokens", "stop_token_ids"}
+             "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation"}
 FIELDS = {"completions": _SAMPLING | {"prompt", "logprobs", "echo"},
           "chat": _SAMPLING | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
                                "tools", "tool_choice", "parallel_tool_calls"}}
@@ -117,7 +117,7 @@ SAMPLING_NAMES = {
     "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
     "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",
     "repeat_last_n": "repeat_last_n", "min_tokens": "min_tokens",
-    "stop_token_ids": "stop_token_ids",
+    "stop_token_ids": "stop_token_ids", "speculation": "speculation",
 }
 
 

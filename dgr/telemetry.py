@@ -14,10 +14,13 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dgr._codes import MAX_DRAFT, DraftSource
 from dgr.admission import REASONS
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason
 
+# draft sources by name (dgr._codes.DraftSource)
+DRAFT_SOURCES = {DraftSource.DRAFT_CONTEXT: "context", DraftSource.DRAFT_NODE: "node"}
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                     1.5, 2.5, 5.0, 10.0, 30.0)
 STEP_PHASES = ("plan", "decode", "sample", "update")
@@ -83,6 +86,21 @@ class Telemetry:
                               "sampled token.", buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("dgr_inter_token_latency_seconds", "Between consecutive sampled "
                              "tokens of one session.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.spec_drafted = Counter("dgr_spec_draft_tokens", "Draft tokens verified beside "
+                                    "decode rows (speculative decoding), by source.",
+                                    ["source"], registry=r)
+        self.spec_accepted = Counter("dgr_spec_accepted_tokens", "Draft tokens accepted: the "
+                                     "session's sampler picked them, by source.", ["source"],
+                                     registry=r)
+        self.spec_accepted_at = Counter("dgr_spec_accepted_at_position", "Draft tokens "
+                                        "accepted, by their place in the draft (1 = first).",
+                                        ["position"], registry=r)
+        self.spec_steps = Counter("dgr_spec_steps", "Steps that verified draft tokens.",
+                                  registry=r)
+        self._drafted = {src: self.spec_drafted.labels(name) for src, name in DRAFT_SOURCES.items()}
+        self._accepted = {src: self.spec_accepted.labels(name)
+                          for src, name in DRAFT_SOURCES.items()}
+        self._accepted_at = [self.spec_accepted_at.labels(str(i + 1)) for i in range(MAX_DRAFT)]
         # labels() looks its child up on every call: once here, not per step
         self._phase_counters = [(f"{phase}_s", self.step_phase_seconds.labels(phase))
                                 for phase in STEP_PHASES]
@@ -122,13 +140,40 @@ class Telemetry:
         prefill_rows, decode_rows = figures["prefill_rows"], figures["decode_rows"]
         generated, duration_s = figures["generated"], figures["total_s"]
         self.steps.inc()
-        self.batch_rows.observe(prefill_rows + decode_rows)
-        self.batch_occupancy.set((prefill_rows + decode_rows) / budget)
+        rows = prefill_rows + decode_rows + figures["draft_rows"]
+        self.batch_rows.observe(rows)
+        self.batch_occupancy.set(rows / budget)
         self.prefill_tokens.inc(prefill_rows)
         self.decode_tokens.inc(decode_rows)
         self.generated_tokens.inc(generated)
+        if figures["draft_rows"]:
+            self.spec_steps.inc()
         self.step_duration.observe(duration_s)
         self._recent.add(time.monotonic(), prefill_rows, generated)
+
+    def record_drafts(self, source: int, drafted: int, accepted: int) -> None:
+        """A decode row's drafts: `drafted` verified, the first `accepted` taken."""
+        self._drafted[source].inc(drafted)
+        if accepted:
+            self._accepted[source].inc(accepted)
+            for counter in self._accepted_at[:accepted]:
+                counter.inc()
+
+    def speculation_totals(self) -> dict:
+        """Drafted and accepted tokens so far, per source, and the steps with drafts
+        (for /capabilities)."""
+        def total(name, **labels):
+            return int(self.registry.get_sample_value(name, labels) or 0)
+
+        sources = {}
+        for name in DRAFT_SOURCES.values():
+            drafted = total("dgr_spec_draft_tokens_total", source=name)
+            accepted = total("dgr_spec_accepted_tokens_total", source=name)
+            sources[name] = {"drafted": drafted, "accepted": accepted,
+                             "acceptance": accepted / drafted if drafted else None}
+        return {"steps_with_drafts": total("dgr_spec_steps_total"), "sources": sources,
+                "accepted_at_position": [total("dgr_spec_accepted_at_position_total",
+                                               position=str(i + 1)) for i in range(MAX_DRAFT)]}
 
     def recent_rates(self) -> dict[str, float]:
         """Prefill and generated tokens per second over the last window."""

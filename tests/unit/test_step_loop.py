@@ -32,7 +32,8 @@ class FakeBatch:
         self._events = []
         self._stopped = threading.Event()
 
-    def start(self, slot, prompt, max_tokens, params, *, credits, reuse_from, n_reused, keep_kv):
+    def start(self, slot, prompt, max_tokens, params, *, credits, reuse_from, n_reused, keep_kv,
+              speculate):
         self.calls.append(("start", slot, reuse_from, n_reused))
         self.kv_ops_queued += 1
 
@@ -198,7 +199,7 @@ async def test_a_flush_returns_once_the_loop_published_the_evictions():
 
 def _step(index, decode_rows, prefill_rows, seconds):
     return StepEnded({"index": index, "rows": decode_rows + prefill_rows,
-                      "decode_rows": decode_rows, "prefill_rows": prefill_rows,
+                      "decode_rows": decode_rows, "draft_rows": 0, "prefill_rows": prefill_rows,
                       "generated": decode_rows, "calls": 1, "plan_s": 0.0,
                       "decode_s": seconds, "sample_s": 0.0, "update_s": 0.0,
                       "total_s": seconds, "ended_at": 0.0})

@@ -1,0 +1,165 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Draft tokens for exact speculative decoding, without a second model.
+
+A decoding session's next tokens are guessed from text it or others wrote
+before; the batch loop verifies the guesses as extra rows of the session in
+the step's llama_decode and keeps what its own sampler would have picked
+(dgr/_scheduler.pyx), so a draft only changes how many tokens a step yields,
+never which.
+
+- `context_draft` (prompt lookup, as llama.cpp's ngram-simple): the most
+  recent earlier place where the session's last tokens occurred in its own
+  prompt and output, the longest match of CONTEXT_MATCH_MIN..CONTEXT_MATCH_MAX
+  tokens, and what followed there. Work that quotes its input (an edited
+  file, a summary that cites, JSON extracted from a table) drafts here.
+- `NgramStore`: the node's recent sessions' outputs (each with the prompt tokens
+  just before it), so sessions that write the same structure (the same JSON
+  shape, a templated answer) draft from each other, as suffix decoding does.
+  A ring of RING_TOKENS tokens and a hash table of TABLE_BUCKETS entries from
+  each NODE_NGRAM tokens to where they were last followed: 4 MiB + 2 MiB, the
+  oldest overwritten first; a bucket whose n-gram was overwritten or
+  collided is checked against the ring and ignored.
+"""
+
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+cdef enum:
+    CONTEXT_MATCH_MIN = 3
+    CONTEXT_MATCH_MAX = 8
+    NODE_NGRAM = 4
+    RING_TOKENS = 1 << 20
+    TABLE_BUCKETS = 1 << 18
+
+
+cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
+    """The max_draft tokens that followed the longest (then most recent) earlier
+    occurrence of tokens[n - L:n], CONTEXT_MATCH_MIN <= L <= CONTEXT_MATCH_MAX,
+    into out; returns how many (0: no such occurrence)."""
+    cdef int j, length, best_end = -1, best_length = 0, i
+    if n <= CONTEXT_MATCH_MIN or max_draft <= 0:
+        return 0
+    cdef int32_t last = tokens[n - 1]
+    j = n - 2
+    while j >= CONTEXT_MATCH_MIN - 1:
+        if tokens[j] == last:
+            length = 1
+            while (length < CONTEXT_MATCH_MAX and length <= j
+                   and tokens[j - length] == tokens[n - 1 - length]):
+                length += 1
+            if length > best_length:
+                best_length, best_end = length, j
+                if length == CONTEXT_MATCH_MAX:
+                    break
+        j -= 1
+    if best_length < CONTEXT_MATCH_MIN:
+        return 0
+    # what followed there; where that reaches the context's end, the draft itself
+    # (a repeating run drafts its next period)
+    for i in range(max_draft):
+        out[i] = tokens[best_end + 1 + i] if best_end + 1 + i < n else out[best_end + 1 + i - n]
+    return max_draft
+
+
+cdef inline uint64_t _key(const int32_t * gram) noexcept nogil:
+    cdef uint64_t h = 1469598103934665603ULL
+    cdef int i
+    for i in range(NODE_NGRAM):
+        h = (h ^ <uint64_t> <uint32_t> gram[i]) * 1099511628211ULL
+    return h ^ (h >> 29)
+
+
+cdef class NgramStore:
+    """Recent sessions' tokens and where each NODE_NGRAM of them was last
+    followed (module doc); bounded: RING_TOKENS tokens, TABLE_BUCKETS buckets."""
+
+    def __cinit__(self):
+        self.ring_size = RING_TOKENS
+        self.table_size = TABLE_BUCKETS
+        self.ring = <int32_t *> malloc(RING_TOKENS * sizeof(int32_t))
+        self.table = <int64_t *> malloc(TABLE_BUCKETS * sizeof(int64_t))
+        if self.ring == NULL or self.table == NULL:
+            raise MemoryError()
+        cdef int i
+        for i in range(TABLE_BUCKETS):
+            self.table[i] = -1
+        self.written = 0
+
+    def __dealloc__(self):
+        free(self.ring)
+        free(self.table)
+
+    @property
+    def bytes(self):
+        """What the store holds in memory, whatever it has seen."""
+        return RING_TOKENS * sizeof(int32_t) + TABLE_BUCKETS * sizeof(int64_t)
+
+    cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil:
+        """Append one session's output, tokens[n_prompt:n], with the NODE_NGRAM prompt
+        tokens before it (then a separator), each NODE_NGRAM of them noted as
+        followed by the next."""
+        cdef int i
+        if n <= n_prompt:
+            return
+        if n_prompt > NODE_NGRAM:
+            tokens += n_prompt - NODE_NGRAM
+            n -= n_prompt - NODE_NGRAM
+        for i in range(n):
+            if i >= NODE_NGRAM:
+                self.table[_key(tokens + i - NODE_NGRAM) & (TABLE_BUCKETS - 1)] = self.written
+            self.ring[self.written & (RING_TOKENS - 1)] = tokens[i]
+            self.written += 1
+        self.ring[self.written & (RING_TOKENS - 1)] = -1
+        self.written += 1
+
+    cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
+        """Up to max_draft tokens that last followed tokens[n - NODE_NGRAM:n] in the
+        store, into out; returns how many."""
+        cdef int i, count = 0
+        cdef int64_t at
+        if n < NODE_NGRAM or max_draft <= 0:
+            return 0
+        at = self.table[_key(tokens + n - NODE_NGRAM) & (TABLE_BUCKETS - 1)]
+        # the n-gram and its continuation must still be in the ring
+        if at < NODE_NGRAM or self.written - (at - NODE_NGRAM) > RING_TOKENS - MAX_DRAFT:
+            return 0
+        for i in range(NODE_NGRAM):
+            if self.ring[(at - NODE_NGRAM + i) & (RING_TOKENS - 1)] != tokens[n - NODE_NGRAM + i]:
+                return 0
+        while count < max_draft and at + count < self.written:
+            if self.ring[(at + count) & (RING_TOKENS - 1)] < 0:
+                break
+            out[count] = self.ring[(at + count) & (RING_TOKENS - 1)]
+            count += 1
+        return count
+
+    # ------------------------------------------------------------ for tests
+
+    def add_output(self, tokens, int n_prompt):
+        """add() over a list of token ids (prompt, then output), for tests."""
+        cdef int32_t[:] view = _int32(tokens)
+        if len(tokens):
+            self.add(&view[0], n_prompt, len(tokens))
+
+    def draft_for(self, tokens, int max_draft=MAX_DRAFT):
+        cdef int32_t out[MAX_DRAFT]
+        cdef int32_t[:] view = _int32(tokens)
+        if not len(tokens):
+            return []
+        cdef int n = self.draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
+        return [out[i] for i in range(n)]
+
+
+def context_draft_for(tokens, int max_draft=MAX_DRAFT):
+    """context_draft over a list of token ids, for tests."""
+    cdef int32_t out[MAX_DRAFT]
+    cdef int32_t[:] view = _int32(tokens)
+    if not len(tokens):
+        return []
+    cdef int n = context_draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
+    return [out[i] for i in range(n)]
+
+
+def _int32(tokens):
+    import array
+    return array.array("i", tokens)

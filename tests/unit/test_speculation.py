@@ -1,0 +1,139 @@
+"""Speculative decoding without a model: the draft sources (dgr._drafts) and the
+scheduler's drafts, their verification and what a step with them reports."""
+
+from dgr import _drafts, _scheduler
+from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS, DraftSource, Speculation
+from dgr.events import Decoded, Finished, Sampled
+
+EOG = 99
+ALWAYS, AUTO, OFF = (Speculation.SPECULATE_ALWAYS, Speculation.SPECULATE_AUTO,
+                     Speculation.SPECULATE_OFF)
+
+
+def test_context_draft_continues_the_longest_latest_match():
+    # "1 2 3" occurred twice; after the later one came 9 8, after the earlier 4 5
+    tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 8, 0, 1, 2, 3]
+    assert _drafts.context_draft_for(tokens, 2) == [9, 8]
+    # a longer match wins over a more recent one: "0 1 2 3" only before the 9
+    tokens = [0, 1, 2, 3, 4, 5, 1, 2, 3, 9, 0, 1, 2, 3]
+    assert _drafts.context_draft_for(tokens, 3) == [4, 5, 1]
+    # fewer than 3 matching tokens draft nothing; past the context's end the draft
+    # goes on as the run it found repeats
+    assert _drafts.context_draft_for([5, 2, 3, 6, 2, 3]) == []
+    assert _drafts.context_draft_for([1, 2, 3, 7, 1, 2, 3], 6) == [7, 1, 2, 3, 7, 1]
+    assert _drafts.context_draft_for(list(range(4)) * 10) == [0, 1, 2, 3] * 2
+
+
+def test_node_store_drafts_from_other_sessions_outputs():
+    store = _drafts.NgramStore()
+    prompt = [10, 11, 12, 13, 14]
+    store.add_output(prompt + [20, 21, 22, 23, 24], n_prompt=len(prompt))
+    # another prompt ending with the same 4 tokens: the first one's output
+    assert store.draft_for([1, 11, 12, 13, 14]) == [20, 21, 22, 23, 24]
+    assert store.draft_for([12, 13, 14, 20, 21], 2) == [22, 23]
+    assert store.draft_for([11, 12, 13, 15]) == []  # never seen
+    # a draft never runs into the next session's tokens
+    store.add_output([1, 2, 3, 4, 5, 6], n_prompt=4)
+    assert store.draft_for([21, 22, 23, 24]) == []
+    assert store.bytes == store.ring_size * 4 + store.table_size * 8
+
+
+def test_node_store_forgets_what_its_ring_overwrote():
+    store = _drafts.NgramStore()
+    store.add_output([1, 2, 3, 4, 5, 6, 7], n_prompt=4)
+    filler = list(range(1000, 1000 + 4096))
+    for _ in range(store.ring_size // len(filler) + 1):
+        store.add_output([0] + filler, n_prompt=1)
+    assert store.draft_for([1, 2, 3, 4]) == []
+
+
+def scheduler(n_slots=4, token_budget=128, one_call=True):
+    return _scheduler.Scheduler(n_slots, token_budget, 32, n_slots, n_vocab=100,
+                                eog_tokens=[EOG], one_call=one_call)
+
+
+def decoding(sched, slots, prompt, max_tokens=100, credits=100, speculate=ALWAYS, first=7):
+    """Sessions on `slots` prefill `prompt` in one step and sample `first`."""
+    slots = [slots] if isinstance(slots, int) else list(slots)
+    for slot in slots:
+        sched.start(slot, prompt, max_tokens, credits=credits, speculate=speculate)
+    _, decode, chunks = sched.plan_step()
+    assert decode == [] and chunks == [(slot, 0, len(prompt)) for slot in slots]
+    sched.apply(([-1] * (len(prompt) - 1) + [first]) * len(slots))
+
+
+def test_a_verified_draft_yields_tokens_up_to_the_first_the_sampler_did_not_pick():
+    sched = scheduler()
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2]
+    decoding(sched, 0, prompt, first=3)  # context 1 2 3 4 5 6 1 2 3: drafts 4 5 6 1 2 3 ...
+    _, decode, chunks = sched.plan_step()
+    draft = sched.planned_draft(0)
+    assert decode == [0] and draft == [4, 5, 6, 1, 2, 3, 4, 5] and chunks == []
+    # the row fed 3 sampled 4, the row fed 4 sampled 5, the one fed 5 sampled 8 (not 6)
+    events = sched.apply([4, 5, 8] + [-2] * 6)
+    assert events[0] == Decoded(0, drafted=8, accepted=2, source=DraftSource.DRAFT_CONTEXT)
+    assert [e.token for e in events if isinstance(e, Sampled)] == [4, 5, 8]
+    # phase, prefilled, generated, credits: three tokens reported
+    assert sched.slot_state(0) == (2, len(prompt), 4, 96)
+    assert sched.acceptance()["context"] == (2.0, 3.0)
+
+
+def test_drafts_stop_at_an_end_and_never_pass_max_tokens_or_credits():
+    sched = scheduler()
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
+    decoding(sched, 0, prompt, max_tokens=4, first=3)
+    sched.plan_step()
+    assert sched.planned_draft(0) == [4, 5]  # 4 tokens at most: 1 generated, 1 + 2 to go
+    events = sched.apply([4, 5, 6])
+    assert [e.token for e in events if isinstance(e, Sampled)] == [4, 5, 6]
+    assert [e.reason for e in events if isinstance(e, Finished)] == [2]  # FINISH_LENGTH
+    assert [e.kept for e in events if isinstance(e, Finished)] == [0]  # keep_kv off
+
+    sched = scheduler()
+    decoding(sched, 1, prompt, credits=3, first=3)
+    sched.plan_step()
+    assert sched.planned_draft(1) == [4]  # 2 credits left: one token and one draft
+    # an end-of-generation token accepted as a draft ends the session there
+    sched = scheduler()
+    decoding(sched, 2, [1, 2, 3, EOG, 1, 2], first=3)
+    sched.plan_step()
+    assert sched.planned_draft(2)[:2] == [EOG, 1]
+    events = sched.apply([EOG] + [-2] * len(sched.planned_draft(2)))
+    assert [type(e) for e in events] == [Decoded, Finished]
+
+
+def test_sessions_off_and_split_kv_draft_nothing_and_a_step_bounds_its_drafts():
+    prompt = list(range(1, 9)) * 2 + [1, 2]
+    sched = scheduler(n_slots=8, token_budget=256)
+    decoding(sched, 0, prompt, speculate=OFF, first=3)
+    sched.plan_step()
+    assert sched.planned_draft(0) == []
+    sched = scheduler(n_slots=8, token_budget=256)
+    decoding(sched, [0, 1], prompt, speculate=AUTO, first=3)  # no step-time model yet
+    sched.plan_step()
+    assert sched.planned_draft(0) == [] and sched.planned_draft(1) == []
+    split = scheduler(one_call=False)
+    decoding(split, 0, prompt, first=3)
+    split.plan_step()
+    assert split.planned_draft(0) == []
+
+    sched = scheduler(n_slots=8, token_budget=256)
+    decoding(sched, range(8), prompt, first=3)
+    _, decode, _ = sched.plan_step()
+    assert sum(len(sched.planned_draft(s)) for s in decode) == MAX_STEP_DRAFTS
+
+
+def test_auto_drafts_only_where_the_step_time_model_says_they_pay():
+    prompt = list(range(1, 9)) * 2 + [1, 2]
+    sched = scheduler(n_slots=8, token_budget=256)
+    decoding(sched, 0, prompt, speculate=AUTO, first=3)
+    # a step's fixed cost dominates its rows: a draft at the prior rate (1/2) pays
+    sched.set_step_time(0.020, 0.002, 0.001, 0.0)
+    sched.plan_step()
+    assert len(sched.planned_draft(0)) > 1
+    # rows dominate (compute-bound steps): no draft beside 8 decoders
+    sched = scheduler(n_slots=8, token_budget=256)
+    decoding(sched, range(8), prompt, speculate=AUTO, first=3)
+    sched.set_step_time(0.001, 0.010, 0.001, 0.0)
+    _, decode, _ = sched.plan_step()
+    assert decode == list(range(8)) and all(sched.planned_draft(s) == [] for s in decode)
