@@ -13,7 +13,10 @@ nothing. A mixed-load case measures decoder stalls while a long prompt
 prefills, at several --decode-stall values; a prefix case (benchmarks/shared_prefix.py)
 measures shared system prompts and a multi-turn chat with and without dgr's
 prefix cache, and against llama-server's prompt caching; a grammar case
-(benchmarks/grammar.py) whether a JSON-schema-constrained session slows others.
+(benchmarks/grammar.py) whether a JSON-schema-constrained session slows others;
+a speculation case (benchmarks/speculation.py) exact speculative decoding on
+quoting and natural workloads against llama-server with and without its
+n-gram speculation.
 
 Reported: aggregate generated tokens/s, prefill tokens/s, TTFT and inter-token
 latency p50/p99, dgr's batch occupancy, KV pressure and queue depth (scraped
@@ -42,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import serving, shared_prefix  # noqa: E402
+from benchmarks import speculation as speculation_case  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
@@ -452,6 +456,8 @@ def markdown(report) -> str:
         lines.extend(markdown_prefix(p))
     if report.get("grammar"):
         lines.extend(grammar_case.markdown(report["grammar"]))
+    if report.get("speculation"):
+        lines.extend(speculation_case.markdown(report["speculation"]))
     return "\n".join(lines) + "\n"
 
 
@@ -602,12 +608,17 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
-    parser.add_argument("--cases", default="levels,serving,mixed,prefix,grammar",
+    parser.add_argument("--cases", default="levels,serving,mixed,prefix,grammar,speculation",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
                              "corruption check), serving (the serving path: the tiny model, "
                              "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
                              "(shared prefixes), grammar (8 sessions beside a JSON-schema one "
-                             "vs a sampled one)")
+                             "vs a sampled one), speculation (quoting and natural workloads, "
+                             "dgr off/auto vs llama-server without and with n-gram drafts)")
+    parser.add_argument("--spec-levels", default="1,2,4,8,16",
+                        help="concurrency levels of the speculation case")
+    parser.add_argument("--spec-rounds", type=int, default=1,
+                        help="rounds of the speculation case (each runs every server)")
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds of dgr and llama-server at each c (levels and "
                              "serving cases): each round's ratio, their median, min and max")
@@ -647,7 +658,7 @@ def main(argv=None) -> int:
     steps = (args.rounds * 2 * len(levels) + len(levels) + (2 if levels else 0) + len(checked)
              + (1 if "serving" in cases else 0)
              + (1 + len(mixed_stalls) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
-             + (1 if "grammar" in cases else 0))
+             + (1 if "grammar" in cases else 0) + (1 if "speculation" in cases else 0))
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
             run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar)
@@ -697,6 +708,22 @@ def main(argv=None) -> int:
                 bar.update()
         if "grammar" in cases:
             report["grammar"] = grammar_case.run(model, args.threads)
+            bar.update()
+        if "speculation" in cases:
+            def ls(*extra):
+                def start():
+                    server = llama_server(peers["llama-server"], model, 16, 2048, args.threads,
+                                          free_port())
+                    server.argv += list(extra)
+                    return server
+                return start, False
+            servers = {"dgr": (lambda: dgr_server(model, 16, 2048, args.threads, free_port()),
+                               True),
+                       "llama-server": ls(),
+                       "llama-server ngram-mod": ls("--spec-type", "ngram-mod"),
+                       "llama-server ngram-simple": ls("--spec-type", "ngram-simple")}
+            report["speculation"] = speculation_case.run(
+                servers, [int(x) for x in args.spec_levels.split(",")], args.spec_rounds)
             bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
                             "llama_server": saturation(report["llama_server"])}

@@ -1,0 +1,186 @@
+"""The bench's speculation case: exact speculative decoding against llama-server's.
+
+Workloads whose answers quote their input (a code file rewritten with one
+change, a summary that quotes its document, a table extracted into JSON under
+a grammar, a many-user burst of one templated request) and plain continuation
+of natural text, at each concurrency c: c sessions at once, greedy, 96 tokens
+each (end-of-generation ignored, so every server generates as many), streamed
+over HTTP. Every prompt starts with its request's own number, so that no
+server reuses another request's prompt beyond its first tokens.
+
+Servers, from the same pin, in one run, one at a time, the whole matrix per
+round: dgr with speculation off and auto (the same process, the request's
+`speculation` alternating), llama-server without speculation and with
+`--spec-type ngram-mod` and `ngram-simple`. Reported per server: decode
+tokens/s (tokens after each session's first, over the time from the first
+session's first token to the last session's last: what speculation changes,
+prefill left out), dgr's acceptance (from its metrics), and a bitwise column:
+dgr auto's text equal to dgr off's for every session.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import httpx
+import trio
+
+N_NEW = 96
+
+_CODE_LINES = []
+for _k in range(14):
+    _CODE_LINES += [f"def parse_record_{_k}(line):",
+                    f"    fields = line.split(',')",
+                    f"    return {{'id': int(fields[0]), 'value': float(fields[{_k % 3 + 1}])}}",
+                    ""]
+CODE = "\n".join(_CODE_LINES)
+DOCUMENT = " ".join(
+    f"In {1900 + 7 * k}, the river town of Alder built its {['first', 'second', 'third'][k % 3]} "
+    f"bridge, and the council recorded that trade grew by {k + 3} percent." for k in range(12))
+PEOPLE = [("Ana", "Lisbon", 31), ("Ben", "Leeds", 45), ("Chen", "Xian", 28), ("Dara", "Cork", 39),
+          ("Eli", "Haifa", 52), ("Fay", "Perth", 24), ("Gus", "Oslo", 61), ("Hana", "Kobe", 35),
+          ("Ivo", "Split", 47), ("Jun", "Osaka", 30), ("Kai", "Turku", 42), ("Lea", "Lyon", 27)]
+TABLE = "\n".join(f"| {n} | {c} | {a} |" for n, c, a in PEOPLE)
+JSON_GRAMMAR = r'''root ::= "[" ws obj ("," ws obj)* ws "]"
+obj ::= "{\"name\": \"" [A-Za-z]+ "\", \"city\": \"" [A-Za-z]+ "\", \"age\": " [0-9]+ "}"
+ws ::= [ \n]*'''
+NAMES = ["Avery", "Blake", "Casey", "Devon", "Emery", "Finley", "Gray", "Harper", "Indy", "Jordan",
+         "Kendall", "Logan", "Morgan", "Noel", "Oakley", "Parker"]
+
+WORKLOADS = {
+    "code edit": lambda i: (f"# request {i}\n{CODE}\n\n# The same module with parse_record_3 "
+                            f"renamed to read_record_3, nothing else changed:\n\n"
+                            f"def parse_record_0(line):\n", {}),
+    "quoting summary": lambda i: (f"Report {i}.\n{DOCUMENT}\n\nSummary, quoting the report's "
+                                  f"sentences word for word:\n\"In 1900, the river town", {}),
+    "table to JSON": lambda i: (f"Table {i} (name | city | age):\n{TABLE}\n\nThe same table as "
+                                f"JSON:\n", {"grammar": JSON_GRAMMAR}),
+    "templated burst": lambda i: (f"Ticket {1000 + i} from {NAMES[i % len(NAMES)]}: my order has "
+                                  f"not arrived.\nReply using the standard template:\nDear "
+                                  f"{NAMES[i % len(NAMES)]}, thank you for contacting us about "
+                                  f"ticket {1000 + i}.", {}),
+    "natural text": lambda i: (f"Chapter {i}. The old lighthouse keeper climbed the stairs "
+                               f"every evening, and as the lamp warmed he thought about", {}),
+}
+QUOTING = ["code edit", "quoting summary", "table to JSON", "templated burst"]
+
+
+async def _one(client, url, prompt, extra, is_dgr):
+    body = {"prompt": prompt, "max_tokens": N_NEW, "temperature": 0, "ignore_eos": True,
+            "stream": True, **extra}
+    if not is_dgr:
+        body["cache_prompt"] = False
+    stamps, texts = [], []
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    stamps.append(time.perf_counter())
+                    texts.append(choice["text"])
+    return stamps, "".join(texts)
+
+
+async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
+    """c sessions of `workload` at once: decode tokens/s and each session's text."""
+    build = WORKLOADS[workload]
+    results = [None] * c
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as client:
+        async def one(i):
+            prompt, body = build(offset + i)
+            results[i] = await _one(client, url, prompt, body | (extra or {}), is_dgr)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(c):
+                nursery.start_soon(one, i)
+    firsts = [s[0] for s, _ in results if s]
+    lasts = [s[-1] for s, _ in results if s]
+    tokens = sum(max(0, len(s) - 1) for s, _ in results)
+    span = max(lasts) - min(firsts) if firsts else 0.0
+    return {"decode_tok_s": tokens / span if span > 0 else 0.0,
+            "texts": [text for _, text in results]}
+
+
+def _spec_counts(url):
+    text = httpx.get(url + "/metrics", timeout=30).text
+    drafted = accepted = 0.0
+    for line in text.splitlines():
+        if line.startswith("dgr_spec_draft_tokens_total{"):
+            drafted += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dgr_spec_accepted_tokens_total{"):
+            accepted += float(line.rsplit(" ", 1)[1])
+    return drafted, accepted
+
+
+def run(servers: dict, levels: list[int], rounds: int) -> dict:
+    """servers: name -> (a context manager starting it, is_dgr). Returns rows of
+    (round, workload, c, server, decode tok/s), acceptance and the bitwise checks."""
+    rows, bitwise, acceptance = [], [], {}
+    for r in range(rounds):
+        for name, (start, is_dgr) in servers.items():
+            with start() as srv:
+                for workload in WORKLOADS:
+                    for c in levels:
+                        offset = 100 * r + 1000 * c
+                        if is_dgr:
+                            runs = {}
+                            for mode in ("off", "auto"):
+                                before = _spec_counts(srv.url)
+                                runs[mode] = trio.run(run_level, srv.url, workload, c, True,
+                                                      {"speculation": mode}, offset)
+                                after = _spec_counts(srv.url)
+                                rows.append({"round": r, "workload": workload, "c": c,
+                                             "server": f"{name} {mode}",
+                                             "decode_tok_s": runs[mode]["decode_tok_s"]})
+                                if mode == "auto":
+                                    drafted, accepted = after[0] - before[0], after[1] - before[1]
+                                    acceptance[(workload, c, r)] = (drafted, accepted)
+                            bitwise.append({"workload": workload, "c": c, "round": r,
+                                            "equal": runs["off"]["texts"] == runs["auto"]["texts"]})
+                        else:
+                            out = trio.run(run_level, srv.url, workload, c, False, None, offset)
+                            rows.append({"round": r, "workload": workload, "c": c, "server": name,
+                                         "decode_tok_s": out["decode_tok_s"]})
+    return {"rows": rows, "bitwise": bitwise,
+            "acceptance": [{"workload": w, "c": c, "round": r, "drafted": d, "accepted": a}
+                           for (w, c, r), (d, a) in acceptance.items()]}
+
+
+def markdown(result: dict) -> list[str]:
+    rows = result["rows"]
+    servers = list(dict.fromkeys(row["server"] for row in rows))
+    cells = {}
+    for row in rows:
+        cells.setdefault((row["workload"], row["c"], row["server"]), []).append(row["decode_tok_s"])
+    med = {k: statistics.median(v) for k, v in cells.items()}
+    acc = {}
+    for a in result["acceptance"]:
+        d, n = acc.get((a["workload"], a["c"]), (0.0, 0.0))
+        acc[(a["workload"], a["c"])] = (d + a["drafted"], n + a["accepted"])
+    equal = {}
+    for b in result["bitwise"]:
+        equal[(b["workload"], b["c"])] = equal.get((b["workload"], b["c"]), True) and b["equal"]
+    head = " | ".join(f"{s} tok/s" for s in servers)
+    lines = ["", f"| speculation case: workload | c | {head} | auto / off | auto / llama-server "
+             "| auto / best llama-server n-gram | dgr drafted, accepted | auto = off |",
+             "|---|---|" + "---|" * (len(servers) + 6)]
+    for workload, c in dict.fromkeys((row["workload"], row["c"]) for row in rows):
+        v = {s: med.get((workload, c, s)) for s in servers}
+        auto, off = v.get("dgr auto"), v.get("dgr off")
+        plain = v.get("llama-server")
+        ngram = max((v[s] for s in servers if s.startswith("llama-server ") and v[s]), default=None)
+
+        def ratio(a, b):
+            return f"{a / b:.2f}" if a and b else "-"
+
+        d, n = acc.get((workload, c), (0, 0))
+        lines.append(f"| {workload} | {c} | " + " | ".join(f"{v[s]:.1f}" if v[s] else "-" for s in servers)
+                     + f" | {ratio(auto, off)} | {ratio(auto, plain)} | {ratio(auto, ngram)} | "
+                     f"{int(d)}, {int(n)} | {'yes' if equal.get((workload, c)) else 'NO'} |")
+    return lines
