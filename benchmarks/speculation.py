@@ -4,7 +4,8 @@ Workloads whose answers quote their input (a code file rewritten with one
 change, a summary that quotes its document, a table extracted into JSON under
 a grammar, a many-user burst of one templated request) and plain continuation
 of natural text, at each concurrency c: c sessions at once, greedy, 96 tokens
-each (end-of-generation ignored, so every server generates as many), streamed
+each (end-of-generation ignored, so every server generates as many; the JSON
+grammar's answer is longer than that), streamed
 over HTTP. Every prompt starts with its request's own number, so that no
 server reuses another request's prompt beyond its first tokens.
 
@@ -68,8 +69,10 @@ QUOTING = ["code edit", "quoting summary", "table to JSON", "templated burst"]
 
 
 async def _one(client, url, prompt, extra, is_dgr):
-    body = {"prompt": prompt, "max_tokens": N_NEW, "temperature": 0, "ignore_eos": True,
-            "stream": True, **extra}
+    # a grammar ends where it does (dgr refuses ignore_eos with one): its answer is
+    # longer than N_NEW tokens
+    body = {"prompt": prompt, "max_tokens": N_NEW, "temperature": 0,
+            "ignore_eos": "grammar" not in extra, "stream": True, **extra}
     if not is_dgr:
         body["cache_prompt"] = False
     stamps, texts = [], []

@@ -14,6 +14,11 @@ cdef enum SlotPhase:
     SLOT_PREFILL = 1
     SLOT_DECODE = 2
 
+cdef struct Acceptance:
+    # draft tokens accepted of those verified, recent verifications weighing more
+    double accepted
+    double drafted
+
 cdef struct Slot:
     int phase
     int32_t * tokens           # the prompt (n_prompt), then the tokens generated (n_generated)
@@ -33,8 +38,7 @@ cdef struct Slot:
     int n_draft                # draft rows planned for the current step
     int draft_source           # DraftSource of those drafts
     int32_t draft[MAX_DRAFT]
-    double accept_hits         # drafts accepted and drafts tried, recent steps weighing more
-    double accept_tries
+    Acceptance accepted        # its drafts' record
 
 cdef struct StepFigures:
     int64_t index
@@ -82,8 +86,7 @@ cdef class Scheduler:
     cdef double time_a, time_b, time_c, time_e
     cdef int prefill_cap                # the prefill rows the current plan allows
     cdef readonly NgramStore store      # recent sessions' outputs, a draft source
-    cdef double source_hits[3]          # per DraftSource: drafts accepted and tried, node-wide
-    cdef double source_tries[3]
+    cdef Acceptance by_source[3]        # per DraftSource: the node's record
     cdef char * eog                 # per vocabulary entry: ends generation
     cdef int n_vocab
     cdef int64_t next_order
@@ -92,7 +95,7 @@ cdef class Scheduler:
     cdef int * decode_slots
     cdef int n_draft_rows               # draft rows after the decode rows they verify
     cdef int * draft_found              # per decode row: draft tokens its sources gave
-    cdef double * draft_rate            # per decode row: its session's acceptance rate
+    cdef double * draft_rate            # per decode row: the share of its drafts accepted
     cdef int n_chunks
     cdef int * chunk_slot
     cdef int * chunk_start
@@ -103,7 +106,6 @@ cdef class Scheduler:
     cdef int take_finish_requests(self, Event * out) noexcept nogil
     cdef int plan(self) noexcept nogil
     cdef void _plan_drafts(self, int room) noexcept nogil
-    cdef double _accept_rate(self, int s) noexcept nogil
     cdef int decode_rows(self) noexcept nogil
     cdef int kv_valid(self, int s) noexcept nogil
     cdef int _rows_within_stall(self, int position) noexcept nogil

@@ -65,9 +65,9 @@ meanwhile. An ended slot is FREE at once; the loop frees its KV before it
 publishes the events, so the node reuses a slot only after its EV_FINISH.
 """
 
-from libc.math cimport pow, sqrt
+from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from dgr._codes cimport DRAFT_CONTEXT, DRAFT_NODE
 from dgr._drafts cimport NgramStore, context_draft
@@ -75,7 +75,11 @@ from dgr._drafts cimport NgramStore, context_draft
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 
 cdef enum:
-    PRIOR_WEIGHT = 2           # drafts the node-wide rate of a source counts as, for a session
+    PRIOR_WEIGHT = 2           # drafts a prior share counts as (a source's for a session)
+# A source's share of drafts accepted before its record says otherwise: optimistic,
+# so that an auto node tries drafts and measures them (a record is kept only of
+# verified drafts)
+cdef double SOURCE_PRIOR = 0.8
 
 # per verifying step: how much a session's and the node's past acceptance still weighs
 cdef double SLOT_FORGET = 0.7
@@ -102,6 +106,18 @@ cdef object event_record(const Event * e):
     if e.kind == EV_FAILURE:
         return CallFailed(e.code)
     return StepEnded(e.step)
+
+
+cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
+    """The share of drafts accepted, beside PRIOR_WEIGHT drafts at `prior`."""
+    return (a.accepted + PRIOR_WEIGHT * prior) / (a.drafted + PRIOR_WEIGHT)
+
+
+cdef inline void _record(Acceptance * a, int k, int accepted, double forget) noexcept nogil:
+    """k drafts verified, the first `accepted` of them taken (k = 0: the record
+    only fades)."""
+    a.accepted = forget * a.accepted + accepted
+    a.drafted = forget * a.drafted + k
 
 
 cdef class Scheduler:
@@ -215,7 +231,7 @@ cdef class Scheduler:
             raise ValueError(f"not a speculation code: {speculate}")
         sl.speculate = speculate if self.store is not None else SPECULATE_OFF
         sl.n_draft = 0
-        sl.accept_hits = sl.accept_tries = 0.0
+        memset(&sl.accepted, 0, sizeof(Acceptance))
         sl.phase = SLOT_PREFILL
 
     def credit(self, int slot, int n=1):
@@ -263,9 +279,12 @@ cdef class Scheduler:
 
     def acceptance(self):
         """Per draft source ("context", "node"): (accepted, tried), forgetting-weighted."""
-        return {"context": (self.source_hits[<int> DRAFT_CONTEXT],
-                            self.source_tries[<int> DRAFT_CONTEXT]),
-                "node": (self.source_hits[<int> DRAFT_NODE], self.source_tries[<int> DRAFT_NODE])}
+        cdef Acceptance a
+        out = {}
+        for name, src in (("context", <int> DRAFT_CONTEXT), ("node", <int> DRAFT_NODE)):
+            a = self.by_source[src]
+            out[name] = (a.accepted, a.drafted)
+        return out
 
     # ------------------------------------------------------------ for tests
 
@@ -390,8 +409,8 @@ cdef class Scheduler:
     cdef void _plan_drafts(self, int room) noexcept nogil:
         """Give speculating decoders draft rows (module doc, Policy 3), at most
         `room` in all."""
-        cdef int i, s, best, k
-        cdef double gain, best_gain, expected, seconds
+        cdef int i, k
+        cdef double expected, seconds
         cdef Slot * sl
         self.n_draft_rows = 0
         for i in range(self.n_decode):
@@ -411,37 +430,37 @@ cdef class Scheduler:
                 sl.draft_source = DRAFT_NODE
                 self.draft_found[i] = self.store.draft(sl.tokens, sl.n_prompt + sl.n_generated,
                                                        k, sl.draft)
-            self.draft_rate[i] = self._accept_rate(self.decode_slots[i])
+            self.draft_rate[i] = _rate(sl.accepted,
+                                       _rate(self.by_source[sl.draft_source], SOURCE_PRIOR))
         room = min(room, MAX_STEP_DRAFTS)
         for i in range(self.n_decode):
             sl = &self.slots[self.decode_slots[i]]
             if sl.speculate == SPECULATE_ALWAYS:
-                sl.n_draft = min(self.draft_found[i], room - self.n_draft_rows)
+                sl.n_draft = max(0, min(self.draft_found[i], room - self.n_draft_rows))
                 self.n_draft_rows += sl.n_draft
+        if not (self.time_known and self.time_b > 0.0):
+            return
+        # auto: a session's drafts go in whole (acceptance comes in runs: a quote is
+        # followed to its end or left at once) where the share of them accepted makes
+        # the step's expected tokens per second higher, with the ones before
         expected = self.n_decode
-        seconds = self.time_a + self.time_b * self.n_decode
-        while self.n_draft_rows < room:
-            best, best_gain = -1, 0.0
-            for i in range(self.n_decode):
-                sl = &self.slots[self.decode_slots[i]]
-                if sl.speculate == SPECULATE_AUTO and sl.n_draft < self.draft_found[i]:
-                    gain = pow(self.draft_rate[i], sl.n_draft + 1)
-                    if gain > best_gain:
-                        best, best_gain = i, gain
-            if best < 0 or best_gain * seconds <= self.time_b * expected:
-                break
-            self.slots[self.decode_slots[best]].n_draft += 1
-            self.n_draft_rows += 1
-            expected += best_gain
-            seconds += self.time_b
-
-    cdef double _accept_rate(self, int s) noexcept nogil:
-        """The chance that slot s's next draft token is accepted: its own recent
-        record, beside PRIOR_WEIGHT drafts at its source's node-wide rate."""
-        cdef Slot * sl = &self.slots[s]
-        cdef double prior = ((self.source_hits[sl.draft_source] + 1.0)
-                             / (self.source_tries[sl.draft_source] + 2.0))
-        return (sl.accept_hits + PRIOR_WEIGHT * prior) / (sl.accept_tries + PRIOR_WEIGHT)
+        seconds = self.time_a + self.time_b * (self.n_decode + self.n_draft_rows)
+        for i in range(self.n_decode):
+            sl = &self.slots[self.decode_slots[i]]
+            k = min(self.draft_found[i], room - self.n_draft_rows)
+            if (sl.speculate != SPECULATE_AUTO or k <= 0
+                    or self.draft_rate[i] * seconds <= self.time_b * expected):
+                continue
+            sl.n_draft = k
+            self.n_draft_rows += k
+            expected += self.draft_rate[i] * k
+            seconds += self.time_b * k
+        # a session's record fades while it does not draft, back to its source's
+        # rates: what kept it from drafting is tried again
+        for i in range(self.n_decode):
+            sl = &self.slots[self.decode_slots[i]]
+            if sl.speculate == SPECULATE_AUTO and self.draft_found[i] and not sl.n_draft:
+                _record(&sl.accepted, 0, 0, SLOT_FORGET)
 
     cdef int decode_rows(self) noexcept nogil:
         """The plan's decode rows with their drafts (the rows before the chunks)."""
@@ -571,12 +590,8 @@ cdef class Scheduler:
             accepted += 1
         if k:
             decoded.accepted = accepted
-            # drafts tried: those accepted and the first rejected one
-            sl.accept_hits = SLOT_FORGET * sl.accept_hits + accepted
-            sl.accept_tries = SLOT_FORGET * sl.accept_tries + min(accepted + 1, k)
-            self.source_hits[source] = SOURCE_FORGET * self.source_hits[source] + accepted
-            self.source_tries[source] = (SOURCE_FORGET * self.source_tries[source]
-                                         + min(accepted + 1, k))
+            _record(&sl.accepted, k, accepted, SLOT_FORGET)
+            _record(&self.by_source[source], k, accepted, SOURCE_FORGET)
         return n
 
     cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,

@@ -75,7 +75,7 @@ def test_a_verified_draft_yields_tokens_up_to_the_first_the_sampler_did_not_pick
     assert [e.token for e in events if isinstance(e, Sampled)] == [4, 5, 8]
     # phase, prefilled, generated, credits: three tokens reported
     assert sched.slot_state(0) == (2, len(prompt), 4, 96)
-    assert sched.acceptance()["context"] == (2.0, 3.0)
+    assert sched.acceptance()["context"] == (2.0, 8.0)
 
 
 def test_drafts_stop_at_an_end_and_never_pass_max_tokens_or_credits():
@@ -127,7 +127,7 @@ def test_auto_drafts_only_where_the_step_time_model_says_they_pay():
     prompt = list(range(1, 9)) * 2 + [1, 2]
     sched = scheduler(n_slots=8, token_budget=256)
     decoding(sched, 0, prompt, speculate=AUTO, first=3)
-    # a step's fixed cost dominates its rows: a draft at the prior rate (1/2) pays
+    # a step's fixed cost dominates its rows: drafts at the prior share accepted pay
     sched.set_step_time(0.020, 0.002, 0.001, 0.0)
     sched.plan_step()
     assert len(sched.planned_draft(0)) > 1
