@@ -710,15 +710,18 @@ def main(argv=None) -> int:
             report["grammar"] = grammar_case.run(model, args.threads)
             bar.update()
         if "speculation" in cases:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+
             def ls(*extra):
-                def start():
+                def start(log):
                     server = llama_server(peers["llama-server"], model, 16, 2048, args.threads,
-                                          free_port())
+                                          free_port(), log=out / f"spec-{log}.log")
                     server.argv += list(extra)
                     return server
                 return start, False
-            servers = {"dgr": (lambda: dgr_server(model, 16, 2048, args.threads, free_port()),
-                               True),
+            servers = {"dgr": (lambda log: dgr_server(model, 16, 2048, args.threads, free_port(),
+                                                      log=out / f"spec-{log}.log"), True),
                        "llama-server": ls(),
                        "llama-server ngram-mod": ls("--spec-type", "ngram-mod"),
                        "llama-server ngram-simple": ls("--spec-type", "ngram-simple")}

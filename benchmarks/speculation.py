@@ -122,37 +122,54 @@ def _spec_counts(url):
 
 
 def run(servers: dict, levels: list[int], rounds: int) -> dict:
-    """servers: name -> (a context manager starting it, is_dgr). Returns rows of
-    (round, workload, c, server, decode tok/s), acceptance and the bitwise checks."""
-    rows, bitwise, acceptance = [], [], {}
+    """servers: name -> (a function of a log path starting it, is_dgr). Returns rows
+    of (round, workload, c, server, decode tok/s), acceptance, the bitwise checks,
+    and the runs that failed (a server that fails is reported and restarted, not
+    hidden)."""
+    rows, bitwise, acceptance, failures = [], [], {}, []
     for r in range(rounds):
         for name, (start, is_dgr) in servers.items():
-            with start() as srv:
+            srv = start(f"{name.replace(' ', '-')}-round{r}").__enter__()
+            try:
                 for workload in WORKLOADS:
                     for c in levels:
                         offset = 100 * r + 1000 * c
-                        if is_dgr:
-                            runs = {}
-                            for mode in ("off", "auto"):
-                                before = _spec_counts(srv.url)
-                                runs[mode] = trio.run(run_level, srv.url, workload, c, True,
-                                                      {"speculation": mode}, offset)
-                                after = _spec_counts(srv.url)
-                                rows.append({"round": r, "workload": workload, "c": c,
-                                             "server": f"{name} {mode}",
-                                             "decode_tok_s": runs[mode]["decode_tok_s"]})
-                                if mode == "auto":
-                                    drafted, accepted = after[0] - before[0], after[1] - before[1]
-                                    acceptance[(workload, c, r)] = (drafted, accepted)
-                            bitwise.append({"workload": workload, "c": c, "round": r,
-                                            "equal": runs["off"]["texts"] == runs["auto"]["texts"]})
-                        else:
-                            out = trio.run(run_level, srv.url, workload, c, False, None, offset)
-                            rows.append({"round": r, "workload": workload, "c": c, "server": name,
-                                         "decode_tok_s": out["decode_tok_s"]})
-    return {"rows": rows, "bitwise": bitwise,
+                        try:
+                            _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise,
+                                     acceptance)
+                        except Exception as exc:
+                            failures.append({"server": name, "workload": workload, "c": c,
+                                             "round": r, "exit_code": srv.proc.poll(),
+                                             "error": f"{type(exc).__name__}: {exc}"[:300]})
+                            if srv.proc.poll() is not None:  # it died: a fresh one goes on
+                                srv.__exit__(None, None, None)
+                                srv = start(f"{name.replace(' ', '-')}-round{r}-restart"
+                                            f"{len(failures)}").__enter__()
+            finally:
+                srv.__exit__(None, None, None)
+    return {"rows": rows, "bitwise": bitwise, "failures": failures,
             "acceptance": [{"workload": w, "c": c, "round": r, "drafted": d, "accepted": a}
                            for (w, c, r), (d, a) in acceptance.items()]}
+
+
+def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptance):
+    if not is_dgr:
+        out = trio.run(run_level, srv.url, workload, c, False, None, offset)
+        rows.append({"round": r, "workload": workload, "c": c, "server": name,
+                     "decode_tok_s": out["decode_tok_s"]})
+        return
+    runs = {}
+    for mode in ("off", "auto"):
+        before = _spec_counts(srv.url)
+        runs[mode] = trio.run(run_level, srv.url, workload, c, True, {"speculation": mode},
+                              offset)
+        after = _spec_counts(srv.url)
+        rows.append({"round": r, "workload": workload, "c": c, "server": f"{name} {mode}",
+                     "decode_tok_s": runs[mode]["decode_tok_s"]})
+        if mode == "auto":
+            acceptance[(workload, c, r)] = (after[0] - before[0], after[1] - before[1])
+    bitwise.append({"workload": workload, "c": c, "round": r,
+                    "equal": runs["off"]["texts"] == runs["auto"]["texts"]})
 
 
 def markdown(result: dict) -> list[str]:
@@ -186,4 +203,7 @@ def markdown(result: dict) -> list[str]:
         lines.append(f"| {workload} | {c} | " + " | ".join(f"{v[s]:.1f}" if v[s] else "-" for s in servers)
                      + f" | {ratio(auto, off)} | {ratio(auto, plain)} | {ratio(auto, ngram)} | "
                      f"{int(d)}, {int(n)} | {'yes' if equal.get((workload, c)) else 'NO'} |")
+    for f in result.get("failures", []):
+        lines.append(f"\n{f['server']} failed on {f['workload']} at c = {f['c']} (round "
+                     f"{f['round']}, exit code {f['exit_code']}): {f['error']}")
     return lines

@@ -29,17 +29,19 @@ Policy (re-planned every step; sessions join and leave between steps):
    scoring session waits, the others go on).
 3. Drafts (speculation, unified pool only): a speculating decoder's row may be
    followed by draft rows, tokens guessed from its own context or the node's
-   recent outputs (dgr/_drafts.pyx), which the step verifies. Draft rows go
-   one at a time to the session whose next draft is likeliest accepted (its
-   acceptance rate a, measured, to the power of the draft's place), while
-   that expected token beats the step's tokens per second: p T > b N for a
-   step of N expected tokens and predicted time T, b the model's time per
-   decode row. Compute-bound steps (many decoders: T near b N) thus draft
-   nothing. A session drafts at most MAX_DRAFT tokens, no more than its
-   credits and max_tokens leave room for (so drafts never take KV beyond its
-   reservation); a step at most MAX_STEP_DRAFTS; none before the step time is
-   modelled. A session that speculates "always" drafts all its sources give,
-   within those bounds, whatever they cost.
+   recent outputs (dgr/_drafts.pyx), which the step verifies. "auto": a
+   session's draft goes in whole (acceptance comes in runs: a quote is
+   followed to its end or left at once) where the share of its drafts
+   accepted, f, beats the step's tokens per second: f T > b N for a step of N
+   expected tokens and predicted time T, b the model's time per decode row
+   (a draft row is one more such row). Compute-bound steps (many decoders: T
+   near b N) thus draft nothing. f is the session's record (recent
+   verifications weighing more, fading while it does not draft) beside its
+   source's node-wide one, optimistic before there is any. A session drafts
+   at most MAX_DRAFT tokens, no more than its credits and max_tokens leave
+   room for (so drafts never take KV beyond its reservation); a step at most
+   MAX_STEP_DRAFTS; "auto" none before the step time is modelled. "always"
+   drafts all its sources give, within those bounds, whatever they cost.
 4. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
    results do not depend on the rows it shares a call with (the patch stack,

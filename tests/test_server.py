@@ -264,11 +264,19 @@ async def test_every_field_is_honoured_or_refused(start_server):
     base = {"prompt": "Penalties and biases", "max_tokens": 12, "temperature": 0,
             "ignore_eos": True, "logprobs": 1}
     async with server.client() as client:
+        reference = (await client.post("/v1/completions", json=base)).json()
         for field, value in [("tools", []), ("functions", []), ("audio", {}),
                              ("suffix", "x"), ("best_of", 2), ("cache_prompt", True)]:
             response = await client.post("/v1/completions", json=base | {field: value})
             assert response.status_code == 400, field
             assert response.json()["error"]["param"] == field
+        for value in ("fast", ["auto"], 1):
+            refused = await client.post("/v1/completions", json=base | {"speculation": value})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "speculation"
+        for value in ("off", "auto", "always"):  # the same output either way
+            spec = await client.post("/v1/completions", json=base | {"speculation": value})
+            assert spec.status_code == 200
+            assert spec.json()["choices"][0]["logprobs"] == reference["choices"][0]["logprobs"]
         hinted = await client.post("/v1/completions", json=base | {"user": "u1", "store": False})
         assert hinted.status_code == 200
         sampled = await client.post("/v1/completions", json=base | {

@@ -33,6 +33,7 @@ def test_toml_data_and_flags_load_through_one_path(tmp_path):
     ({"server": {"prot": 1}}, "unknown [server] keys: prot"),
     ({"server": {"port": 70000}}, "port must be within"),
     ({"max_running": "many"}, "invalid literal"),
+    ({"speculation": "fast"}, "speculation must be one of off, auto, always"),
 ])
 def test_bad_config_data_is_a_clear_error(data, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
