@@ -15,8 +15,11 @@ round: dgr with speculation off and auto (the same process, the request's
 `--spec-type ngram-mod` and `ngram-simple`. Reported per server: decode
 tokens/s (tokens after each session's first, over the time from the first
 session's first token to the last session's last: what speculation changes,
-prefill left out), dgr's acceptance (from its metrics), and a bitwise column:
-dgr auto's text equal to dgr off's for every session.
+prefill left out; at c > 1 it also counts against dgr the decode steps it runs
+while other prompts still prefill beside them, where llama-server prefills them
+all first), wall tokens/s (every token, from the requests being sent), dgr's
+acceptance (from its metrics), and a bitwise column: dgr auto's text equal to
+dgr off's for every session.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
     """c sessions of `workload` at once: decode tokens/s and each session's text."""
     build = WORKLOADS[workload]
     results = [None] * c
+    started = time.perf_counter()
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as client:
         async def one(i):
             prompt, body = build(offset + i)
@@ -106,7 +110,9 @@ async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
     lasts = [s[-1] for s, _ in results if s]
     tokens = sum(max(0, len(s) - 1) for s, _ in results)
     span = max(lasts) - min(firsts) if firsts else 0.0
+    generated = sum(len(s) for s, _ in results)
     return {"decode_tok_s": tokens / span if span > 0 else 0.0,
+            "wall_tok_s": generated / (max(lasts) - started) if lasts else 0.0,
             "texts": [text for _, text in results]}
 
 
@@ -156,7 +162,7 @@ def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptanc
     if not is_dgr:
         out = trio.run(run_level, srv.url, workload, c, False, None, offset)
         rows.append({"round": r, "workload": workload, "c": c, "server": name,
-                     "decode_tok_s": out["decode_tok_s"]})
+                     "decode_tok_s": out["decode_tok_s"], "wall_tok_s": out["wall_tok_s"]})
         return
     runs = {}
     for mode in ("off", "auto"):
@@ -165,7 +171,8 @@ def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptanc
                               offset)
         after = _spec_counts(srv.url)
         rows.append({"round": r, "workload": workload, "c": c, "server": f"{name} {mode}",
-                     "decode_tok_s": runs[mode]["decode_tok_s"]})
+                     "decode_tok_s": runs[mode]["decode_tok_s"],
+                     "wall_tok_s": runs[mode]["wall_tok_s"]})
         if mode == "auto":
             acceptance[(workload, c, r)] = (after[0] - before[0], after[1] - before[1])
     bitwise.append({"workload": workload, "c": c, "round": r,
@@ -173,11 +180,17 @@ def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptanc
 
 
 def markdown(result: dict) -> list[str]:
+    return (_table(result, "decode_tok_s", "decode") + _table(result, "wall_tok_s", "wall")
+            + [f"\n{f['server']} failed on {f['workload']} at c = {f['c']} (round {f['round']}, "
+               f"exit code {f['exit_code']}): {f['error']}" for f in result.get("failures", [])])
+
+
+def _table(result: dict, key: str, label: str) -> list[str]:
     rows = result["rows"]
     servers = list(dict.fromkeys(row["server"] for row in rows))
     cells = {}
     for row in rows:
-        cells.setdefault((row["workload"], row["c"], row["server"]), []).append(row["decode_tok_s"])
+        cells.setdefault((row["workload"], row["c"], row["server"]), []).append(row[key])
     med = {k: statistics.median(v) for k, v in cells.items()}
     acc = {}
     for a in result["acceptance"]:
@@ -187,7 +200,7 @@ def markdown(result: dict) -> list[str]:
     for b in result["bitwise"]:
         equal[(b["workload"], b["c"])] = equal.get((b["workload"], b["c"]), True) and b["equal"]
     head = " | ".join(f"{s} tok/s" for s in servers)
-    lines = ["", f"| speculation case: workload | c | {head} | auto / off | auto / llama-server "
+    lines = ["", f"| speculation case ({label} tok/s): workload | c | {head} | auto / off | auto / llama-server "
              "| auto / best llama-server n-gram | dgr drafted, accepted | auto = off |",
              "|---|---|" + "---|" * (len(servers) + 6)]
     for workload, c in dict.fromkeys((row["workload"], row["c"]) for row in rows):
@@ -203,7 +216,4 @@ def markdown(result: dict) -> list[str]:
         lines.append(f"| {workload} | {c} | " + " | ".join(f"{v[s]:.1f}" if v[s] else "-" for s in servers)
                      + f" | {ratio(auto, off)} | {ratio(auto, plain)} | {ratio(auto, ngram)} | "
                      f"{int(d)}, {int(n)} | {'yes' if equal.get((workload, c)) else 'NO'} |")
-    for f in result.get("failures", []):
-        lines.append(f"\n{f['server']} failed on {f['workload']} at c = {f['c']} (round "
-                     f"{f['round']}, exit code {f['exit_code']}): {f['error']}")
     return lines

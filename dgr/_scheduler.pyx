@@ -35,7 +35,9 @@ Policy (re-planned every step; sessions join and leave between steps):
    accepted, f, beats the step's tokens per second: f T > b N for a step of N
    expected tokens and predicted time T, b the model's time per decode row
    (a draft row is one more such row). Compute-bound steps (many decoders: T
-   near b N) thus draft nothing. f is the session's record (recent
+   near b N) thus draft nothing (b is at least the decode-only step's time
+   over its rows plus one: until steps with drafts tell a from b, a fit of
+   one-decoder steps may not). f is the session's record (recent
    verifications weighing more, fading while it does not draft) beside its
    source's node-wide one, optimistic before there is any. A session drafts
    at most MAX_DRAFT tokens, no more than its credits and max_tokens leave
@@ -412,15 +414,15 @@ cdef class Scheduler:
         """Give speculating decoders draft rows (module doc, Policy 3), at most
         `room` in all."""
         cdef int i, k
-        cdef double expected, seconds
+        cdef double expected, seconds, decode_only, row_s
         cdef Slot * sl
         self.n_draft_rows = 0
         for i in range(self.n_decode):
             sl = &self.slots[self.decode_slots[i]]
             sl.n_draft = 0
             self.draft_found[i] = 0
-            if sl.speculate == SPECULATE_OFF or (sl.speculate == SPECULATE_AUTO and not (
-                    self.time_known and self.time_b > 0.0)):
+            if sl.speculate == SPECULATE_OFF or (sl.speculate == SPECULATE_AUTO
+                                                 and not self.time_known):
                 continue
             k = min(MAX_DRAFT, min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1))
             if k <= 0:
@@ -440,23 +442,30 @@ cdef class Scheduler:
             if sl.speculate == SPECULATE_ALWAYS:
                 sl.n_draft = max(0, min(self.draft_found[i], room - self.n_draft_rows))
                 self.n_draft_rows += sl.n_draft
-        if not (self.time_known and self.time_b > 0.0):
+        if not self.time_known:
             return
         # auto: a session's drafts go in whole (acceptance comes in runs: a quote is
         # followed to its end or left at once) where the share of them accepted makes
-        # the step's expected tokens per second higher, with the ones before
+        # the step's expected tokens per second higher, with the ones before. A row
+        # costs the model's b, but at least the decode-only step's time shared by one
+        # row more: where every step had the same rows (one decoder, no drafts yet)
+        # the fit cannot tell a from b, and drafting is what tells them apart.
+        decode_only = self.time_a + self.time_b * self.n_decode
+        if decode_only <= 0.0:
+            return
+        row_s = max(self.time_b, decode_only / (self.n_decode + 1))
         expected = self.n_decode
-        seconds = self.time_a + self.time_b * (self.n_decode + self.n_draft_rows)
+        seconds = decode_only + row_s * self.n_draft_rows
         for i in range(self.n_decode):
             sl = &self.slots[self.decode_slots[i]]
             k = min(self.draft_found[i], room - self.n_draft_rows)
             if (sl.speculate != SPECULATE_AUTO or k <= 0
-                    or self.draft_rate[i] * seconds <= self.time_b * expected):
+                    or self.draft_rate[i] * seconds <= row_s * expected):
                 continue
             sl.n_draft = k
             self.n_draft_rows += k
             expected += self.draft_rate[i] * k
-            seconds += self.time_b * k
+            seconds += row_s * k
         # a session's record fades while it does not draft, back to its source's
         # rates: what kept it from drafting is tried again
         for i in range(self.n_decode):

@@ -21,7 +21,7 @@ def test_context_draft_continues_the_longest_latest_match():
     # goes on as the run it found repeats
     assert _drafts.context_draft_for([5, 2, 3, 6, 2, 3]) == []
     assert _drafts.context_draft_for([1, 2, 3, 7, 1, 2, 3], 6) == [7, 1, 2, 3, 7, 1]
-    assert _drafts.context_draft_for(list(range(4)) * 10) == [0, 1, 2, 3] * 2
+    assert _drafts.context_draft_for(list(range(4)) * 10) == [0, 1, 2, 3] * (MAX_DRAFT // 4)
 
 
 def test_node_store_drafts_from_other_sessions_outputs():
@@ -68,14 +68,14 @@ def test_a_verified_draft_yields_tokens_up_to_the_first_the_sampler_did_not_pick
     decoding(sched, 0, prompt, first=3)  # context 1 2 3 4 5 6 1 2 3: drafts 4 5 6 1 2 3 ...
     _, decode, chunks = sched.plan_step()
     draft = sched.planned_draft(0)
-    assert decode == [0] and draft == [4, 5, 6, 1, 2, 3, 4, 5] and chunks == []
+    assert decode == [0] and draft == ([4, 5, 6, 1, 2, 3] * 3)[:MAX_DRAFT] and chunks == []
     # the row fed 3 sampled 4, the row fed 4 sampled 5, the one fed 5 sampled 8 (not 6)
-    events = sched.apply([4, 5, 8] + [-2] * 6)
-    assert events[0] == Decoded(0, drafted=8, accepted=2, source=DraftSource.DRAFT_CONTEXT)
+    events = sched.apply([4, 5, 8] + [-2] * (MAX_DRAFT - 2))
+    assert events[0] == Decoded(0, drafted=MAX_DRAFT, accepted=2, source=DraftSource.DRAFT_CONTEXT)
     assert [e.token for e in events if isinstance(e, Sampled)] == [4, 5, 8]
     # phase, prefilled, generated, credits: three tokens reported
     assert sched.slot_state(0) == (2, len(prompt), 4, 96)
-    assert sched.acceptance()["context"] == (2.0, 8.0)
+    assert sched.acceptance()["context"] == (2.0, float(MAX_DRAFT))
 
 
 def test_drafts_stop_at_an_end_and_never_pass_max_tokens_or_credits():
