@@ -619,6 +619,8 @@ def main(argv=None) -> int:
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
                         help="rounds of the speculation case (each runs every server)")
+    parser.add_argument("--spec-servers", default="dgr,llama-server,llama-server ngram-mod,"
+                        "llama-server ngram-simple", help="servers of the speculation case")
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds of dgr and llama-server at each c (levels and "
                              "serving cases): each round's ratio, their median, min and max")
@@ -725,8 +727,10 @@ def main(argv=None) -> int:
                        "llama-server": ls(),
                        "llama-server ngram-mod": ls("--spec-type", "ngram-mod"),
                        "llama-server ngram-simple": ls("--spec-type", "ngram-simple")}
+            chosen = args.spec_servers.split(",")
             report["speculation"] = speculation_case.run(
-                servers, [int(x) for x in args.spec_levels.split(",")], args.spec_rounds)
+                {name: servers[name] for name in chosen},
+                [int(x) for x in args.spec_levels.split(",")], args.spec_rounds)
             bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
                             "llama_server": saturation(report["llama_server"])}
