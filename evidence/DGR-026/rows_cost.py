@@ -1,3 +1,7 @@
+"""How a step's time grows with its rows: one session's rows at consecutive
+positions (what a decode row and its drafts are), all output rows or only the
+last, on the default model through dgr's engine (the patched libllama), median
+of 15 steps each. Run: python3 evidence/DGR-026/rows_cost.py > rows-cost.txt"""
 import time, numpy as np
 from dgr import _engine
 from dgr.engine import resolve_model_path
@@ -6,7 +10,7 @@ prompt = eng.tokenize("The quick brown fox jumps over the lazy dog. " * 20)
 n = len(prompt)
 eng.step(prompt, list(range(n)), [0]*n, [0]*(n-1)+[1])
 pos = n
-for want_rows in ((1,), (1,1), (1,1,1), (1,)*5, (1,)*9, (0,0,0,0,1), (0,)*8+(1,)):
+for want_rows in ((1,), (1,1), (1,1,1), (1,)*5, (1,)*9, (1,)*13, (1,)*17, (0,0,0,0,1), (0,)*8+(1,)):
     ts = []
     rows = len(want_rows)
     for rep in range(15):
