@@ -89,11 +89,6 @@ cdef class NgramStore:
         free(self.ring)
         free(self.table)
 
-    @property
-    def bytes(self):
-        """What the store holds in memory, whatever it has seen."""
-        return RING_TOKENS * sizeof(int32_t) + TABLE_BUCKETS * sizeof(int64_t)
-
     cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil:
         """Append one session's output, tokens[n_prompt:n], with the NODE_NGRAM prompt
         tokens before it (then a separator), each NODE_NGRAM of them noted as

@@ -17,7 +17,7 @@ from dgr.telemetry import Telemetry
 
 def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cells_used: int,
            telemetry: Telemetry, prefix_cache: bool, devices: list[dict],
-           tool_format: str, step_time: Optional[dict]) -> dict:
+           tool_format: str, step_time: Optional[dict], speculation: str) -> dict:
     b = budgets
     return {
         "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
@@ -58,7 +58,7 @@ def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cell
         },
         # exact speculative decoding (dgr/_drafts.pyx; dgr/_scheduler.pyx, Policy 3)
         "speculation": {
-            "mode": config.speculation if config.kv_unified else "off",
+            "mode": speculation,  # the node's default (off with split KV)
             "max_draft": MAX_DRAFT, "max_step_drafts": MAX_STEP_DRAFTS,
             **telemetry.speculation_totals(),
         },

@@ -220,7 +220,8 @@ class Node:
         return capabilities.report(self._engine.info, self.config, self.budgets,
                                    self._admission.load(), self._loop.batch.cells_used,
                                    self.telemetry, self._admission.placement.cache is not None,
-                                   devices, self.tool_format.name, self._loop.step_time.report())
+                                   devices, self.tool_format.name, self._loop.step_time.report(),
+                                   self._loop.settings.speculation)
 
     async def flush_prefix_cache(self) -> None:
         """Evict every cached prompt prefix (running sessions keep what they use)."""

@@ -5,7 +5,9 @@ fitted as
 
     t = a + b * decode_rows + c * prefill_rows + e * attended / 1024
 
-where `attended` is the KV cells the prefill rows attend (a row at position p
+where decode rows include the draft rows verified beside them (speculation:
+each is one more output row at a context's end), and `attended` is the KV
+cells the prefill rows attend (a row at position p
 attends p + 1 cells; decode rows' attention is in a and b, their contexts
 change slowly). Least squares over the node's recent steps, older steps
 weighing less (FORGET per step: about the last hundred steps count), so the
