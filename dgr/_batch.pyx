@@ -5,7 +5,7 @@ call, KV operations, sampling) only through dgr/_engine.pxd and the step policy
 only through dgr/_scheduler.pxd.
 """
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -31,6 +31,12 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_wait(pthread_cond_t * cond, pthread_mutex_t * mutex)
     int pthread_cond_signal(pthread_cond_t * cond)
     int pthread_cond_broadcast(pthread_cond_t * cond)
+
+
+# KV ops' src beyond slots (see _apply_kv_ops)
+cdef enum:
+    OP_SAVE = -2
+    OP_RESTORE = -3
 
 
 cdef inline double _now() noexcept nogil:
@@ -60,8 +66,11 @@ cdef class BatchLoop:
     what a slot was told to keep (a prefix cache entry).
 
     KV changes the node asks for (a start that reuses cells of another slot's
-    sequence, an eviction) are queued and applied by the loop between steps,
-    in order, since llama.cpp's KV cache may only change on its thread.
+    sequence or restores a saved state, a save, an eviction) are queued and
+    applied by the loop between steps, in order, since llama.cpp's KV cache may
+    only change on its thread. A save's bytes wait in the loop until the node
+    takes them (`take_saved`), within a bound of bytes (`set_save_bound`): a
+    save beyond it is dropped (the tiers are a cache; nothing waits on a save).
     """
 
     cdef Engine engine
@@ -95,8 +104,18 @@ cdef class BatchLoop:
     cdef int * op_slot             # queued KV changes: see _apply_kv_ops
     cdef int * op_src
     cdef int * op_keep
+    cdef const uint8_t ** op_state  # OP_RESTORE: the state's bytes (held alive in `states`)
+    cdef size_t * op_state_len
     cdef int n_ops, ops_cap
     cdef int64_t ops_queued, ops_done
+    cdef dict states                # ticket -> bytes of a queued restore, until applied
+    cdef int64_t * saved_ticket     # saves done that the node has not taken yet
+    cdef uint8_t ** saved_data
+    cdef size_t * saved_len
+    cdef int n_saved
+    cdef size_t saved_bytes, save_bound
+    cdef int64_t saves, saves_dropped, restores, restores_failed
+    cdef double save_s, restore_s
 
     def __cinit__(self):
         self.sync_ready = False
@@ -107,6 +126,11 @@ cdef class BatchLoop:
         self.chosen_lp = self.top_lp = NULL
         self.call_rc = self.pos_max_now = NULL
         self.op_slot = self.op_src = self.op_keep = NULL
+        self.op_state = NULL
+        self.op_state_len = NULL
+        self.saved_ticket = NULL
+        self.saved_data = NULL
+        self.saved_len = NULL
 
     def __init__(self, Engine engine, Scheduler scheduler, int wake_fd, int ring_steps=32):
         engine.check_open()
@@ -138,9 +162,17 @@ cdef class BatchLoop:
         self.op_slot = <int *> calloc(self.ops_cap, sizeof(int))
         self.op_src = <int *> calloc(self.ops_cap, sizeof(int))
         self.op_keep = <int *> calloc(self.ops_cap, sizeof(int))
-        if (self.op_slot == NULL or self.op_src == NULL
-                or self.op_keep == NULL):
+        self.op_state = <const uint8_t **> calloc(self.ops_cap, sizeof(uint8_t *))
+        self.op_state_len = <size_t *> calloc(self.ops_cap, sizeof(size_t))
+        self.saved_ticket = <int64_t *> calloc(self.ops_cap, sizeof(int64_t))
+        self.saved_data = <uint8_t **> calloc(self.ops_cap, sizeof(uint8_t *))
+        self.saved_len = <size_t *> calloc(self.ops_cap, sizeof(size_t))
+        if (self.op_slot == NULL or self.op_src == NULL or self.op_keep == NULL
+                or self.op_state == NULL or self.op_state_len == NULL
+                or self.saved_ticket == NULL or self.saved_data == NULL
+                or self.saved_len == NULL):
             raise MemoryError()
+        self.states = {}
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
                 or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
                 or self.row_next == NULL
@@ -165,23 +197,34 @@ cdef class BatchLoop:
         free(self.sampled); free(self.chosen_lp); free(self.top_ids); free(self.top_lp)
         free(self.call_rc); free(self.pos_max_now)
         free(self.op_slot); free(self.op_src); free(self.op_keep)
+        free(self.op_state); free(self.op_state_len)
+        if self.saved_data != NULL:
+            for i in range(self.n_saved):
+                free(self.saved_data[i])
+        free(self.saved_ticket); free(self.saved_data); free(self.saved_len)
 
     # ------------------------------------------------------------ the node's side (GIL held)
 
     def start(self, int slot, prompt, int max_tokens, params, *, int credits=1,
-              int reuse_from=-1, int n_reused=0, bint keep_kv=False, int speculate=0):
+              int reuse_from=-1, int n_reused=0, bint keep_kv=False, int speculate=0,
+              bytes restore=None):
         """Run a session on a free slot (one whose EV_FINISH the node has seen),
         sampling by SamplingParams `params`.
 
         The slot's sequence first drops what it holds (a cache entry), but for
         the KV of prompt positions [0, n_reused) taken from slot `reuse_from`'s
         sequence (its own when reuse_from == slot): a shared prefix, which the
-        session then does not prefill. With keep_kv, when the session ends (but
+        session then does not prefill. With `restore` (a state from `save` or
+        dgr.kv_tier, of a sequence whose tokens begin with the prompt's first
+        n_reused) the sequence becomes that state, cut to [0, n_reused), instead;
+        if llama.cpp refuses it, the session prefills its whole prompt. With keep_kv, when the session ends (but
         with an error) its sequence keeps its KV: the prompt it prefilled and the
         tokens it fed back (a prefix cache entry); otherwise it is freed. With
         speculate (a Speculation code) its decode rows may carry drafts
         (dgr._scheduler, Policy 3)."""
-        if n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
+        if restore is not None and not (n_reused and len(restore)):
+            raise ValueError("a restored state needs n_reused >= 1 and bytes")
+        if restore is None and n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
         self.engine.sampling.configure(slot, params)
@@ -191,7 +234,10 @@ cdef class BatchLoop:
                                  credits, n_reused, keep_kv,
                                  -1 if params.prompt_logprobs is None else params.prompt_logprobs,
                                  speculate)
-            self._queue_kv_op(slot, reuse_from if n_reused else -1, n_reused)
+            if restore is not None:
+                self._queue_kv_op(slot, OP_RESTORE, n_reused, restore)
+            else:
+                self._queue_kv_op(slot, reuse_from if n_reused else -1, n_reused)
             pthread_cond_signal(&self.wake)
         finally:
             pthread_mutex_unlock(&self.lock)
@@ -207,7 +253,74 @@ cdef class BatchLoop:
         finally:
             pthread_mutex_unlock(&self.lock)
 
-    cdef void _queue_kv_op(self, int slot, int src, int keep) except *:
+    def save(self, int slot):
+        """Save what a free slot's sequence holds (it keeps it); returns the save's
+        ticket, which `take_saved` gives with its bytes once the loop has saved it."""
+        if not 0 <= slot < self.scheduler.n_slots:
+            raise ValueError(f"slot {slot} out of range")
+        pthread_mutex_lock(&self.lock)
+        try:
+            self._queue_kv_op(slot, OP_SAVE, 0)
+            pthread_cond_signal(&self.wake)
+            return self.ops_queued
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    def set_save_bound(self, size_t nbytes):
+        """Bytes of saves the loop may hold for the node; a save beyond them is dropped."""
+        pthread_mutex_lock(&self.lock)
+        self.save_bound = nbytes
+        pthread_mutex_unlock(&self.lock)
+
+    def take_saved(self):
+        """(ops applied, [(ticket, bytes)]): the saves done since the last call (a
+        dropped or failed save has bytes None or is left out: no save with a ticket
+        up to `ops applied` comes later); the states of restores applied are let go."""
+        cdef int n, i
+        cdef int64_t done
+        cdef int64_t * tickets
+        cdef uint8_t ** data
+        cdef size_t * lens
+        pthread_mutex_lock(&self.lock)
+        n, done = self.n_saved, self.ops_done
+        tickets = <int64_t *> malloc(max(n, 1) * sizeof(int64_t))
+        data = <uint8_t **> malloc(max(n, 1) * sizeof(uint8_t *))
+        lens = <size_t *> malloc(max(n, 1) * sizeof(size_t))
+        if tickets != NULL and data != NULL and lens != NULL:
+            memcpy(tickets, self.saved_ticket, n * sizeof(int64_t))
+            memcpy(data, self.saved_data, n * sizeof(uint8_t *))
+            memcpy(lens, self.saved_len, n * sizeof(size_t))
+            self.n_saved = 0
+            self.saved_bytes = 0
+        pthread_mutex_unlock(&self.lock)
+        if tickets == NULL or data == NULL or lens == NULL:
+            free(tickets); free(data); free(lens)
+            raise MemoryError()
+        for ticket in [t for t in self.states if t <= done]:
+            del self.states[ticket]
+        out = []
+        try:
+            for i in range(n):
+                out.append((tickets[i], None if data[i] == NULL
+                            else (<char *> data[i])[:lens[i]]))
+        finally:
+            for i in range(n):
+                free(data[i])
+            free(tickets); free(data); free(lens)
+        return done, out
+
+    @property
+    def tier_figures(self):
+        """Saves and restores done by the loop: counts, seconds and drops."""
+        pthread_mutex_lock(&self.lock)
+        try:
+            return {"saves": self.saves, "saves_dropped": self.saves_dropped,
+                    "save_s": self.save_s, "restores": self.restores,
+                    "restores_failed": self.restores_failed, "restore_s": self.restore_s}
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    cdef void _queue_kv_op(self, int slot, int src, int keep, bytes state=None) except *:
         """Queue a KV change (lock held). A full queue (sessions started and cancelled
         faster than one step) waits for the loop to apply it."""
         while self.n_ops == self.ops_cap and not self.stopping:
@@ -218,8 +331,14 @@ cdef class BatchLoop:
         self.op_slot[self.n_ops] = slot
         self.op_src[self.n_ops] = src
         self.op_keep[self.n_ops] = keep
+        self.op_state[self.n_ops] = NULL
+        self.op_state_len[self.n_ops] = 0
         self.n_ops += 1
         self.ops_queued += 1
+        if state is not None:
+            self.states[self.ops_queued] = state
+            self.op_state[self.n_ops - 1] = <const uint8_t *> (<const char *> state)
+            self.op_state_len[self.n_ops - 1] = len(state)
 
     @property
     def kv_ops_queued(self):
@@ -447,12 +566,20 @@ cdef class BatchLoop:
     cdef int _apply_kv_ops(self) noexcept nogil:
         """The queued KV changes, in order: a slot's sequence keeps positions
         [0, keep) of its own (src == slot), of another slot's (src: copied, which
-        in a unified cache only adds the sequence to those cells) or nothing
-        (src == -1, keep == 0: an eviction)."""
+        in a unified cache only adds the sequence to those cells), of a saved
+        state (OP_RESTORE) or nothing (src == -1, keep == 0: an eviction); or
+        what it holds is saved (OP_SAVE)."""
         cdef int i, s, src, keep, n
+        cdef int64_t first = self.ops_queued - self.n_ops
         for i in range(self.n_ops):
             s, src, keep = self.op_slot[i], self.op_src[i], self.op_keep[i]
-            if src >= 0 and src != s:
+            if src == OP_SAVE:
+                self._save(s, first + i + 1)
+                continue
+            if src == OP_RESTORE:
+                self._restore(s, self.op_state[i], self.op_state_len[i])
+                self.engine.kv_keep(s, keep)
+            elif src >= 0 and src != s:
                 self.engine.kv_copy(src, s, keep)
             else:
                 self.engine.kv_keep(s, keep)
@@ -466,6 +593,44 @@ cdef class BatchLoop:
         if n:
             pthread_cond_broadcast(&self.ops_room)
         return n
+
+    cdef void _save(self, int slot, int64_t ticket) noexcept nogil:
+        """The slot's state into a buffer the node takes (take_saved); dropped (bytes
+        NULL) when it would pass the save bound or llama.cpp cannot save it."""
+        cdef double t0 = _now()
+        cdef size_t size = self.engine.kv_state_size(slot)
+        cdef uint8_t * data = NULL
+        if self.n_saved == self.ops_cap:
+            # the node has not taken the saves before it: this one is dropped (a
+            # ticket take_saved's count has passed without its bytes is forgotten)
+            self.saves_dropped += 1
+            return
+        if size and self.saved_bytes + size <= self.save_bound:
+            data = <uint8_t *> malloc(size)
+        if data != NULL:
+            size = self.engine.kv_save(slot, data, size)
+            if size == 0:
+                free(data)
+                data = NULL
+        if data == NULL:
+            self.saves_dropped += 1
+            size = 0
+        else:
+            self.saves += 1
+            self.saved_bytes += size
+        self.saved_ticket[self.n_saved] = ticket
+        self.saved_data[self.n_saved] = data
+        self.saved_len[self.n_saved] = size
+        self.n_saved += 1
+        self.save_s += _now() - t0
+
+    cdef void _restore(self, int slot, const uint8_t * state, size_t size) noexcept nogil:
+        cdef double t0 = _now()
+        if self.engine.kv_restore(slot, state, size):
+            self.restores += 1
+        else:
+            self.restores_failed += 1
+        self.restore_s += _now() - t0
 
     cdef void _release_finished(self, int n_events) noexcept nogil:
         """Ended slots: their samplers reset, their KV freed but for the positions

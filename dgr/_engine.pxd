@@ -3,7 +3,7 @@
 # The batch loop (dgr/_batch.pyx) reaches the engine only through the cdef
 # methods declared here.
 
-from libc.stdint cimport int8_t, int32_t
+from libc.stdint cimport int8_t, int32_t, uint8_t
 
 from dgr._llama cimport llama_batch, llama_context, llama_memory_t, rpc_connected_fn
 from dgr._sampling cimport Sampling
@@ -51,3 +51,7 @@ cdef class Engine(Vocabulary):
     cdef int kv_pos_max(self, int slot) noexcept nogil
     cdef int kv_cells(self) noexcept nogil
     cdef void end_slot(self, int slot, int keep) noexcept nogil
+    # a slot's KV state as bytes (dgr.kv_tier), out of and into its sequence
+    cdef size_t kv_state_size(self, int slot) noexcept nogil
+    cdef size_t kv_save(self, int slot, uint8_t * dst, size_t size) noexcept nogil
+    cdef bint kv_restore(self, int slot, const uint8_t * src, size_t size) noexcept nogil

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int8_t, int32_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
@@ -603,6 +603,54 @@ cdef class Engine(Vocabulary):
         prefix cache entry) and its sampler chain is reset."""
         llama_memory_seq_rm(self.mem, slot, keep, -1)
         self.sampling.reset(slot)
+
+    cdef size_t kv_state_size(self, int slot) noexcept nogil:
+        """Bytes of the slot's sequence state (its KV cells and their positions)."""
+        return llama_state_seq_get_size(self.ctx, slot)
+
+    cdef size_t kv_save(self, int slot, uint8_t * dst, size_t size) noexcept nogil:
+        """The slot's sequence state into dst (bytes written; 0 on failure). With
+        ordered cells it holds every cell of the sequence, SWA layers included
+        (patch 0010), so it restores the very sequence."""
+        return llama_state_seq_get_data(self.ctx, dst, size, slot)
+
+    cdef bint kv_restore(self, int slot, const uint8_t * src, size_t size) noexcept nogil:
+        """The slot's sequence becomes the saved state `src` (what it held is dropped);
+        False if llama.cpp refused it (the sequence then holds nothing)."""
+        if llama_state_seq_set_data(self.ctx, src, size, slot) == 0:
+            llama_memory_seq_rm(self.mem, slot, -1, -1)
+            return False
+        return True
+
+    def save_slot(self, int slot):
+        """The slot's sequence state as bytes; only while no batch loop steps this
+        engine (at shutdown, in tests)."""
+        self.check_open()
+        self._check_slot(slot)
+        cdef size_t size = self.kv_state_size(slot)
+        cdef bytearray out = bytearray(size)
+        cdef uint8_t * dst = <uint8_t *> (<char *> out)
+        with nogil:
+            size = self.kv_save(slot, dst, size)
+        if size == 0:
+            raise ContextError(f"llama.cpp could not save slot {slot}'s state")
+        return bytes(out[:size])
+
+    def restore_slot(self, int slot, const unsigned char[::1] state):
+        """The slot's sequence becomes `state` (from save_slot); only while no batch
+        loop steps this engine. False if llama.cpp refused it."""
+        self.check_open()
+        self._check_slot(slot)
+        cdef bint ok
+        with nogil:
+            ok = self.kv_restore(slot, &state[0], state.shape[0])
+        return ok
+
+    def slot_positions(self, int slot):
+        """(lowest, highest) KV position the slot's sequence holds ((-1, -1): none)."""
+        self.check_open()
+        self._check_slot(slot)
+        return (llama_memory_seq_pos_min(self.mem, slot), llama_memory_seq_pos_max(self.mem, slot))
 
 
 def decode_error(int rc):

@@ -2,7 +2,7 @@
 # that dgr's Cython modules use. Structs list only the fields dgr touches: Cython takes
 # the real layout from the header.
 
-from libc.stdint cimport int8_t, int32_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t, uint64_t
 
 cdef extern from "ggml.h" nogil:
     enum ggml_log_level:
@@ -148,6 +148,12 @@ cdef extern from "llama.h" nogil:
                              llama_pos p0, llama_pos p1)
     llama_pos llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq_id)
     llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id)
+
+    size_t llama_state_seq_get_size(llama_context * ctx, llama_seq_id seq_id)
+    size_t llama_state_seq_get_data(llama_context * ctx, uint8_t * dst, size_t size,
+                                    llama_seq_id seq_id)
+    size_t llama_state_seq_set_data(llama_context * ctx, const uint8_t * src, size_t size,
+                                    llama_seq_id dest_seq_id)
 
     llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
     void llama_batch_free(llama_batch batch)

@@ -45,17 +45,20 @@ class Budgets:
     max_waiting_tokens: int
     step_tokens: int           # rows per llama_decode (<= n_batch)
     step_outputs: int          # output (logits) rows per step: one per running session
-    memory_bytes: int          # what weights + KV + scratch may take
+    memory_bytes: int          # what weights + KV + scratch + the host KV tier may take
+    cache_ram_bytes: int = 0   # the host KV tier's bound (dgr.kv_tier.HostTier)
 
     def check_memory(self, model_bytes: int, kv_bytes: int, scratch_bytes: int) -> None:
-        """Refuse to start when the model and its buffers do not fit the memory budget."""
-        need = model_bytes + kv_bytes + scratch_bytes
+        """Refuse to start when the model, its buffers and the host KV tier do not
+        fit the memory budget."""
+        need = model_bytes + kv_bytes + scratch_bytes + self.cache_ram_bytes
         if model_bytes > self.memory_bytes:
             raise BudgetError(f"model weights take {model_bytes} bytes, more than the memory "
                               f"budget of {self.memory_bytes} bytes")
         if need > self.memory_bytes:
             raise BudgetError(f"weights ({model_bytes}) + KV ({kv_bytes}) + scratch ({scratch_bytes}) "
-                              f"= {need} bytes exceed the memory budget of {self.memory_bytes} bytes")
+                              f"+ host KV tier ({self.cache_ram_bytes}) = {need} bytes exceed "
+                              f"the memory budget of {self.memory_bytes} bytes")
 
 
 @attrs.frozen

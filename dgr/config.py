@@ -120,6 +120,20 @@ class NodeConfig:
         "--prefix-cache", "Share the KV of a prompt's prefix with sessions whose prompts begin "
         "alike (to the token), and keep finished sessions' prompt and generated tokens in free "
         "slots until their cells are needed (needs --kv-unified).", default=True)
+    cache_ram_bytes: Optional[int] = option(
+        "--cache-ram", "Bytes of host memory for prefixes evicted from the KV pool (their "
+        "llama.cpp sequence state, least recently used out); a session whose prompt begins "
+        "with one has it restored instead of prefilled. 0: off.",
+        "what the memory budget leaves after weights, KV and scratch, at most 8 GiB",
+        default=None)
+    cache_dir: Optional[str] = option(
+        "--cache-dir", "Directory for prefixes pushed out of host memory and, at shutdown, "
+        "those the node holds: a restarted node finds them (files keyed by the model, the "
+        "llama.cpp build and the KV layout). Needs --cache-ram > 0.", "none: no disk tier",
+        default=None)
+    cache_disk_bytes: int = option(
+        "--cache-disk", "Bytes the --cache-dir files may take, least recently used out.",
+        default=8 << 30)
     weight_repack: bool = option(
         "--weight-repack", "Let llama.cpp repack weights for its CPU kernels (faster on some "
         "CPUs, but batched logits then differ from solo ones).", default=False)
@@ -166,6 +180,13 @@ class NodeConfig:
             raise ValueError(f"decode_stall must be 0 or at least 1, got {self.decode_stall}")
         if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):
             raise ValueError("rpc_layers must be >= 0 and needs RPC workers (--rpc)")
+        if self.cache_ram_bytes is not None and self.cache_ram_bytes < 0:
+            raise ValueError("cache_ram_bytes must not be negative")
+        if self.cache_disk_bytes < 0:
+            raise ValueError("cache_disk_bytes must not be negative")
+        if self.cache_dir is not None and self.cache_ram_bytes == 0:
+            raise ValueError("cache_dir needs the host tier (cache_ram_bytes > 0): prefixes "
+                             "reach the disk from host memory and come back through it")
         if self.max_waiting < 0 or self.max_waiting_tokens < 0:
             raise ValueError("max_waiting and max_waiting_tokens must not be negative")
         if self.max_batch_tokens is not None and not 1 <= self.max_batch_tokens <= self.n_batch:
@@ -200,6 +221,10 @@ class ServerConfig:
     port: int = option("--port", "Port.", default=8080)
     api_key: Optional[str] = option("--api-key", "Require 'Authorization: Bearer KEY' on every "
                                     "endpoint but /health.", "none", default=None)
+    cache_transfer: bool = option(
+        "--cache-transfer", "Serve POST /v1/dgr/prefix/export and /v1/dgr/prefix/import: a "
+        "coordinator moves a conversation's KV between nodes (behind --api-key when set).",
+        default=False)
     max_body_bytes: int = option("--max-body-bytes", "Largest request body; larger gets HTTP "
                                  "413.", default=1 << 20)
     grace_s: float = option("--grace", "Seconds running sessions may finish after "

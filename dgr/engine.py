@@ -6,6 +6,7 @@ import queue
 import threading
 from typing import Callable, Optional
 
+import attrs
 import outcome
 import trio
 
@@ -14,6 +15,10 @@ from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
 from dgr.errors import DgrError
+
+# the host KV tier's bound when the config sets none and the memory budget leaves more
+# (llama-server's --cache-ram default)
+DEFAULT_CACHE_RAM = 8 << 30
 
 
 class EngineThread:
@@ -104,9 +109,15 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets]:
         remote = sum(d["layers"] for d in info["devices"][1:]) / (info["n_layer"] + 1)
         # the logits buffer may grow by a scoring chunk's rows and the draft rows
         # beyond what llama.cpp sized at creation
-        budgets.check_memory(int(info["model_bytes"] * (1 - remote)), info["kv_bytes"],
-                             info["compute_bytes"] + info["output_bytes"]
-                             + (SCORE_CHUNK + MAX_STEP_DRAFTS) * info["logits_bytes_per_output"])
+        weights = int(info["model_bytes"] * (1 - remote))
+        scratch = (info["compute_bytes"] + info["output_bytes"]
+                   + (SCORE_CHUNK + MAX_STEP_DRAFTS) * info["logits_bytes_per_output"])
+        cache_ram = config.cache_ram_bytes
+        if cache_ram is None:  # what the budget leaves, up to llama-server's --cache-ram default
+            cache_ram = max(0, min(DEFAULT_CACHE_RAM, budgets.memory_bytes - weights
+                                   - info["kv_bytes"] - scratch))
+        budgets = attrs.evolve(budgets, cache_ram_bytes=cache_ram)
+        budgets.check_memory(weights, info["kv_bytes"], scratch)
     except DgrError:
         engine.close()
         raise

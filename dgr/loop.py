@@ -17,10 +17,14 @@ Credits go to the BatchLoop directly (they need no order with the other
 requests, and a Trio task switch per token is the largest cost Python adds
 to a token).
 
-KV operations (starts, evictions) are sent in the order placement decided
+KV operations (saves, starts, evictions) are sent in the order placement decided
 them, in the same synchronous step as the decision (`_send_ops`): no later
 placement can give away a slot an earlier start copies from before that start
 is queued.
+
+A save's bytes come back through the pump (`_take_saved`) and go into the KV
+tiers (dgr.kv_tiers): placement decides what is saved and restored, the loop
+only carries the bytes.
 
 A slot belongs to the BatchLoop from its start until the pump has seen its
 finish event, whose KV cells are free by then (but for what it keeps for the
@@ -44,7 +48,8 @@ from dgr.admission import Admission
 from dgr.config import SPECULATION_MODES
 from dgr.engine import EngineThread
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
-from dgr.placement import Evict, Start
+from dgr.kv_tier import Prefix
+from dgr.placement import Evict, Save, Start
 from dgr.sequence import FinishReason, Phase, Session
 from dgr.step_time import StepTimeModel
 from dgr.stream import TokenEvent
@@ -102,7 +107,7 @@ class StepLoop:
 
     def __init__(self, batch, wake_fd: int, settings: StepSettings, admission: Admission,
                  telemetry: Telemetry, max_sessions: int, n_slots: int,
-                 workers_connected: Callable[[], dict[str, bool]]):
+                 workers_connected: Callable[[], dict[str, bool]], tiers=None):
         """`batch`: a BatchLoop (or a stand-in with its methods, in tests) that
         writes `wake_fd`, an eventfd this loop owns, when it publishes events."""
         self.settings = settings
@@ -122,7 +127,11 @@ class StepLoop:
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
         self._outboxes: dict[Session, trio.MemorySendChannel] = {}
         self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush)
+        self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
+        self._saving: dict[int, object] = {}  # save ticket -> the tokens saved
+        self._ops_seen = 0  # kv_ops_published when saves were last taken
         self._closing = False
+        self.stopped = False  # the BatchLoop's run has returned: the engine is idle
         self._step_decode: list[int] = []
         self._step_prefill: list[tuple[int, int, int]] = []
         self.departures = trio.lowlevel.ParkingLot()  # woken whenever a session leaves
@@ -133,7 +142,7 @@ class StepLoop:
 
     @classmethod
     def for_engine(cls, engine: _engine.Engine, settings: StepSettings, admission: Admission,
-                   telemetry: Telemetry, max_sessions: int) -> "StepLoop":
+                   telemetry: Telemetry, max_sessions: int, tiers=None) -> "StepLoop":
         """A step loop over a BatchLoop that steps `engine` with these settings."""
         wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         scheduler = _scheduler.Scheduler(engine.n_seq_max, settings.token_budget,
@@ -142,8 +151,10 @@ class StepLoop:
                                          one_call=engine.info["kv_unified"],
                                          decode_stall=settings.decode_stall)
         batch = _batch.BatchLoop(engine, scheduler, wake_fd)
+        if tiers is not None:
+            batch.set_save_bound(tiers.host.max_bytes)
         return cls(batch, wake_fd, settings, admission, telemetry, max_sessions,
-                   engine.n_seq_max, engine.workers_connected)
+                   engine.n_seq_max, engine.workers_connected, tiers)
 
     # ------------------------------------------------------------ requests (any Trio task)
 
@@ -175,11 +186,24 @@ class StepLoop:
                 self._telemetry.record_finish(session.finish_reason)
         self.batch.stop()
 
-    async def flush_cache(self) -> None:
-        """Evict every cached prefix (running sessions keep what they share); returns
-        once the BatchLoop has published the KV without them."""
-        self._placement.flush()
+    async def flush_cache(self, save: bool = False) -> None:
+        """Evict every cached prefix (running sessions keep what they share; with
+        `save` the entries go to the host tier); returns once the BatchLoop has
+        published the KV without them."""
+        self._placement.flush(save)
         self._send_ops()
+        await self._ops_applied()
+
+    async def save_to_host(self, slot: int) -> None:
+        """Save a cached slot's entry into the host tier (it stays in the pool);
+        returns once the BatchLoop has saved it and the tier has it."""
+        self._placement.save(slot)
+        self._send_ops()
+        await self._ops_applied()
+        self._take_saved()
+
+    async def _ops_applied(self) -> None:
+        """Until every KV operation sent so far is applied and published."""
         fed = trio.Event()
         await self._requests.send(Mark(fed))
         await fed.wait()
@@ -193,6 +217,18 @@ class StepLoop:
             self._requests.send_nowait(op)
             if isinstance(op, Evict):
                 self._telemetry.prefix_evictions.inc()
+
+    def _take_saved(self) -> None:
+        """The saves the BatchLoop has made since last asked, into the tiers."""
+        done, saved = self.batch.take_saved()
+        self._ops_seen = done
+        self._tiers.loop_figures(self.batch.tier_figures)
+        for ticket, state in saved:
+            tokens = self._saving.pop(ticket, None)
+            if tokens is not None and state is not None:
+                self._tiers.saved(Prefix(tokens, state))
+        for ticket in [t for t in self._saving if t <= done]:
+            del self._saving[ticket]  # dropped by the loop (its save bound)
 
     def _check_published(self) -> None:
         done = self.batch.kv_ops_published
@@ -209,6 +245,7 @@ class StepLoop:
                 nursery.start_soon(self._feed)
                 nursery.start_soon(self._pump)
                 await engine_thread.run(self.batch.run)
+                self.stopped = True
                 nursery.cancel_scope.cancel()
         finally:
             os.close(self._wake_fd)
@@ -226,6 +263,8 @@ class StepLoop:
     def _feed_one(self, request) -> None:
         if type(request) is Evict:
             self.batch.evict(request.slot)
+        elif type(request) is Save:
+            self._saving[self.batch.save(request.slot)] = request.tokens
         elif type(request) is Mark:
             request.fed.set()
         elif type(request) is Start:
@@ -249,9 +288,12 @@ class StepLoop:
                          n_reused=session.n_reused,
                          keep_kv=self._placement.cache is not None,
                          speculate=SPECULATION_MODES[session.params.speculation
-                                                     or self.settings.speculation])
+                                                     or self.settings.speculation],
+                         restore=None if session.restore is None else session.restore.state)
         self._placement.started(session)
-        if session.n_reused:
+        if session.restore is not None:
+            self._tiers.restored(session.n_reused)
+        elif session.n_reused:
             self._telemetry.prefix_hits.inc()
             self._telemetry.prefix_tokens_reused.inc(session.n_reused)
 
@@ -268,6 +310,8 @@ class StepLoop:
                 handlers[type(event)](event, now)
             if self._published:
                 self._check_published()
+            if self._tiers is not None and self.batch.kv_ops_published != self._ops_seen:
+                self._take_saved()
 
     # ------------------------------------------------------------ events
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import itertools
 import random
 import time
 from typing import AsyncIterator, Optional, Sequence, Union
 
 import attrs
+import numpy as np
 import trio
 
 from dgr import _engine, capabilities, tool_formats
@@ -31,6 +33,9 @@ from dgr.config import NodeConfig, SamplingParams
 from dgr.detok import IncrementalDetokenizer
 from dgr.engine import EngineThread, load_engine
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
+from dgr.kv_tier import (MIN_RESTORE_TOKENS, BlobError, DiskTier, HostTier, Prefix, kv_layout,
+                         llama_libraries, node_key)
+from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
@@ -40,6 +45,7 @@ from dgr.stops import StopMatcher
 from dgr.stream import Chunk, GenerationResult, SessionStream
 from dgr.telemetry import Telemetry
 
+log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
 # llama.cpp built-in chat templates for model families whose GGUFs may lack one.
 _FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
@@ -57,7 +63,14 @@ class Node:
         self._nursery = nursery
         cache = (PrefixCache(min_follow=config.prefill_chunk)
                  if config.prefix_cache and config.kv_unified else None)
-        self._admission = Admission(budgets, Placement(budgets.kv_cells_total, cache))
+        # the KV tiers beyond the pool (dgr.kv_tiers): prefix cache entries leaving it
+        self.tiers = (Tiers(HostTier(budgets.cache_ram_bytes), self.telemetry,
+                            min_restore=MIN_RESTORE_TOKENS)
+                      if cache is not None and budgets.cache_ram_bytes and not config.rpc_workers
+                      else None)
+        self._admission = Admission(budgets, Placement(
+            budgets.kv_cells_total, cache, self.tiers.host if self.tiers else None,
+            MIN_RESTORE_TOKENS))
         settings = StepSettings(token_budget=budgets.step_tokens,
                                 prefill_chunk=config.prefill_chunk,
                                 decode_stall=config.decode_stall,
@@ -65,7 +78,8 @@ class Node:
                                 reply_buffer=config.reply_buffer,
                                 speculation=config.speculation if config.kv_unified else "off")
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
-                                         config.max_running + config.max_waiting)
+                                         config.max_running + config.max_waiting, self.tiers)
+        self._key_lock = trio.Lock()
         self._ids = itertools.count(1)
         self._closing = False
         self._streaming = 0  # session tasks still handing chunks to their readers
@@ -223,9 +237,62 @@ class Node:
                                    devices, self.tool_format.name, self._loop.step_time.report(),
                                    self._loop.settings.speculation)
 
-    async def flush_prefix_cache(self) -> None:
-        """Evict every cached prompt prefix (running sessions keep what they use)."""
-        await self._loop.flush_cache()
+    async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
+        """Empty the named tiers of stored prefixes: "pool" evicts every cached
+        prompt prefix (running sessions keep what they use; into the host tier
+        when "host" is not flushed too), "host" and "disk" empty those tiers."""
+        unknown = set(tiers) - {"pool", "host", "disk"}
+        if unknown:
+            raise InvalidRequest(f"unknown tier(s) {sorted(unknown)}: pool, host, disk")
+        if "pool" in tiers:
+            await self._loop.flush_cache(save="host" not in tiers)
+        if self.tiers is not None:
+            disk = self.tiers.disk
+            if "disk" in tiers and disk is not None:
+                await trio.to_thread.run_sync(disk.clear)
+            self.tiers.clear(host="host" in tiers, disk=False)
+
+    async def _kv_key(self) -> str:
+        """The node key of prefix blobs and files (dgr.kv_tier.node_key), computed
+        once, off the Trio loop (it reads the model file)."""
+        if self.tiers is None:
+            raise InvalidRequest("this node keeps no KV tier (cache_ram_bytes 0, no prefix "
+                                 "cache or RPC workers): prefixes cannot be exported or "
+                                 "imported")
+        async with self._key_lock:
+            if self.tiers.key is None:
+                self.tiers.key = await trio.to_thread.run_sync(
+                    node_key, self._engine.model_path, llama_libraries(),
+                    _engine.system_info(), kv_layout(self._engine.info))
+        return self.tiers.key
+
+    async def export_prefix(self, token_ids: Sequence[int]) -> Optional[bytes]:
+        """A blob (dgr.kv_tier's format) of the longest prefix of `token_ids` this
+        node holds, in its pool's cache, host memory or on disk, whose tokens all
+        begin `token_ids` (so it carries nothing of another conversation); None
+        if it holds none. Another node with the same key imports it."""
+        key = await self._kv_key()
+        tokens = np.asarray(self._checked_ids(token_ids), dtype=np.int32)
+        stored, name, n_stored = self.tiers.held_prefix(tokens)
+        slot, n_pool = self._admission.placement.cached_within(tokens)
+        if slot is not None and n_pool > n_stored:
+            # the pool holds more: saved into the host tier (as an eviction would) first
+            await self._loop.save_to_host(slot)
+            stored, name, n_stored = self.tiers.held_prefix(tokens)
+        if stored is None and name is not None:
+            stored = await trio.to_thread.run_sync(self.tiers.disk.read, name)
+        return None if stored is None else self.tiers.blob_of(stored)
+
+    async def import_prefix(self, blob: bytes) -> int:
+        """A prefix blob (from export_prefix, here or on another node with the same
+        key) into the host tier, to be used as any stored prefix; returns its token
+        count. InvalidRequest if it is not one this node may restore (checksum,
+        key, format, size)."""
+        await self._kv_key()
+        try:
+            return len(self.tiers.import_blob(blob).tokens)
+        except BlobError as e:
+            raise InvalidRequest(f"prefix refused: {e}") from None
 
     async def kv_cells_in_use(self) -> int:
         """KV cells holding tokens after the batch loop's last published step
@@ -302,6 +369,11 @@ class Node:
         from a slot has its start queued before any later placement can give
         that slot to another session."""
         await trio.lowlevel.checkpoint_if_cancelled()  # a caller gone already costs no work
+        if self.tiers is not None and self.tiers.disk is not None:
+            for session in sessions:
+                if session.leader is None:
+                    _, n_pool = self._admission.placement.cache.match(session.prompt_array)
+                    await self.tiers.prefetch(session.prompt_array, n_pool)
         channels = []
         for session in sessions:
             # One place more than the reader's credits: the finish event always fits.
@@ -377,6 +449,20 @@ class Node:
             self._streaming -= 1
             self._loop.departures.unpark_all()
 
+    def _persist(self) -> None:
+        """Once the batch loop has stopped: host memory's prefixes and the pool's
+        cached ones into the disk tier, so a restarted node finds them (blocking)."""
+        cache = self._admission.placement.cache
+        pool = []
+        for slot in cache.cached_slots:
+            tokens = cache.tokens(slot)
+            if len(tokens) >= MIN_RESTORE_TOKENS:
+                try:
+                    pool.append(Prefix(tokens.copy(), self._engine.save_slot(slot)))
+                except Exception:  # a shutdown goes on: this entry is not kept
+                    log.exception("saving slot %d at shutdown failed", slot)
+        self.tiers.persist(pool)
+
     def _shutdown(self) -> None:
         """End every session as cancelled and stop the batch loop at once."""
         self._closing = True
@@ -393,17 +479,27 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
     batch loop (a step in flight is aborted through llama.cpp's abort
     callback), joins the engine thread and frees the model."""
     engine_thread = EngineThread()
+    node = None
     try:
         engine, budgets = await engine_thread.run(load_engine, config)
         try:
             async with trio.open_nursery() as nursery:
                 node = Node(config, engine, budgets, nursery)
+                if node.tiers is not None and config.cache_dir is not None:
+                    key = await node._kv_key()
+                    node.tiers.disk = await trio.to_thread.run_sync(
+                        DiskTier, config.cache_dir, config.cache_disk_bytes, key)
+                    nursery.start_soon(node.tiers.run)
                 nursery.start_soon(node._loop.run, engine_thread)
                 try:
                     yield node
                 finally:
                     node._shutdown()
         finally:
+            # the batch loop has returned (it ran in the nursery): the engine is idle
+            if node is not None and node.tiers is not None and node.tiers.disk is not None \
+                    and node._loop.stopped:
+                node._persist()
             engine.close()
     finally:
         engine_thread.join()

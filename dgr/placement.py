@@ -7,9 +7,12 @@ asks `place` *where*. Every KV change placement decides becomes an operation
 in one ordered outbox, which the step loop sends to the batch loop in that
 order, synchronously (no checkpoint between deciding and sending):
 
+- `Save(slot, tokens)`: copy a free slot's KV state out (into the host tier,
+  dgr.kv_tier) before it is evicted or cut;
 - `Evict(slot)`: empty a free slot's sequence (a cache entry leaves);
 - `Start(session)`: run a session on its slot, first taking the prefix
-  placement gave it (its own slot's, or a copy of another slot's).
+  placement gave it (its own slot's, a copy of another slot's, or a stored
+  one restored from the host tier).
 
 The order is the safety rule: an eviction a session's placement made goes
 just before that session's start (it may take the evicted slot) and after the
@@ -20,6 +23,12 @@ prefilling it (another sample of the same prompt, or a burst behind one system
 prompt) follows it: its slot and KV are reserved, and its start is held until
 the leader has prefilled that much (`prefilled`), or has ended.
 
+With a host tier, a cache entry that leaves the pool (evicted, or cut by a
+session that takes its slot) is saved first, when it is long enough to be
+worth restoring and the tier does not hold it already; a session whose prompt
+shares more with a stored prefix than with the pool (by `min_restore` tokens)
+restores it.
+
 No I/O and no llama.cpp here.
 """
 
@@ -27,8 +36,16 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence, Union
 
-from dgr.prefix_cache import PrefixCache, shareable
+from dgr.kv_tier import HostTier
+from dgr.prefix_cache import PrefixCache, common_prefix, shareable, tokens_array
 from dgr.sequence import Phase, Session
+
+
+class Save(NamedTuple):
+    """Copy free slot `slot`'s KV state (it holds `tokens`) out to the host tier."""
+
+    slot: int
+    tokens: object  # np.ndarray
 
 
 class Evict(NamedTuple):
@@ -43,16 +60,20 @@ class Start(NamedTuple):
     session: Session
 
 
-Op = Union[Evict, Start]
+Op = Union[Save, Evict, Start]
 
 
 class Placement:
     """Slots, shared prefixes and the order of KV operations (module doc).
     Without a cache (`cache` None) a session takes any free slot and nothing
-    is shared."""
+    is shared. With a host tier (`tier`), prefixes of at least `min_restore`
+    tokens leaving the pool are saved there, and restored from there."""
 
-    def __init__(self, kv_cells_total: int, cache: Optional[PrefixCache] = None):
+    def __init__(self, kv_cells_total: int, cache: Optional[PrefixCache] = None,
+                 tier: Optional[HostTier] = None, min_restore: int = 1):
         self.cache = cache
+        self.tier = tier if cache is not None else None
+        self.min_restore = min_restore
         self._kv_cells_total = kv_cells_total
         self._outbox: list[Op] = []
         self._held: dict[int, list[Session]] = {}  # leader id -> followers waiting for it
@@ -82,9 +103,14 @@ class Placement:
         else:
             holder, n_reused = cache.match(session.prompt_array)
             self._follow(session, n_reused, running)
+        restore = None
         if session.leader is not None:
             # it shares when it starts, from its leader or what holds the prefix then
             holder, n_reused = None, 0
+        elif self.tier is not None and session.params.prompt_logprobs is None:
+            stored, n_stored = self.tier.match(session.prompt_array)
+            if n_stored >= n_reused + self.min_restore:
+                holder, n_reused, restore = None, n_stored, stored
         empty = [s for s in free_slots if not cache.cells(s)]
         if holder in free_slots and (cache.cells(holder) <= n_reused or not empty):
             slot = holder  # the session goes on from its prefix in place
@@ -92,6 +118,8 @@ class Placement:
             # a free slot holding nothing (a cache entry it only partly shares survives),
             # else the least recently used cache entry
             slot = empty[-1] if empty else cache.cached_slots[0]
+        if cache.cells(slot) > n_reused:
+            self._save(slot)  # the entry it takes is cut (or replaced)
         cache.assign(slot, session.prompt[:n_reused])
         while reserved_cells + cache.cached_cells > self._kv_cells_total:
             # the entry copied from goes last
@@ -100,7 +128,8 @@ class Placement:
             if victim == holder:
                 holder, n_reused = None, 0
                 cache.assign(slot, [])
-        session.start(slot, holder if n_reused else None, n_reused)
+        session.start(slot, holder if n_reused else None, n_reused,
+                      restore if n_reused else None)
         self._outbox.append(Start(session))
         return slot
 
@@ -132,15 +161,44 @@ class Placement:
         if self.cache is not None and session.slot is not None:
             self.cache.keep(session.slot)
 
-    def flush(self) -> None:
-        """Evict every cached prefix (running sessions keep what they share)."""
+    def flush(self, save: bool = False) -> None:
+        """Evict every cached prefix (running sessions keep what they share); with
+        `save`, into the host tier as any eviction."""
         if self.cache is not None:
             for slot in self.cache.cached_slots:
-                self._evict(slot)
+                self._evict(slot, save)
 
-    def _evict(self, slot: int) -> None:
+    def cached_within(self, tokens) -> tuple[Optional[int], int]:
+        """(slot, n): the cached (free) slot holding the most tokens, all of which
+        begin `tokens`; (None, 0) without one."""
+        best, best_n = None, 0
+        if self.cache is not None:
+            tokens = tokens_array(tokens)
+            for slot in self.cache.cached_slots:
+                held = self.cache.tokens(slot)
+                n = len(held)
+                if best_n < n <= len(tokens) and common_prefix(tokens, held) == n:
+                    best, best_n = slot, n
+        return best, best_n
+
+    def save(self, slot: int) -> None:
+        """Save a cached slot's entry into the host tier (it stays in the pool)."""
+        if self.cache is not None and slot in self.cache.cached_slots:
+            self._save(slot)
+
+    def _evict(self, slot: int, save: bool = True) -> None:
+        if save:
+            self._save(slot)
         self.cache.drop(slot)
         self._outbox.append(Evict(slot))
+
+    def _save(self, slot: int) -> None:
+        """Save the free slot's entry to the host tier before it leaves (if worth it)."""
+        if self.tier is None:
+            return
+        tokens = tokens_array(self.cache.tokens(slot))
+        if len(tokens) >= self.min_restore and not self.tier.covers(tokens):
+            self._outbox.append(Save(slot, tokens))
 
     # ------------------------------------------------------------ the step loop's calls
 
@@ -187,7 +245,7 @@ class Placement:
         the batch loop (cancelled first) leaves its slot empty: the cache must not
         count on the prefix. Its followers start without it."""
         if (self.cache is not None and session.phase is Phase.PREFILL and not reached_loop):
-            self._evict(session.slot)
+            self._evict(session.slot, save=False)
         if session.id in self._held:
             self._release_followers(session, ended=True)
 

@@ -90,6 +90,11 @@ class PrefixCache:
         """The slot's start is queued to the BatchLoop: what it holds may be shared."""
         self._pending.discard(slot)
 
+    def tokens(self, slot: int) -> np.ndarray:
+        """The tokens the slot's sequence holds the KV of."""
+        held = self._held.get(slot)
+        return held if held is not None else tokens_array([])
+
     def cells(self, slot: int) -> int:
         held = self._held.get(slot)
         return 0 if held is None else len(held)

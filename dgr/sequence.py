@@ -13,13 +13,16 @@ changes only through the methods below.
 from __future__ import annotations
 
 import enum
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import attrs
 import numpy as np
 
 from dgr._codes import FinishCode
 from dgr.config import SamplingParams
+
+if TYPE_CHECKING:
+    from dgr.kv_tier import Prefix
 
 
 class FinishReason(str, enum.Enum):
@@ -69,6 +72,7 @@ class Session:
     slot: Optional[int] = None
     reuse_from: Optional[int] = None  # the slot whose sequence holds its first n_reused positions
     n_reused: int = 0
+    restore: Optional[Prefix] = None  # a stored prefix (dgr.kv_tier) its first n_reused come from
     leader: Optional["Session"] = None  # a running session prefilling the prefix this one
     # shares (a sample of the same prompt, or a prompt arriving while it is computed)
     share_len: int = 0  # prompt positions to take from the leader once it has them
@@ -101,11 +105,14 @@ class Session:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def start(self, slot: int, reuse_from: Optional[int] = None, n_reused: int = 0) -> None:
+    def start(self, slot: int, reuse_from: Optional[int] = None, n_reused: int = 0,
+              restore: Optional[Prefix] = None) -> None:
         """Admission gave the session a slot, and maybe a shared prefix of n_reused
-        prompt positions whose KV slot `reuse_from`'s sequence holds."""
+        prompt positions whose KV slot `reuse_from`'s sequence holds, or a stored
+        prefix to restore."""
         self.slot = slot
         self.reuse_from = reuse_from
+        self.restore = restore
         self.n_reused = self.n_prefilled = n_reused
         self.phase = Phase.PREFILL
 

@@ -59,6 +59,29 @@ class Telemetry:
                                             "prefilled because their KV was shared.", registry=r)
         self.prefix_evictions = Counter("dgr_prefix_evictions", "Cached prefixes evicted to make "
                                         "room for a starting session.", registry=r)
+        tier = ["tier"]
+        self.tier_bytes = Gauge("dgr_kv_tier_bytes", "Bytes of stored prefixes per KV tier "
+                                "(host, disk).", tier, registry=r)
+        self.tier_entries = Gauge("dgr_kv_tier_entries", "Stored prefixes per KV tier.", tier,
+                                  registry=r)
+        self.tier_hits = Counter("dgr_kv_tier_hits", "Sessions that started from a prefix of a "
+                                 "KV tier (host: restored; disk: read into host memory).", tier,
+                                 registry=r)
+        self.tier_tokens_restored = Counter("dgr_kv_tier_tokens_restored", "Prompt tokens not "
+                                            "prefilled because their KV was restored.", registry=r)
+        self.tier_writes = Counter("dgr_kv_tier_writes", "Prefixes stored per KV tier.", tier,
+                                   registry=r)
+        self.tier_evictions = Counter("dgr_kv_tier_evictions", "Prefixes removed for room per "
+                                      "KV tier.", tier, registry=r)
+        self.tier_dropped = Counter("dgr_kv_tier_dropped", "Prefixes not stored: a save over "
+                                    "the loop's bound, a disk write queue full, a bad file.",
+                                    tier, registry=r)
+        self.tier_restores = Counter("dgr_kv_tier_restores", "Stored prefixes restored into a "
+                                     "slot by the batch loop.", registry=r)
+        self.tier_restore_seconds = Counter("dgr_kv_tier_restore_seconds", "Time the batch loop "
+                                            "spent restoring prefixes.", registry=r)
+        self.tier_save_seconds = Counter("dgr_kv_tier_save_seconds", "Time the batch loop spent "
+                                         "saving prefixes out of the pool.", registry=r)
         self.kv_cells_cached = Gauge("dgr_kv_cells_cached", "KV cells of token prefixes kept "
                                      "by free slots (evictable).", registry=r)
         self.decode_tokens = Counter("dgr_decode_tokens", "Decode rows: generated tokens fed back.",

@@ -33,7 +33,7 @@ class FakeBatch:
         self._stopped = threading.Event()
 
     def start(self, slot, prompt, max_tokens, params, *, credits, reuse_from, n_reused, keep_kv,
-              speculate):
+              speculate, restore):
         self.calls.append(("start", slot, reuse_from, n_reused))
         self.kv_ops_queued += 1
 

@@ -1,0 +1,141 @@
+// Native test of patch 0010: with LLAMA_KV_CACHE_ORDERED=1 and a full-size SWA cache, a
+// sequence's saved state (llama_state_seq_get_data) holds all its cells, SWA layers
+// included, so the sequence it restores is the one saved.
+//
+//   test-kv-state MODEL.gguf
+//
+// Sequence 0 decodes 600 tokens (more than the default model's SWA window of 512). Its
+// state is restored into sequence 1, which must hold positions 0..599; then sequence 2
+// takes the first 40 positions of sequence 1 (llama_memory_seq_cp) and decodes 20 more
+// tokens, whose logits must be bitwise those of a fresh context decoding the same 40 +
+// 20 tokens. Without the patch the saved SWA part holds only the window's last cells:
+// sequence 1 starts at position 88 and sequence 2's copy has no SWA cells at all.
+
+#include "llama.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+static std::vector<llama_token> tokens(const llama_vocab * vocab, int n, int salt) {
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    std::vector<llama_token> out(n);
+    for (int i = 0; i < n; i++) {
+        out[i] = 1000 + (i * 37 + salt * 101) % (n_vocab / 2);
+    }
+    return out;
+}
+
+// decode toks[from, to) for `seq` at their positions; every row's logits when all_logits
+static bool decode(llama_context * ctx, llama_seq_id seq, const std::vector<llama_token> & toks,
+                   int from, int to, int pos0, bool all_logits) {
+    const int n = to - from;
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        batch.token[i] = toks[from + i];
+        batch.pos[i] = pos0 + i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = seq;
+        batch.logits[i] = all_logits || i + 1 == n;
+    }
+    batch.n_tokens = n;
+    const int rc = llama_decode(ctx, batch);
+    llama_batch_free(batch);
+    if (rc != 0) {
+        printf("FAIL: llama_decode returned %d\n", rc);
+    }
+    return rc == 0;
+}
+
+static llama_context * unified_context(llama_model * model) {
+    llama_context_params params = llama_context_default_params();
+    params.n_ctx = 2048;
+    params.n_batch = 512;
+    params.n_ubatch = 512;
+    params.n_seq_max = 4;
+    params.kv_unified = true;
+    params.swa_full = true;
+    params.n_threads = 2;
+    params.n_threads_batch = 2;
+    return llama_init_from_model(model, params);
+}
+
+static void log_errors(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
+        return 2;
+    }
+    setenv("LLAMA_KV_CACHE_ORDERED", "1", 1);  // read when a context is created
+    llama_log_set(log_errors, nullptr);
+    llama_backend_init();
+    llama_model_params mparams = llama_model_default_params();
+    mparams.use_extra_bufts = false;
+    llama_model * model = llama_model_load_from_file(argv[1], mparams);
+    if (model == nullptr) {
+        fprintf(stderr, "cannot load %s\n", argv[1]);
+        return 2;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    const int n_long = 600, n_prefix = 40, n_more = 20;
+    const auto history = tokens(vocab, n_long, 1);
+    const auto more = tokens(vocab, n_more, 2);
+    int failures = 0;
+
+    llama_context * fresh = unified_context(model);
+    bool ok = decode(fresh, 0, history, 0, n_prefix, 0, false)
+              && decode(fresh, 0, more, 0, n_more, n_prefix, true);
+    std::vector<float> expected;
+    if (ok) {
+        expected.assign(llama_get_logits(fresh), llama_get_logits(fresh) + (size_t) n_more * n_vocab);
+    }
+
+    llama_context * ctx = unified_context(model);
+    llama_memory_t mem = llama_get_memory(ctx);
+    ok = ok && decode(ctx, 0, history, 0, 512, 0, false)
+            && decode(ctx, 0, history, 512, n_long, 512, false);
+    if (ok) {
+        std::vector<uint8_t> state(llama_state_seq_get_size(ctx, 0));
+        const size_t written = llama_state_seq_get_data(ctx, state.data(), state.size(), 0);
+        if (written == 0 || llama_state_seq_set_data(ctx, state.data(), written, 1) == 0) {
+            printf("FAIL: the sequence's state did not save and restore\n");
+            ok = false;
+        }
+    }
+    if (ok) {
+        const llama_pos lo = llama_memory_seq_pos_min(mem, 1), hi = llama_memory_seq_pos_max(mem, 1);
+        if (lo != 0 || hi != n_long - 1) {
+            printf("FAIL: the restored sequence holds positions %d..%d, not 0..%d\n", lo, hi, n_long - 1);
+            failures++;
+        }
+        llama_memory_seq_rm(mem, 0, -1, -1);
+        llama_memory_seq_cp(mem, 1, 2, 0, n_prefix);
+        ok = decode(ctx, 2, more, 0, n_more, n_prefix, true);
+    }
+    if (ok) {
+        const float * got = llama_get_logits(ctx);
+        int differ = 0;
+        for (int row = 0; row < n_more; row++) {
+            differ += memcmp(got + (size_t) row * n_vocab, expected.data() + (size_t) row * n_vocab,
+                             sizeof(float) * n_vocab) != 0;
+        }
+        if (differ) {
+            printf("FAIL: %d of %d rows after a prefix of the restored sequence differ from a "
+                   "fresh context's\n", differ, n_more);
+            failures++;
+        }
+    }
+    failures += ok ? 0 : 1;
+    llama_free(fresh);
+    llama_free(ctx);
+    llama_model_free(model);
+    printf("kv state: %d failure(s)\n", failures);
+    return failures ? 1 : 0;
+}
