@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import serving, shared_prefix  # noqa: E402
+from benchmarks import kv_tier as kv_tier_case  # noqa: E402
 from benchmarks import speculation as speculation_case  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
@@ -458,6 +459,8 @@ def markdown(report) -> str:
         lines.extend(grammar_case.markdown(report["grammar"]))
     if report.get("speculation"):
         lines.extend(speculation_case.markdown(report["speculation"]))
+    if report.get("kv_tier"):
+        lines.extend(kv_tier_case.markdown(report["kv_tier"]))
     return "\n".join(lines) + "\n"
 
 
@@ -608,7 +611,16 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
-    parser.add_argument("--cases", default="levels,serving,mixed,prefix,grammar,speculation",
+    parser.add_argument("--kv-conversations", type=int, default=48,
+                        help="conversations of the kv_tier case (more than the pool holds)")
+    parser.add_argument("--kv-words", type=int, default=900,
+                        help="words of each kv_tier conversation's document (~2,000 tokens)")
+    parser.add_argument("--kv-turns", type=int, default=4, help="turns of each conversation")
+    parser.add_argument("--kv-restore-sizes", default="256,1000,4000,16000",
+                        help="prefix sizes of the restore vs recompute measurement")
+    parser.add_argument("--kv-servers", default="dgr no tier,dgr host,dgr disk restart,"
+                        "llama-server", help="servers of the kv_tier case")
+    parser.add_argument("--cases", default="levels,serving,mixed,prefix,grammar,speculation,kv_tier",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
                              "corruption check), serving (the serving path: the tiny model, "
                              "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
@@ -660,7 +672,8 @@ def main(argv=None) -> int:
     steps = (args.rounds * 2 * len(levels) + len(levels) + (2 if levels else 0) + len(checked)
              + (1 if "serving" in cases else 0)
              + (1 + len(mixed_stalls) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
-             + (1 if "grammar" in cases else 0) + (1 if "speculation" in cases else 0))
+             + (1 if "grammar" in cases else 0) + (1 if "speculation" in cases else 0)
+             + (1 if "kv_tier" in cases else 0))
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
             run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar)
@@ -732,6 +745,9 @@ def main(argv=None) -> int:
                 {name: servers[name] for name in chosen},
                 [int(x) for x in args.spec_levels.split(",")], args.spec_rounds)
             bar.update()
+        if "kv_tier" in cases:
+            report["kv_tier"] = run_kv_tier(peers, model, args)
+            bar.update()
     report["saturation"] = {"dgr": saturation(report["dgr"]),
                             "llama_server": saturation(report["llama_server"])}
     out = Path(args.out)
@@ -744,6 +760,37 @@ def main(argv=None) -> int:
     print(table)
     print(f"wrote results to {out}")
     return 0
+
+
+def run_kv_tier(peers, model, args) -> dict:
+    """The kv_tier case (benchmarks/kv_tier.py): 16 slots and a 32,768-cell pool for
+    dgr, llama-server with -np 16 and 4,096 cells a slot and its --cache-ram default."""
+    import tempfile
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache_dir = tempfile.mkdtemp(prefix="dgr-kv-bench-")
+
+    def dgr(*extra):
+        return lambda log: dgr_server(model, 16, 2048, args.threads, free_port(), list(extra),
+                                      log=out / f"kv-{log.replace(' ', '-')}.log")
+
+    servers = {"dgr no tier": (dgr("--cache-ram", "0"), True, False),
+               "dgr host": (dgr(), True, False),
+               "dgr disk restart": (dgr("--cache-dir", cache_dir), True, True),
+               "llama-server": (lambda log: llama_server(
+                   peers["llama-server"], model, 16, 4096, args.threads, free_port(),
+                   log=out / f"kv-{log.replace(' ', '-')}.log"), False, False)}
+    chosen = {name: servers[name] for name in args.kv_servers.split(",")}
+    report = {"conversations": args.kv_conversations, "words": args.kv_words,
+              "turns": args.kv_turns,
+              "rotate": kv_tier_case.run_rotate(chosen, args.kv_conversations, args.kv_words,
+                                                args.kv_turns, 16)}
+    sizes = [int(x) for x in args.kv_restore_sizes.split(",") if x]
+    if sizes:
+        report["restore"] = trio.run(kv_tier_case.restore_vs_recompute, model, sizes,
+                                     args.threads)
+    return report
 
 
 def run_levels(report, peers, model, levels, checked, ctx_per_slot, args, bar) -> None:

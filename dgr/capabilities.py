@@ -17,7 +17,8 @@ from dgr.telemetry import Telemetry
 
 def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cells_used: int,
            telemetry: Telemetry, prefix_cache: bool, devices: list[dict],
-           tool_format: str, step_time: Optional[dict], speculation: str) -> dict:
+           tool_format: str, step_time: Optional[dict], speculation: str,
+           kv_tiers: Optional[dict]) -> dict:
     b = budgets
     return {
         "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
@@ -67,6 +68,9 @@ def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cell
             "cached_cells": load.cached_cells,
             **telemetry.prefix_totals(),
         },
+        # host memory and disk beyond the pool (dgr.kv_tiers): bounds, use, counters
+        "kv_tiers": ({**kv_tiers, **telemetry.tier_totals()} if kv_tiers is not None
+                     else {"host": {"enabled": False}, "disk": {"enabled": False}}),
     }
 
 

@@ -198,4 +198,3 @@ class Tiers:
             "min_restore_tokens": self.min_restore,
             "key": self.key,
         }
-

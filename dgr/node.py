@@ -235,7 +235,8 @@ class Node:
                                    self._admission.load(), self._loop.batch.cells_used,
                                    self.telemetry, self._admission.placement.cache is not None,
                                    devices, self.tool_format.name, self._loop.step_time.report(),
-                                   self._loop.settings.speculation)
+                                   self._loop.settings.speculation,
+                                   self.tiers.report() if self.tiers is not None else None)
 
     async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
         """Empty the named tiers of stored prefixes: "pool" evicts every cached

@@ -310,6 +310,36 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    async def prefix_export(request: Request) -> Response:
+        node = ready_node()
+        body = await read_json(request)
+        if not isinstance(body, dict) or ("tokens" in body) == ("prompt" in body):
+            raise BadRequest("give exactly one of 'tokens' (token ids) or 'prompt' (text)",
+                             "tokens")
+        if "prompt" in body:
+            if not isinstance(body["prompt"], str):
+                raise BadRequest("'prompt' must be a string", "prompt")
+            ids = await node.tokenize_off_loop(body["prompt"], parse_special=True)
+        else:
+            ids = body["tokens"]
+            if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+                raise BadRequest("'tokens' must be a list of token ids", "tokens")
+        blob = await node.export_prefix(ids)
+        if blob is None:
+            return _error(404, "the node holds no prefix of these tokens", "not_found_error")
+        return Response(blob, media_type="application/octet-stream")
+
+    async def prefix_import(request: Request) -> Response:
+        node = ready_node()
+        limit = node.budgets.cache_ram_bytes + (1 << 20)
+        blob = bytearray()
+        async for part in request.stream():
+            blob += part
+            if len(blob) > limit:
+                raise BadRequest(f"the prefix exceeds the host tier's bound ({limit} bytes)")
+        n = await node.import_prefix(bytes(blob))
+        return JSONResponse({"tokens": n})
+
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -321,6 +351,10 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         Route("/capabilities", capabilities, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
+    if config.cache_transfer:
+        # for a coordinator moving conversations between nodes (dgr.kv_tier's blob format)
+        routes += [Route("/v1/dgr/prefix/export", prefix_export, methods=["POST"]),
+                   Route("/v1/dgr/prefix/import", prefix_import, methods=["POST"])]
     mapper = _ErrorMapper(state, config)
     handled = (BadRequest, InvalidRequest, _TooLarge, AdmissionRejected, _Unavailable, NodeClosed,
                ClientDisconnect, ExceptionGroup, Exception)

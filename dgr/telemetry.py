@@ -214,6 +214,19 @@ class Telemetry:
                 "tokens_prefilled": total("dgr_prefill_tokens_total"),
                 "evictions": total("dgr_prefix_evictions_total")}
 
+    def tier_totals(self) -> dict:
+        """The KV tiers' counters so far (for /capabilities)."""
+        def total(name, **labels):
+            return self.registry.get_sample_value(name, labels) or 0
+
+        per_tier = {name: {tier: int(total(f"dgr_kv_tier_{name}_total", tier=tier))
+                           for tier in ("host", "disk")}
+                    for name in ("hits", "writes", "evictions", "dropped")}
+        return {**per_tier, "restores": int(total("dgr_kv_tier_restores_total")),
+                "tokens_restored": int(total("dgr_kv_tier_tokens_restored_total")),
+                "restore_s": total("dgr_kv_tier_restore_seconds_total"),
+                "save_s": total("dgr_kv_tier_save_seconds_total")}
+
     def record_finish(self, reason: str) -> None:
         self.finished.labels(reason).inc()
         self._finishes.add(time.monotonic(), 1)

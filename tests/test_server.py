@@ -809,3 +809,37 @@ async def test_a_template_with_native_tools_renders_and_calls_them_its_way(
             "tool_choice": "required", "parallel_tool_calls": False})).json()
         assert response["output"][0]["type"] == "function_call"
         assert response["output"][0]["name"] == "get_weather"
+
+
+async def test_prefix_transfer_endpoints_move_a_conversation_between_nodes(start_server):
+    closed = await start_server()
+    source = await start_server(cache_transfer=True, api_key="k")
+    target = await start_server(cache_transfer=True, api_key="k")
+    auth = {"Authorization": "Bearer k"}
+    text = "A conversation long enough to keep: " + "one two three " * 20
+    body = {"max_tokens": 8, "temperature": 0, "logprobs": 1}
+    async with closed.client() as client:
+        assert (await client.post("/v1/dgr/prefix/export", json={"tokens": [1]})).status_code == 404
+        ids = (await client.post("/tokenize", json={"content": text})).json()["tokens"]
+        expected = (await client.post("/v1/completions", json=body | {"prompt": ids})).json()
+    async with source.client(headers=auth) as a, target.client(headers=auth) as b:
+        assert (await a.post("/v1/dgr/prefix/export", json={"tokens": [1]},
+                             headers={"Authorization": ""})).status_code == 401
+        # one token: the slot then keeps exactly the prompt (the last token is not fed back)
+        await a.post("/v1/completions", json=body | {"prompt": ids, "max_tokens": 1})
+        assert (await a.post("/v1/dgr/prefix/export", json={})).status_code == 400
+        assert (await a.post("/v1/dgr/prefix/export",
+                             json={"tokens": [7, 7, 7]})).status_code == 404
+        exported = await a.post("/v1/dgr/prefix/export", json={"tokens": ids})
+        assert exported.status_code == 200
+        assert exported.headers["content-type"] == "application/octet-stream"
+        blob = exported.content
+        bad = await b.post("/v1/dgr/prefix/import", content=blob[:-1] + bytes([blob[-1] ^ 1]))
+        assert bad.status_code == 400 and "checksum" in bad.json()["error"]["message"]
+        good = await b.post("/v1/dgr/prefix/import", content=blob)
+        assert good.status_code == 200 and good.json()["tokens"] == len(ids)
+        got = (await b.post("/v1/completions", json=body | {"prompt": ids})).json()
+        assert got["choices"][0]["text"] == expected["choices"][0]["text"]
+        assert got["choices"][0]["logprobs"] == expected["choices"][0]["logprobs"]
+        caps = (await b.get("/capabilities")).json()["kv_tiers"]
+        assert caps["hits"]["host"] == 1 and caps["tokens_restored"] == len(ids) - 1
