@@ -781,7 +781,7 @@ def run_kv_tier(peers, model, args) -> dict:
                "llama-server": (lambda log: llama_server(
                    peers["llama-server"], model, 16, 4096, args.threads, free_port(),
                    log=out / f"kv-{log.replace(' ', '-')}.log"), False, False)}
-    chosen = {name: servers[name] for name in args.kv_servers.split(",")}
+    chosen = {name: servers[name] for name in args.kv_servers.split(",") if name}
     report = {"conversations": args.kv_conversations, "words": args.kv_words,
               "turns": args.kv_turns,
               "rotate": kv_tier_case.run_rotate(chosen, args.kv_conversations, args.kv_words,

@@ -73,6 +73,9 @@ int main(int argc, char ** argv) {
         return 2;
     }
     setenv("LLAMA_KV_CACHE_ORDERED", "1", 1);  // read when a context is created
+    // every flash-attention row on the one-row path (patch 0008), as dgr runs it: a row's
+    // logits then do not depend on where its cells lie in the pool, only on their bits
+    setenv("GGML_CPU_FA_TILED", "0", 1);
     llama_log_set(log_errors, nullptr);
     llama_backend_init();
     llama_model_params mparams = llama_model_default_params();
