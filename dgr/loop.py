@@ -126,10 +126,11 @@ class StepLoop:
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
         self._outboxes: dict[Session, trio.MemorySendChannel] = {}
-        self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush)
+        self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush, restores)
         self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
         self._saving: dict[int, object] = {}  # save ticket -> the tokens saved
         self._ops_seen = 0  # kv_ops_published when saves were last taken
+        self._restore_fed = 0  # kv_ops_queued once the last restoring start was fed
         self._closing = False
         self.stopped = False  # the BatchLoop's run has returned: the engine is idle
         self._step_decode: list[int] = []
@@ -207,8 +208,14 @@ class StepLoop:
         fed = trio.Event()
         await self._requests.send(Mark(fed))
         await fed.wait()
+        await self._until_published(self.batch.kv_ops_queued)
+
+    async def _until_published(self, n_ops: int) -> None:
+        """Until the BatchLoop has applied and published its first `n_ops` KV operations."""
+        if self.batch.kv_ops_published >= n_ops:
+            return
         published = trio.Event()
-        self._published.append((self.batch.kv_ops_queued, published))
+        self._published.append((n_ops, published))
         self._check_published()
         await published.wait()
 
@@ -251,10 +258,19 @@ class StepLoop:
             os.close(self._wake_fd)
 
     async def _feed(self) -> None:
-        """Requests into the BatchLoop's mailbox, a burst at a time."""
+        """Requests into the BatchLoop's mailbox, a burst at a time. A start that
+        restores a stored prefix is fed once the restore fed before it has been
+        applied: the loop applies KV operations between two steps, so decoders
+        wait for one restore at most between two steps (evidence/DGR-027: a few
+        milliseconds for a 2,000-token prefix), however many arrive at once."""
         async for request in self._incoming:
             while True:
-                self._feed_one(request)
+                if type(request) is Start and request.session.restore is not None:
+                    await self._until_published(self._restore_fed)
+                    self._feed_one(request)
+                    self._restore_fed = self.batch.kv_ops_queued
+                else:
+                    self._feed_one(request)
                 try:
                     request = self._incoming.receive_nowait()
                 except trio.WouldBlock:

@@ -5,6 +5,7 @@ import contextlib
 import os
 import threading
 
+import numpy as np
 import pytest
 import trio
 
@@ -13,6 +14,8 @@ from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.engine import EngineThread
 from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded
+from dgr.kv_tier import HostTier, Prefix
+from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
@@ -20,6 +23,7 @@ from dgr.sequence import FinishReason, Phase, Session
 from dgr.telemetry import Telemetry
 
 SLOTS = 2
+MIN_RESTORE = 32
 
 
 class FakeBatch:
@@ -29,12 +33,16 @@ class FakeBatch:
         self.wake_fd = wake_fd
         self.calls = []
         self.kv_ops_queued = self.kv_ops_published = self.cells_used = 0
+        self.restores = 0
+        self.tier_figures = {"restores": 0, "restores_failed": 0, "restore_s": 0.0,
+                             "save_s": 0.0, "saves_dropped": 0}
         self._events = []
         self._stopped = threading.Event()
 
     def start(self, slot, prompt, max_tokens, params, *, credits, reuse_from, n_reused, keep_kv,
               speculate, restore):
         self.calls.append(("start", slot, reuse_from, n_reused))
+        self.restores += restore is not None
         self.kv_ops_queued += 1
 
     def evict(self, slot):
@@ -56,6 +64,9 @@ class FakeBatch:
     def run(self):
         self._stopped.wait()
 
+    def take_saved(self):
+        return self.kv_ops_published, []
+
     def drain(self):
         events, self._events = self._events, []
         return events
@@ -67,15 +78,21 @@ class FakeBatch:
 
 
 @contextlib.asynccontextmanager
-async def step_loop(cache=True):
+async def step_loop(cache=True, host=None):
+    """A step loop over a FakeBatch; with `host` (a HostTier) stored prefixes of at
+    least MIN_RESTORE tokens are restored."""
     budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=SLOTS,
                       max_waiting=4, max_waiting_tokens=1000, step_tokens=64,
                       step_outputs=SLOTS, memory_bytes=1)
-    admission = Admission(budgets, Placement(1000, PrefixCache(16) if cache else None))
+    admission = Admission(budgets, Placement(1000, PrefixCache(16) if cache else None,
+                                             host, MIN_RESTORE))
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     batch = FakeBatch(wake_fd)
-    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2.5, 2, 4), admission, Telemetry(),
-                    max_sessions=6, n_slots=SLOTS, workers_connected=lambda: {"w:1": False})
+    telemetry = Telemetry()
+    tiers = Tiers(host, telemetry) if host is not None else None
+    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2.5, 2, 4), admission, telemetry,
+                    max_sessions=6, n_slots=SLOTS, workers_connected=lambda: {"w:1": False},
+                    tiers=tiers)
     thread = EngineThread()
     try:
         async with trio.open_nursery() as nursery:
@@ -116,6 +133,23 @@ async def test_a_session_runs_from_start_to_its_finish_event():
         assert session.phase is Phase.FINISHED and admission.load().free_slots == SLOTS
         # the slot keeps the prompt and the token fed back: a prefix cache entry
         assert admission.placement.cache.cached_cells == 11
+
+
+async def test_restoring_starts_reach_the_loop_one_between_two_steps():
+    """Sessions restoring stored prefixes arrive together: each restoring start waits
+    until the one before it has been applied, so a step waits for one restore at most."""
+    host = HostTier(10**6)
+    prompts = [list(range(100 * i, 100 * i + 60)) for i in (1, 2)]
+    for p in prompts:
+        host.put(Prefix(np.array(p[:50], dtype=np.int32), b"state"))
+    async with step_loop(host=host) as (loop, admission, batch):
+        sessions, _ = admit(loop, admission, *prompts)
+        await settle()
+        assert all(s.restore is not None and s.n_reused == 50 for s in sessions)
+        assert [c[0] for c in batch.calls] == ["start"] and batch.restores == 1
+        batch.publish()  # the loop applied the first restore and stepped
+        await settle()
+        assert [c[0] for c in batch.calls] == ["start", "start"] and batch.restores == 2
 
 
 async def test_a_session_ended_before_its_start_is_fed_costs_no_engine_work():
