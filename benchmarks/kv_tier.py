@@ -109,6 +109,9 @@ async def restore_vs_recompute(model: str, sizes: list[int], threads: int) -> li
                             n_ctx=max(sizes) + 512, n_threads=threads)
     params = dgr.SamplingParams(max_tokens=1, temperature=0.0)
     async with dgr.open_node(config) as node:
+        # a first request pays for warming up (threads, buffers): not the first size's
+        await node.generate(node.tokenize(document(0, 100))[:64], params)
+        await node.flush_prefix_cache()
         for n in sizes:
             ids = node.tokenize(document(n, n))[:n]
             await node.flush_prefix_cache()

@@ -112,14 +112,19 @@ class Placement:
             if n_stored >= n_reused + self.min_restore:
                 holder, n_reused, restore = None, n_stored, stored
         empty = [s for s in free_slots if not cache.cells(s)]
-        if holder in free_slots and (cache.cells(holder) <= n_reused or not empty):
-            slot = holder  # the session goes on from its prefix in place
+        if holder in free_slots and (cache.cells(holder) <= n_reused
+                                     or (not empty and holder == cache.cached_slots[0])):
+            # the session goes on from its prefix in place: it cuts nothing, or only
+            # the entry that would leave first anyway
+            slot = holder
         else:
-            # a free slot holding nothing (a cache entry it only partly shares survives),
-            # else the least recently used cache entry
+            # a free slot holding nothing, else the least recently used cache entry; a
+            # cache entry it only partly shares survives (its cells are shared, not cut)
             slot = empty[-1] if empty else cache.cached_slots[0]
-        if cache.cells(slot) > n_reused:
-            self._save(slot)  # the entry it takes is cut (or replaced)
+        if cache.cells(slot) > (n_reused if slot == holder else 0):
+            # the entry it takes is cut (going on in place) or replaced (a copy or a
+            # restore from elsewhere, however long)
+            self._save(slot)
         cache.assign(slot, session.prompt[:n_reused])
         while reserved_cells + cache.cached_cells > self._kv_cells_total:
             # the entry copied from goes last

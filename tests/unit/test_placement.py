@@ -1,18 +1,26 @@
 """Placement (which slot, what prefix, which evictions, in what order) and the
 prefix cache it owns, without a model: the step loop's calls are made by hand."""
 
+import numpy as np
+
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
-from dgr.placement import Evict, Placement, Start
+from dgr.kv_tier import HostTier, Prefix
+from dgr.placement import Evict, Placement, Save, Start
 from dgr.prefix_cache import PrefixCache
 from dgr.sequence import FinishReason, Phase, Session
 
+MIN_RESTORE = 32
 
-def node(slots=3, cells=1000, min_follow=4):
+
+def node(slots=3, cells=1000, min_follow=4, tier=None):
+    """Admission and placement; with `tier` (a HostTier) prefixes of at least
+    MIN_RESTORE tokens leaving the pool are saved there and restored from there."""
     budgets = Budgets(kv_cells_total=cells, kv_cells_per_session=cells, slots=slots,
                       max_waiting=4, max_waiting_tokens=4000, step_tokens=256,
                       step_outputs=slots, memory_bytes=1)
-    return Admission(budgets, Placement(cells, PrefixCache(min_follow=min_follow)))
+    return Admission(budgets, Placement(cells, PrefixCache(min_follow=min_follow), tier,
+                                        MIN_RESTORE))
 
 
 def session(sid, prompt, max_tokens=4, leader=None):
@@ -60,6 +68,35 @@ def test_a_partly_shared_entry_is_copied_and_survives():
     adm.submit(other)
     assert other.slot != first.slot and other.reuse_from == first.slot and other.n_reused == 10
     assert adm.placement.cache.cached_slots == [first.slot]
+
+
+def test_with_every_slot_cached_a_few_shared_tokens_do_not_cut_a_recent_entry():
+    """Prompts that share a few tokens (a common opening) with every entry: each new
+    one takes the least recently used entry's slot, copying the few tokens, rather
+    than cutting the entry it copies from, so entries leave least recently used first."""
+    adm = node(slots=3)
+    ends = [cached(adm, sid, [7, 7, sid, *range(100 * sid, 100 * sid + 80)]).slot
+            for sid in (1, 2, 3)]
+    new = session(4, [7, 7, 3, *range(900, 980)])  # shares most with the latest entry
+    adm.submit(new)
+    assert (new.slot, new.reuse_from, new.n_reused) == (ends[0], ends[2], 3)
+    assert adm.placement.cache.cached_slots == ends[1:]
+
+
+def test_an_entry_replaced_by_a_longer_restored_prefix_is_saved_first():
+    """A stored prefix restored into the least recently used entry's slot replaces
+    that entry whatever their lengths: the entry is saved to the host tier first."""
+    tier = HostTier(10**6)
+    adm = node(slots=2, tier=tier)
+    stored = np.arange(5000, 5200, dtype=np.int32)
+    tier.put(Prefix(stored, b"state"))
+    ends = [cached(adm, sid, range(100 * sid, 100 * sid + 60)).slot for sid in (1, 2)]
+    back = session(3, [*stored, 1, 2])
+    adm.submit(back)
+    assert back.restore is not None and back.n_reused == 200 and back.slot == ends[0]
+    ops = adm.placement.take_ops()
+    assert [type(op) for op in ops] == [Save, Start] and ops[0].slot == ends[0]
+    assert list(ops[0].tokens) == list(range(100, 160))
 
 
 def test_a_prefix_placed_but_not_started_is_not_shared():
