@@ -62,7 +62,7 @@ _MAX_HEADER = 4096
 # A stored prefix is restored only when it gives at least this many prompt tokens
 # more than the pool could share, and saved only when it holds at least this many.
 # Restoring is faster at every size measured that restored (evidence/DGR-027: 63
-# tokens 5-6x, the loop's part 0.2 ms); shorter prefixes are not worth an entry's
+# tokens 5.2-6.4x, the loop's part 0.2 ms); shorter prefixes are not worth an entry's
 # save, bytes and look-ups: computing 32 tokens takes about 50 ms here.
 MIN_RESTORE_TOKENS = 32
 
