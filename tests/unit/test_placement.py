@@ -5,22 +5,21 @@ import numpy as np
 
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
-from dgr.kv_tier import HostTier, Prefix
+from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
 from dgr.placement import Evict, Placement, Save, Start
 from dgr.prefix_cache import PrefixCache
 from dgr.sequence import FinishReason, Phase, Session
 
-MIN_RESTORE = 32
 
 
 def node(slots=3, cells=1000, min_follow=4, tier=None):
     """Admission and placement; with `tier` (a HostTier) prefixes of at least
-    MIN_RESTORE tokens leaving the pool are saved there and restored from there."""
+    MIN_RESTORE_TOKENS tokens leaving the pool are saved there and restored from there."""
     budgets = Budgets(kv_cells_total=cells, kv_cells_per_session=cells, slots=slots,
                       max_waiting=4, max_waiting_tokens=4000, step_tokens=256,
                       step_outputs=slots, memory_bytes=1)
     return Admission(budgets, Placement(cells, PrefixCache(min_follow=min_follow), tier,
-                                        MIN_RESTORE))
+                                        MIN_RESTORE_TOKENS))
 
 
 def session(sid, prompt, max_tokens=4, leader=None):

@@ -14,7 +14,7 @@ from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.engine import EngineThread
 from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded
-from dgr.kv_tier import HostTier, Prefix
+from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
 from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
@@ -23,7 +23,6 @@ from dgr.sequence import FinishReason, Phase, Session
 from dgr.telemetry import Telemetry
 
 SLOTS = 2
-MIN_RESTORE = 32
 
 
 class FakeBatch:
@@ -80,12 +79,12 @@ class FakeBatch:
 @contextlib.asynccontextmanager
 async def step_loop(cache=True, host=None):
     """A step loop over a FakeBatch; with `host` (a HostTier) stored prefixes of at
-    least MIN_RESTORE tokens are restored."""
+    least MIN_RESTORE_TOKENS tokens are restored."""
     budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=SLOTS,
                       max_waiting=4, max_waiting_tokens=1000, step_tokens=64,
                       step_outputs=SLOTS, memory_bytes=1)
     admission = Admission(budgets, Placement(1000, PrefixCache(16) if cache else None,
-                                             host, MIN_RESTORE))
+                                             host, MIN_RESTORE_TOKENS))
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     batch = FakeBatch(wake_fd)
     telemetry = Telemetry()
