@@ -4,9 +4,10 @@ Data flows one way round:
 
     placement's KV operations, finish requests --(bounded channel)--> feeder task
     feeder task --start / finish / evict--> BatchLoop (dgr/_batch.pyx, engine thread, no GIL)
-    session tasks --credit--> BatchLoop
+    readers (dgr.stream.SessionStream) --credit--> BatchLoop
     BatchLoop --events (bounded ring) + eventfd--> pump task
-    pump task --> session state (dgr.sequence), placement, telemetry, token channels
+    pump task --> session state (dgr.sequence), placement, telemetry, and each
+                  session's chunks (dgr.reply: text, stop strings) to its reader
 
 The BatchLoop plans, decodes, samples and updates the slot table step after
 step without waiting for Trio (dgr/_scheduler.pyx has the policy and the
@@ -14,8 +15,8 @@ post-step update). Trio sees each step's events as they come and never sits
 between two steps: a reader's readiness travels as credits (one per token it
 took), so a slow reader's slot is skipped in C, not buffered in Python.
 Credits go to the BatchLoop directly (they need no order with the other
-requests, and a Trio task switch per token is the largest cost Python adds
-to a token).
+requests), and the pump writes a session's chunks itself: a Trio task switch
+per token is the largest cost Python adds to a token.
 
 KV operations (saves, starts, evictions) are sent in the order placement decided
 them, in the same synchronous step as the decision (`_send_ops`): no later
@@ -50,9 +51,9 @@ from dgr.engine import EngineThread
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 from dgr.kv_tier import Prefix
 from dgr.placement import Evict, Save, Start
+from dgr.reply import Reply
 from dgr.sequence import FinishReason, Phase, Session
 from dgr.step_time import StepTimeModel
-from dgr.stream import TokenEvent
 from dgr.telemetry import Telemetry
 
 
@@ -125,7 +126,7 @@ class StepLoop:
             2 * max_sessions + n_slots + 1)
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
-        self._outboxes: dict[Session, trio.MemorySendChannel] = {}
+        self._replies: dict[Session, Reply] = {}
         self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush, restores)
         self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
         self._saving: dict[int, object] = {}  # save ticket -> the tokens saved
@@ -159,14 +160,14 @@ class StepLoop:
 
     # ------------------------------------------------------------ requests (any Trio task)
 
-    def admit(self, outboxes: dict[Session, trio.MemorySendChannel]) -> None:
-        """Sessions passed admission (their token channels); the KV operations
-        placement decided for them go to the BatchLoop now."""
-        self._outboxes.update(outboxes)
+    def admit(self, replies: dict[Session, Reply]) -> None:
+        """Sessions passed admission (the writing ends of their streams); the KV
+        operations placement decided for them go to the BatchLoop now."""
+        self._replies.update(replies)
         self._send_ops()
 
     def credit(self, session: Session) -> None:
-        """The session's task took a token: its reader may be sent one more. Straight
+        """The session's reader took a token: it may be sent one more. Straight
         to the BatchLoop (a credit needs no order with other requests): a slot that
         is not the session's (ended, or handed on) gets none."""
         slot = session.slot
@@ -185,6 +186,9 @@ class StepLoop:
         for session in [*self._admission.waiting, *self._admission.running]:
             if session.finish(FinishReason.CANCELLED):
                 self._telemetry.record_finish(session.finish_reason)
+        for session, reply in self._replies.items():  # readers get their end now
+            reply.finish(session.finish_reason or FinishReason.CANCELLED, session.error)
+        self._replies.clear()
         self.batch.stop()
 
     async def flush_cache(self, save: bool = False) -> None:
@@ -314,7 +318,7 @@ class StepLoop:
             self._telemetry.prefix_tokens_reused.inc(session.n_reused)
 
     async def _pump(self) -> None:
-        """The BatchLoop's events into sessions, placement, telemetry and token channels."""
+        """The BatchLoop's events into sessions, placement, telemetry and readers' chunks."""
         handlers = self._handlers
         while True:
             await trio.lowlevel.wait_readable(self._wake_fd)
@@ -337,9 +341,7 @@ class StepLoop:
         (self._telemetry.ttft if len(session.generated) == 1 else self._telemetry.itl
          ).observe(latency)
         if not session.done:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                self._outboxes[session].send_nowait(
-                    TokenEvent(event.token, event.logprob, event.top))
+            self._replies[session].token(event.token, event.logprob, event.top)
 
     def _on_decoded(self, event: Decoded, now: float) -> None:
         self._step_decode.append(self._by_slot[event.slot].id)
@@ -412,11 +414,7 @@ class StepLoop:
         self._admission.release(session)
         self._send_ops()
         self._telemetry.record_finish(session.finish_reason)
-        outbox = self._outboxes.pop(session, None)
-        if outbox is not None:
-            with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError,
-                                     trio.ClosedResourceError):
-                outbox.send_nowait(TokenEvent(finish_reason=session.finish_reason,
-                                              error=session.error))
-            outbox.close()
+        reply = self._replies.pop(session, None)
+        if reply is not None:
+            reply.finish(session.finish_reason, session.error)
         self.departures.unpark_all()

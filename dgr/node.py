@@ -3,8 +3,9 @@
     node.stream()/generate() -> admission (admit / queue / reject, at once)
                              -> the step loop (dgr/loop.py): a Cython batch loop
                                 steps every running session without the GIL
-    one task per session     -> tokens from its bounded channel -> detokenize,
-                                stop strings -> chunk channel (bounded) -> caller
+    the step loop's pump     -> each token: detokenize, stop strings (dgr/reply.py)
+                             -> the session's chunk channel (bounded) -> caller,
+                                who hands a credit back per token taken
 
 All tasks live in the node's nursery: leaving `open_node` cancels them, ends
 every session with finish_reason "cancelled", stops the batch loop (cutting
@@ -30,7 +31,6 @@ from dgr import _engine, capabilities, tool_formats
 from dgr import tools as tool_calls
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
-from dgr.detok import IncrementalDetokenizer
 from dgr.engine import EngineThread, load_engine
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
 from dgr.kv_tier import (MIN_RESTORE_TOKENS, BlobError, DiskTier, HostTier, Prefix, kv_layout,
@@ -39,10 +39,10 @@ from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
+from dgr.reply import Reply
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
-from dgr.stops import StopMatcher
-from dgr.stream import Chunk, GenerationResult, SessionStream
+from dgr.stream import GenerationResult, SessionStream
 from dgr.telemetry import Telemetry
 
 log = logging.getLogger("dgr.node")
@@ -82,7 +82,6 @@ class Node:
         self._key_lock = trio.Lock()
         self._ids = itertools.count(1)
         self._closing = False
-        self._streaming = 0  # session tasks still handing chunks to their readers
         self.telemetry.kv_cells_total.set(budgets.kv_cells_total)
         self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
                              budgets.kv_cells_total)
@@ -195,11 +194,11 @@ class Node:
                 sessions.append(session)
         opened = await self._open_sessions(sessions)
         try:
-            yield [SessionStream(session, chunks) for session, chunks, _ in opened]
+            yield [SessionStream(session, chunks, functools.partial(self._loop.credit, session))
+                   for session, chunks in opened]
         finally:
-            for session, chunks, scope in opened:
+            for session, chunks in opened:
                 self._loop.end(session, FinishReason.CANCELLED)
-                scope.cancel()
                 chunks.close()
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None
@@ -320,13 +319,12 @@ class Node:
         return self._admission.failure
 
     async def drain(self, grace_s: float) -> bool:
-        """Stop admitting; wait up to grace_s for sessions to end and their last
-        chunks to be handed to their readers (a session's slot is free before its
-        task has passed on the end). True if all ended."""
+        """Stop admitting; wait up to grace_s for sessions to end (a session's last
+        chunk is in its reader's channel when it ends). True if all ended."""
         self._admission.start_draining()
         with trio.move_on_after(grace_s):
-            while self._admission.running or self._admission.waiting or self._streaming:
-                await self._loop.departures.park()  # a session left, or a session task ended
+            while self._admission.running or self._admission.waiting:
+                await self._loop.departures.park()  # a session left
             return True
         return False
 
@@ -362,8 +360,7 @@ class Node:
             arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session]):
-        """Admit `sessions` together and start a task per session; returns
-        (session, chunk channel, task scope) for each.
+        """Admit `sessions` together; returns (session, chunk channel) for each.
 
         Admission's decisions reach the step loop in the order admission made them,
         with no checkpoint in between: a session placed to copy a cached prefix
@@ -375,80 +372,21 @@ class Node:
                 if session.leader is None:
                     _, n_pool = self._admission.placement.cache.match(session.prompt_array)
                     await self.tiers.prefetch(session.prompt_array, n_pool)
-        channels = []
+        opened, replies = [], {}
         for session in sessions:
-            # One place more than the reader's credits: the finish event always fits.
-            token_send, token_recv = trio.open_memory_channel(self.config.reply_buffer + 1)
-            chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer)
-            channels.append((session, token_send, token_recv, chunk_send, chunk_recv))
+            # The reader's credits bound the token chunks unread; the final one always fits.
+            chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer + 1)
+            replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
+                                     functools.partial(self._loop.end, session))
+            opened.append((session, chunk_recv))
         try:
             self._admission.submit_group(sessions)
         except AdmissionRejected as exc:
             self.telemetry.rejected.labels(exc.reason).inc()
             raise
         self.telemetry.admitted.inc(len(sessions))
-        self._loop.admit({session: token_send for session, token_send, *_ in channels})
-        opened = []
-        try:
-            for session, _, token_recv, chunk_send, chunk_recv in channels:
-                scope = await self._nursery.start(self._session_task, session, token_recv,
-                                                  chunk_send)
-                opened.append((session, chunk_recv, scope))
-        except BaseException:  # cancelled before the streams began: the sessions end
-            for session, chunks, scope in opened:
-                scope.cancel()
-                chunks.close()
-            for session in sessions:
-                self._loop.end(session, FinishReason.CANCELLED)
-            raise
+        self._loop.admit(replies)
         return opened
-
-    async def _session_task(self, session: Session, tokens: trio.MemoryReceiveChannel,
-                            chunks: trio.MemorySendChannel, task_status=trio.TASK_STATUS_IGNORED):
-        """Turns a session's tokens into text chunks for its reader."""
-        self._streaming += 1
-        try:
-            with trio.CancelScope() as scope:
-                task_status.started(scope)
-                detok = IncrementalDetokenizer(self._engine.token_to_piece)
-                stops = StopMatcher(session.params.stop)
-                stop_ids, min_tokens, n = frozenset(session.params.stop_token_ids), \
-                    session.params.min_tokens, 0
-                async with chunks, tokens:
-                    try:
-                        async for event in tokens:
-                            if event.finish_reason is not None:
-                                tail, _ = stops.feed(detok.flush())
-                                await chunks.send(Chunk(None, tail + stops.flush(),
-                                                        finish_reason=event.finish_reason,
-                                                        error=event.error))
-                                return
-                            self._loop.credit(session)
-                            n += 1
-                            if event.token in stop_ids:  # the engine bans them below min_tokens
-                                self._loop.end(session, FinishReason.STOP)
-                                tail, _ = stops.feed(detok.flush())
-                                await chunks.send(Chunk(None, tail + stops.flush(),
-                                                        finish_reason=FinishReason.STOP))
-                                return
-                            if n <= min_tokens:  # no stop string ends it yet
-                                await chunks.send(Chunk(event.token, detok.push(event.token),
-                                                        event.logprob, event.top))
-                                continue
-                            text, stopped = stops.feed(detok.push(event.token))
-                            if stopped:
-                                self._loop.end(session, FinishReason.STOP)
-                                await chunks.send(Chunk(event.token, text, event.logprob, event.top,
-                                                        finish_reason=FinishReason.STOP))
-                                return
-                            await chunks.send(Chunk(event.token, text, event.logprob, event.top))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass  # the reader left the stream: that is a cancellation
-                    finally:
-                        self._loop.end(session, FinishReason.CANCELLED)
-        finally:
-            self._streaming -= 1
-            self._loop.departures.unpark_all()
 
     def _persist(self) -> None:
         """Once the batch loop has stopped: host memory's prefixes and the pool's

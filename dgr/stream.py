@@ -5,7 +5,7 @@ Below the node: the HTTP layer and library users import these without it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import attrs
 import trio
@@ -42,23 +42,16 @@ class GenerationResult:
         return len(self.token_ids)
 
 
-@attrs.frozen
-class TokenEvent:
-    """A sampled token (or the end) on its way from the step loop to the session's task."""
-
-    token: int = -1
-    logprob: Optional[float] = None
-    top: Optional[TopLogprobs] = None
-    finish_reason: Optional[FinishReason] = None
-    error: Optional[str] = None
-
-
 class SessionStream:
-    """Async iterator over a session's chunks; see Node.stream."""
+    """Async iterator over a session's chunks; see Node.stream. Each chunk with a
+    token taken hands the session a credit (`took_token`): the batch loop gives a
+    session a row only while its reader is within `reply_buffer` tokens."""
 
-    def __init__(self, session: Session, chunks: trio.MemoryReceiveChannel):
+    def __init__(self, session: Session, chunks: trio.MemoryReceiveChannel,
+                 took_token: Callable[[], None]):
         self.session = session
         self._chunks = chunks
+        self._took_token = took_token
         self.finish_reason: Optional[FinishReason] = None
         self.error: Optional[str] = None
 
@@ -93,4 +86,6 @@ class SessionStream:
             raise StopAsyncIteration from None
         if chunk.finish_reason is not None:
             self.finish_reason, self.error = chunk.finish_reason, chunk.error
+        elif chunk.token_id is not None:
+            self._took_token()
         return chunk

@@ -121,15 +121,15 @@ async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(mo
         expected = _outputs(await node.generate(a_prompt, params))
         a_ids = node.tokenize(a_prompt)
 
-    opening = dgr.Node._session_task
+    opening = dgr.Node._open_sessions
 
-    async def slow_opening_for_a(self, session, tokens, chunks,
-                                 task_status=trio.TASK_STATUS_IGNORED):
-        if session.prompt == a_ids:
+    async def slow_opening_for_a(self, sessions):
+        opened = await opening(self, sessions)  # admitted
+        if sessions[0].prompt == a_ids:
             await trio.sleep(0.5)  # B is admitted and prefilled meanwhile
-        await opening(self, session, tokens, chunks, task_status=task_status)
+        return opened
 
-    monkeypatch.setattr(dgr.Node, "_session_task", slow_opening_for_a)
+    monkeypatch.setattr(dgr.Node, "_open_sessions", slow_opening_for_a)
     async with dgr.open_node(node_config(max_running=3)) as node:
         await node.generate(cached, params)  # slot S, least recently used
         await node.generate(other, params)   # another slot; the third stays empty
@@ -447,8 +447,8 @@ async def test_a_caller_gone_right_after_admission_leaves_nothing_behind(node_co
         warm = await node.generate(PROMPTS[2], params)
         admit = node._loop.admit
         with trio.CancelScope() as caller:
-            def admit_then_cancel(outboxes):
-                admit(outboxes)
+            def admit_then_cancel(replies):
+                admit(replies)
                 caller.cancel()
 
             node._loop.admit = admit_then_cancel

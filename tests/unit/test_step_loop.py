@@ -2,6 +2,7 @@
 loop and in which order, how its events end sessions, without a model."""
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -19,6 +20,7 @@ from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
+from dgr.reply import Reply
 from dgr.sequence import FinishReason, Phase, Session
 from dgr.telemetry import Telemetry
 
@@ -109,7 +111,9 @@ def admit(loop, admission, *prompts):
                 for i, p in enumerate(prompts)]
     admission.submit_group(sessions)
     channels = {s: trio.open_memory_channel(8) for s in sessions}
-    loop.admit({s: send for s, (send, _) in channels.items()})
+    loop.admit({s: Reply(s, send, lambda token: b"t%d " % token,
+                         functools.partial(loop.end, s))
+                for s, (send, _) in channels.items()})
     return sessions, {s: recv for s, (_, recv) in channels.items()}
 
 
@@ -128,7 +132,8 @@ async def test_a_session_runs_from_start_to_its_finish_event():
                       Finished(session.slot, FinishCode.FINISH_LENGTH, 0, kept=11))
         with trio.fail_after(5):
             got = [await tokens[session].receive() for _ in range(3)]
-        assert [e.token for e in got[:2]] == [42, 43] and got[2].finish_reason == "length"
+        assert [c.token_id for c in got[:2]] == [42, 43] and got[2].finish_reason == "length"
+        assert "".join(c.text for c in got) == "t42 t43 "
         assert session.phase is Phase.FINISHED and admission.load().free_slots == SLOTS
         # the slot keeps the prompt and the token fed back: a prefix cache entry
         assert admission.placement.cache.cached_cells == 11

@@ -1,0 +1,81 @@
+"""A session's tokens into its reader's chunks, in the step loop's pump.
+
+The pump turns each sampled token into a `Chunk` (incremental detokenizer, stop
+strings, stop token ids) and puts it straight into the reader's channel: no task
+sits between the batch loop's events and the reader, since a task hop per token
+is what Python costs most per token. The reader hands a credit back for each
+token it takes (`SessionStream`), so a session has at most `reply_buffer`
+token chunks unread, and its channel holds them and the final chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import trio
+
+from dgr.detok import IncrementalDetokenizer
+from dgr.sequence import FinishReason, Session
+from dgr.stops import StopMatcher
+from dgr.stream import Chunk, TopLogprobs
+
+
+class Reply:
+    """The writing end of one session's stream.
+
+    `token` is called for each sampled token, `finish` once at the end;
+    `stop(reason)` asks the node to end the session (a stop string or id).
+    After the final chunk, or once the reader has left, nothing more is written.
+    """
+
+    def __init__(self, session: Session, chunks: trio.MemorySendChannel,
+                 token_to_piece: Callable[[int], bytes],
+                 stop: Callable[[FinishReason], None]):
+        self._chunks = chunks
+        self._stop = stop
+        self._detok = IncrementalDetokenizer(token_to_piece)
+        self._stops = StopMatcher(session.params.stop)
+        self._stop_ids = frozenset(session.params.stop_token_ids)
+        self._min_tokens = session.params.min_tokens
+        self._n = 0
+        self.closed = False
+
+    def token(self, token: int, logprob: Optional[float], top: Optional[TopLogprobs]) -> None:
+        if self.closed:
+            return
+        self._n += 1
+        if token in self._stop_ids:  # the engine bans them below min_tokens
+            self._stop(FinishReason.STOP)
+            self._end(Chunk(None, self._tail(), finish_reason=FinishReason.STOP))
+            return
+        text = self._detok.push(token)
+        if self._n <= self._min_tokens:  # no stop string ends it yet
+            self._send(Chunk(token, text, logprob, top))
+            return
+        text, stopped = self._stops.feed(text)
+        if stopped:
+            self._stop(FinishReason.STOP)
+            self._end(Chunk(token, text, logprob, top, finish_reason=FinishReason.STOP))
+            return
+        self._send(Chunk(token, text, logprob, top))
+
+    def finish(self, reason: FinishReason, error: Optional[str]) -> None:
+        if not self.closed:
+            self._end(Chunk(None, self._tail(), finish_reason=reason, error=error))
+
+    def _tail(self) -> str:
+        tail, _ = self._stops.feed(self._detok.flush())
+        return tail + self._stops.flush()
+
+    def _send(self, chunk: Chunk) -> None:
+        try:
+            self._chunks.send_nowait(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True  # the reader left: the node cancels the session
+
+    def _end(self, chunk: Chunk) -> None:
+        self._send(chunk)
+        self.closed = True
+        with contextlib.suppress(trio.ClosedResourceError):
+            self._chunks.close()

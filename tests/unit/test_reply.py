@@ -1,0 +1,66 @@
+"""dgr.reply: a session's tokens into its reader's chunks, in the pump."""
+
+import trio
+
+from dgr.config import SamplingParams
+from dgr.reply import Reply
+from dgr.sequence import FinishReason, Session
+
+PIECES = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"\xe2\x82", 6: b"\xac", 7: b"!"}
+
+
+def reply_for(**params):
+    session = Session(id=1, prompt=[0], params=SamplingParams(**params), max_tokens=16)
+    send, recv = trio.open_memory_channel(16)
+    stops = []
+    return Reply(session, send, PIECES.__getitem__, stops.append), recv, stops
+
+
+def chunks(recv):
+    out = []
+    while True:
+        try:
+            out.append(recv.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return out
+
+
+def test_a_stop_string_across_tokens_is_held_back_then_cut():
+    reply, recv, stops = reply_for(stop=["o wo"])
+    for token in (1, 2, 3, 4):
+        reply.token(token, None, None)
+    got = chunks(recv)
+    assert [c.token_id for c in got] == [1, 2, 3]  # token 4 came after the end
+    assert "".join(c.text for c in got) == "Hell"
+    assert got[-1].finish_reason is FinishReason.STOP and stops == [FinishReason.STOP]
+    assert reply.closed
+    reply.finish(FinishReason.LENGTH, None)  # the loop's finish later: nothing more
+    assert chunks(recv) == []
+
+
+def test_a_stop_token_ends_without_being_shown_and_min_tokens_defers_it():
+    reply, recv, stops = reply_for(stop_token_ids=[7], min_tokens=2)
+    for token in (1, 2, 7):
+        reply.token(token, -0.5, None)
+    got = chunks(recv)
+    assert [(c.token_id, c.text) for c in got] == [(1, "Hel"), (2, "lo"), (None, "")]
+    assert got[-1].finish_reason is FinishReason.STOP and stops == [FinishReason.STOP]
+    assert got[0].logprob == -0.5
+
+
+def test_text_never_splits_a_character_and_the_end_flushes_what_is_held():
+    reply, recv, _ = reply_for(stop=["€?"])
+    for token in (5, 6):
+        reply.token(token, None, None)
+    reply.finish(FinishReason.LENGTH, None)
+    got = chunks(recv)
+    assert [c.text for c in got] == ["", "", "€"]  # "€" held: it may start the stop
+    assert got[-1].finish_reason is FinishReason.LENGTH and got[-1].token_id is None
+
+
+def test_a_reader_that_left_costs_nothing():
+    reply, recv, stops = reply_for()
+    recv.close()
+    reply.token(1, None, None)
+    assert reply.closed and stops == []
+    reply.finish(FinishReason.CANCELLED, None)
