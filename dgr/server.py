@@ -134,17 +134,18 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
 
     async def _sse(request, streams, builder: ResponseBuilder, parsed, echoes, emit) -> None:
         """The choices' chunks as they come, each event naming its choice's index; a
-        choice's first event carries its echo."""
+        choice's first event carries its echo. The events of the chunks there were
+        to take at once go out in one write."""
         completion, failed = 0, False
 
         async def forward(index, chunks, send):
             async with send:
-                async for chunk in chunks:
-                    await send.send((index, chunk))
+                while batch := await chunks.next_chunks():
+                    await send.send([(index, chunk) for chunk in batch])
 
         async def single(chunks):  # one choice: no task in between (one hop less per token)
-            async for chunk in chunks:
-                yield 0, chunk
+            while batch := await chunks.next_chunks():
+                yield [(0, chunk) for chunk in batch]
 
         async with trio.open_nursery() as nursery:
             if len(streams) == 1:
@@ -156,40 +157,49 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                         nursery.start_soon(forward, index, chunks, send.clone())
             first = set(range(len(streams)))
             readers: dict = {}  # with tools: each choice's answer reader
+            events: list[str] = []  # the events of one batch of chunks
             async with merged as receive:
-                async for index, chunk in receive:
-                    if chunk.token_id is not None:
-                        completion += 1
-                    request.scope["dgr.tokens"] = completion
-                    if parsed.tools is not None and chunk.finish_reason != "error":
-                        if index not in readers:
-                            readers[index] = parsed.tools.format.reader()
-                        reader = readers[index]
-                        objs = builder.tool_deltas(reader.feed(chunk.text), index,
-                                                   first=index in first)
-                        if objs:
+                async for batch in receive:
+                    for index, chunk in batch:
+                        if chunk.token_id is not None:
+                            completion += 1
+                        if parsed.tools is not None and chunk.finish_reason != "error":
+                            if index not in readers:
+                                readers[index] = parsed.tools.format.reader()
+                            reader = readers[index]
+                            objs = builder.tool_deltas(reader.feed(chunk.text), index,
+                                                       first=index in first)
+                            if objs:
+                                first.discard(index)
+                            if chunk.finish_reason is not None:
+                                objs += builder.tool_finish(reader, chunk.finish_reason, index,
+                                                            first=index in first)
+                            events.extend(_event(obj) for obj in objs)
+                            continue
+                        rows = [chunk] if chunk.token_id is not None else []
+                        if chunk.finish_reason == "error":
+                            events.append(_event(error_body(chunk.error, "server_error",
+                                                            "model_failed")))
+                            failed = True
+                            break
+                        text = echoes[index] + chunk.text if index in first else chunk.text
+                        if text or rows or index in first:
+                            # a scored prompt is complete before the choice's first chunk
+                            prompt = (_scored_prompt(streams[index])
+                                      if index in first and _scores_prompt(parsed) else None)
+                            events.append(_event(builder.delta(text, rows, None,
+                                                               first=index in first,
+                                                               index=index, prompt=prompt)))
                             first.discard(index)
                         if chunk.finish_reason is not None:
-                            objs += builder.tool_finish(reader, chunk.finish_reason, index,
-                                                        first=index in first)
-                        for obj in objs:
-                            await emit(_event(obj))
-                        continue
-                    rows = [chunk] if chunk.token_id is not None else []
-                    if chunk.finish_reason == "error":
-                        await emit(_event(error_body(chunk.error, "server_error", "model_failed")))
-                        failed = True
+                            events.append(_event(builder.delta("", [], chunk.finish_reason,
+                                                               index=index)))
+                    request.scope["dgr.tokens"] = completion
+                    if events:
+                        await emit("".join(events))
+                        events.clear()
+                    if failed:
                         break
-                    text = echoes[index] + chunk.text if index in first else chunk.text
-                    if text or rows or index in first:
-                        # a scored prompt is complete before the choice's first chunk
-                        prompt = (_scored_prompt(streams[index])
-                                  if index in first and _scores_prompt(parsed) else None)
-                        await emit(_event(builder.delta(text, rows, None, first=index in first,
-                                                        index=index, prompt=prompt)))
-                        first.discard(index)
-                    if chunk.finish_reason is not None:
-                        await emit(_event(builder.delta("", [], chunk.finish_reason, index=index)))
             nursery.cancel_scope.cancel()  # the other choices' forwarders, after a failure
         if failed:
             pass  # the error event said it all; [DONE] still ends the stream

@@ -82,10 +82,34 @@ class SessionStream:
         try:
             chunk = await self._chunks.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
-            self.finish_reason = self.session.finish_reason or FinishReason.CANCELLED
+            self._ended()
             raise StopAsyncIteration from None
+        return self._taken(chunk)
+
+    async def next_chunks(self) -> list[Chunk]:
+        """Every chunk there is to take, waiting for the first; [] once the stream
+        has ended. A reader writing to a socket makes one write of them: when it
+        falls behind the node, its writes grow instead of multiplying."""
+        batch = []
+        async for chunk in self:
+            batch.append(chunk)
+            while self.finish_reason is None:
+                try:
+                    batch.append(self._taken(self._chunks.receive_nowait()))
+                except trio.WouldBlock:
+                    break
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    self._ended()
+            break
+        return batch
+
+    def _taken(self, chunk: Chunk) -> Chunk:
         if chunk.finish_reason is not None:
             self.finish_reason, self.error = chunk.finish_reason, chunk.error
         elif chunk.token_id is not None:
             self._took_token()
         return chunk
+
+    def _ended(self) -> None:
+        """The channel closed without a final chunk (the node shut down first)."""
+        self.finish_reason = self.session.finish_reason or FinishReason.CANCELLED
