@@ -1,8 +1,8 @@
 """Builds dgr's Cython modules: the engine (dgr._engine), its sampling
 (dgr._sampling), the batch loop (dgr._batch) and the RPC worker (dgr._rpc)
 against the pinned llama.cpp, with their C helpers from dgr/csrc; the
-scheduler (dgr._scheduler), its drafts (dgr._drafts) and the shared codes
-(dgr._codes) are pure C.
+scheduler (dgr._scheduler), its speculation policy (dgr._speculation), the
+drafts (dgr._drafts) and the shared codes (dgr._codes) are pure C.
 
 Headers come from vendor/llama.cpp (materialized by scripts/vendor_llama.py
 from the sha256-pinned llama-cpp-python sdist). The extension links the
@@ -64,6 +64,7 @@ extensions = [
     # pure C, no llama.cpp: their tests need no model
     Extension("dgr._codes", sources=["dgr/_codes.pyx"]),
     Extension("dgr._drafts", sources=["dgr/_drafts.pyx"], extra_compile_args=["-O3"]),
+    Extension("dgr._speculation", sources=["dgr/_speculation.pyx"], extra_compile_args=["-O3"]),
     Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"]),
     # rows are sampled on llama.cpp's OpenMP thread team
     llama_extension("dgr._sampling", "dgr_argmax.c", openmp=True),

@@ -524,7 +524,7 @@ cdef class BatchLoop:
         cdef int i, s
         for i in range(self.scheduler.n_decode):
             s = self.scheduler.decode_slots[i]
-            if self.scheduler.slots[s].n_draft and self.scheduler.slots[s].phase == SLOT_DECODE:
+            if self.scheduler.slots[s].drafting.n_draft and self.scheduler.slots[s].phase == SLOT_DECODE:
                 self.engine.kv_keep(s, self.scheduler.kv_valid(s))
 
     cdef void _fill_rows(self) noexcept nogil:
@@ -539,14 +539,14 @@ cdef class BatchLoop:
             sl = &self.scheduler.slots[s]
             want = WANT_SAMPLE | (WANT_LOGPROBS if sl.n_logprobs else 0)
             position = sl.n_prefilled + sl.n_generated - 1
-            for j in range(1 + sl.n_draft):
-                self.row_tok[row] = sl.last_token if j == 0 else sl.draft[j - 1]
+            for j in range(1 + sl.drafting.n_draft):
+                self.row_tok[row] = sl.last_token if j == 0 else sl.drafting.draft[j - 1]
                 self.row_pos[row] = position + j
                 self.row_seq[row] = s
                 self.row_want[row] = want
-                if j < sl.n_draft:
+                if j < sl.drafting.n_draft:
                     self.row_want[row] = want | WANT_CHAIN
-                    self.row_next[row] = sl.draft[j]
+                    self.row_next[row] = sl.drafting.draft[j]
                 row += 1
         for c in range(self.scheduler.n_chunks):
             s = self.scheduler.chunk_slot[c]

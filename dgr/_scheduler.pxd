@@ -3,21 +3,16 @@
 
 from libc.stdint cimport int32_t, int64_t
 
-from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF, EV_DECODE, EV_FAILURE, EV_FINISH, EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN,
-                        FINISH_CANCELLED, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, FINISH_STOP,
-                        MAX_DRAFT, MAX_LOGPROBS, MAX_STEP_DRAFTS, MIN_PIECE, NO_LOGITS,
-                        SCORE_CHUNK)
-from dgr._drafts cimport NgramStore
+from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_OFF, EV_DECODE, EV_FAILURE, EV_FINISH,
+                        EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN, FINISH_CANCELLED, FINISH_ERROR,
+                        FINISH_LENGTH, FINISH_NONE, FINISH_STOP, MAX_LOGPROBS, MAX_STEP_DRAFTS,
+                        MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
+from dgr._speculation cimport Drafting, DraftRow, Speculation
 
 cdef enum SlotPhase:
     SLOT_FREE = 0
     SLOT_PREFILL = 1
     SLOT_DECODE = 2
-
-cdef struct Acceptance:
-    # draft tokens accepted of those verified, recent verifications weighing more
-    double accepted
-    double drafted
 
 cdef struct Slot:
     int phase
@@ -34,11 +29,7 @@ cdef struct Slot:
     bint keep_kv               # its sequence keeps its KV when it ends (a prefix cache entry)
     int prompt_logprobs        # -1, or it scores its prompt tokens (with this many alternatives)
     int64_t order              # admission order: prefill goes oldest first
-    int speculate              # Speculation: may its decode rows carry drafts (dgr/_drafts.pyx)
-    int n_draft                # draft rows planned for the current step
-    int draft_source           # DraftSource of those drafts
-    int32_t draft[MAX_DRAFT]
-    Acceptance accepted        # its drafts' record
+    Drafting drafting          # its speculation state (dgr/_speculation.pyx)
 
 cdef struct StepFigures:
     int64_t index
@@ -85,8 +76,7 @@ cdef class Scheduler:
     cdef bint time_known                # set_step_time gave the model below
     cdef double time_a, time_b, time_c, time_e
     cdef int prefill_cap                # the prefill rows the current plan allows
-    cdef readonly NgramStore store      # recent sessions' outputs, a draft source
-    cdef Acceptance by_source[3]        # per DraftSource: the node's record
+    cdef readonly Speculation speculation   # the drafts' policy (one_call only), else None
     cdef char * eog                 # per vocabulary entry: ends generation
     cdef int n_vocab
     cdef int64_t next_order
@@ -94,8 +84,7 @@ cdef class Scheduler:
     cdef int n_decode
     cdef int * decode_slots
     cdef int n_draft_rows               # draft rows after the decode rows they verify
-    cdef int * draft_found              # per decode row: draft tokens its sources gave
-    cdef double * draft_rate            # per decode row: the share of its drafts accepted
+    cdef DraftRow * draft_rows          # per decode row: what the speculation policy sees
     cdef int n_chunks
     cdef int * chunk_slot
     cdef int * chunk_start
@@ -105,7 +94,6 @@ cdef class Scheduler:
     cdef int max_step_events(self) noexcept nogil
     cdef int take_finish_requests(self, Event * out) noexcept nogil
     cdef int plan(self) noexcept nogil
-    cdef void _plan_drafts(self, int room) noexcept nogil
     cdef int decode_rows(self) noexcept nogil
     cdef int kv_valid(self, int s) noexcept nogil
     cdef int _rows_within_stall(self, int position) noexcept nogil

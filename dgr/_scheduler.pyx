@@ -28,22 +28,11 @@ Policy (re-planned every step; sessions join and leave between steps):
    step stay within SCORE_CHUNK rows more than its decode rows (a second
    scoring session waits, the others go on).
 3. Drafts (speculation, unified pool only): a speculating decoder's row may be
-   followed by draft rows, tokens guessed from its own context or the node's
-   recent outputs (dgr/_drafts.pyx), which the step verifies. "auto": a
-   session's draft goes in whole (acceptance comes in runs: a quote is
-   followed to its end or left at once) where the share of its drafts
-   accepted, f, beats the step's tokens per second: f T > b N for a step of N
-   expected tokens and predicted time T, b the model's time per decode row
-   (a draft row is one more such row). Compute-bound steps (many decoders: T
-   near b N) thus draft nothing (b is at least the decode-only step's time
-   over its rows plus one: until steps with drafts tell a from b, a fit of
-   one-decoder steps may not). f is the session's record (recent
-   verifications weighing more, fading while it does not draft) beside its
-   source's node-wide one, optimistic before there is any. A session drafts
-   at most MAX_DRAFT tokens, no more than its credits and max_tokens leave
-   room for (so drafts never take KV beyond its reservation); a step at most
-   MAX_STEP_DRAFTS; "auto" none before the step time is modelled. "always"
-   drafts all its sources give, within those bounds, whatever they cost.
+   followed by draft rows, which the step verifies; which rows carry how many is
+   the speculation policy's (dgr/_speculation.pyx), from what the token budget
+   leaves beyond the decode rows and MIN_PIECE prefill rows, and the step-time
+   model. A session drafts no more than its credits and max_tokens leave room
+   for, so drafts never take KV beyond its reservation.
 4. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
    results do not depend on the rows it shares a call with (the patch stack,
@@ -73,22 +62,8 @@ from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
-from dgr._codes cimport DRAFT_CONTEXT, DRAFT_NODE
-from dgr._drafts cimport NgramStore, context_draft
 
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
-
-cdef enum:
-    PRIOR_WEIGHT = 2           # drafts a prior share counts as (a source's for a session)
-# A source's share of drafts accepted before its record says otherwise: optimistic,
-# so that an auto node tries drafts and measures them (a record is kept only of
-# verified drafts)
-cdef double SOURCE_PRIOR = 0.8
-
-# per verifying step: how much a session's and the node's past acceptance still weighs
-cdef double SLOT_FORGET = 0.7
-cdef double SOURCE_FORGET = 0.99
-
 
 cdef object event_record(const Event * e):
     """The typed record of one event (dgr.events)."""
@@ -112,18 +87,6 @@ cdef object event_record(const Event * e):
     return StepEnded(e.step)
 
 
-cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
-    """The share of drafts accepted, beside PRIOR_WEIGHT drafts at `prior`."""
-    return (a.accepted + PRIOR_WEIGHT * prior) / (a.drafted + PRIOR_WEIGHT)
-
-
-cdef inline void _record(Acceptance * a, int k, int accepted, double forget) noexcept nogil:
-    """k drafts verified, the first `accepted` of them taken (k = 0: the record
-    only fades)."""
-    a.accepted = forget * a.accepted + accepted
-    a.drafted = forget * a.drafted + k
-
-
 cdef class Scheduler:
     """Slot table and step policy of one batch loop (see the module doc)."""
 
@@ -132,8 +95,7 @@ cdef class Scheduler:
         self.eog = NULL
         self.decode_slots = self.chunk_slot = self.chunk_start = self.chunk_end = NULL
         self.order_buf = NULL
-        self.draft_found = NULL
-        self.draft_rate = NULL
+        self.draft_rows = NULL
 
     def __init__(self, int n_slots, int token_budget, int prefill_chunk, int prefill_sessions,
                  int n_vocab, eog_tokens=(), bint one_call=False, double decode_stall=0.0):
@@ -157,14 +119,13 @@ cdef class Scheduler:
         self.chunk_start = <int *> calloc(n_slots, sizeof(int))
         self.chunk_end = <int *> calloc(n_slots, sizeof(int))
         self.order_buf = <int *> calloc(n_slots, sizeof(int))
-        self.draft_found = <int *> calloc(n_slots, sizeof(int))
-        self.draft_rate = <double *> calloc(n_slots, sizeof(double))
+        self.draft_rows = <DraftRow *> calloc(n_slots, sizeof(DraftRow))
         if (self.slots == NULL or self.eog == NULL or self.decode_slots == NULL
                 or self.chunk_slot == NULL or self.chunk_start == NULL or self.chunk_end == NULL
-                or self.order_buf == NULL or self.draft_found == NULL or self.draft_rate == NULL):
+                or self.order_buf == NULL or self.draft_rows == NULL):
             raise MemoryError()
         # drafts need one call a step (split KV would cut it into many)
-        self.store = NgramStore() if one_call else None
+        self.speculation = Speculation(n_slots) if one_call else None
         for t in eog_tokens:
             if 0 <= t < n_vocab:
                 self.eog[t] = 1
@@ -180,8 +141,7 @@ cdef class Scheduler:
         free(self.chunk_start)
         free(self.chunk_end)
         free(self.order_buf)
-        free(self.draft_found)
-        free(self.draft_rate)
+        free(self.draft_rows)
 
     # ------------------------------------------------------------ the node's side
 
@@ -233,9 +193,8 @@ cdef class Scheduler:
         self.next_order += 1
         if not SPECULATE_OFF <= speculate <= SPECULATE_ALWAYS:
             raise ValueError(f"not a speculation code: {speculate}")
-        sl.speculate = speculate if self.store is not None else SPECULATE_OFF
-        sl.n_draft = 0
-        memset(&sl.accepted, 0, sizeof(Acceptance))
+        memset(&sl.drafting, 0, sizeof(Drafting))
+        sl.drafting.mode = speculate if self.speculation is not None else SPECULATE_OFF
         sl.phase = SLOT_PREFILL
 
     def credit(self, int slot, int n=1):
@@ -279,16 +238,8 @@ cdef class Scheduler:
     def planned_draft(self, int slot):
         """The draft tokens the last plan gave the slot's decode row."""
         self._check(slot)
-        return [self.slots[slot].draft[i] for i in range(self.slots[slot].n_draft)]
-
-    def acceptance(self):
-        """Per draft source ("context", "node"): (accepted, tried), forgetting-weighted."""
-        cdef Acceptance a
-        out = {}
-        for name, src in (("context", <int> DRAFT_CONTEXT), ("node", <int> DRAFT_NODE)):
-            a = self.by_source[src]
-            out[name] = (a.accepted, a.drafted)
-        return out
+        cdef Drafting * d = &self.slots[slot].drafting
+        return [d.draft[i] for i in range(d.n_draft)]
 
     # ------------------------------------------------------------ for tests
 
@@ -362,7 +313,17 @@ cdef class Scheduler:
             if sl.phase == SLOT_DECODE and sl.credits > 0:
                 self.decode_slots[self.n_decode] = s
                 self.n_decode += 1
-        self._plan_drafts(self.token_budget - self.n_decode - MIN_PIECE)
+        self.n_draft_rows = 0
+        if self.speculation is not None:
+            for i in range(self.n_decode):
+                sl = &self.slots[self.decode_slots[i]]
+                self.draft_rows[i].drafting = &sl.drafting
+                self.draft_rows[i].context = sl.tokens
+                self.draft_rows[i].n_context = sl.n_prompt + sl.n_generated
+                self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
+            self.n_draft_rows = self.speculation.plan(
+                self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
+                self.time_known, self.time_a, self.time_b)
         left = self.token_budget - self.decode_rows()
         # Prefilling slots, oldest first (insertion sort: a few dozen slots at most).
         cdef int n_waiting = 0
@@ -409,69 +370,6 @@ cdef class Scheduler:
             left -= piece
             cap -= piece
         return self.token_budget - left
-
-    cdef void _plan_drafts(self, int room) noexcept nogil:
-        """Give speculating decoders draft rows (module doc, Policy 3), at most
-        `room` in all."""
-        cdef int i, k
-        cdef double expected, seconds, decode_only, row_s
-        cdef Slot * sl
-        self.n_draft_rows = 0
-        for i in range(self.n_decode):
-            sl = &self.slots[self.decode_slots[i]]
-            sl.n_draft = 0
-            self.draft_found[i] = 0
-            if sl.speculate == SPECULATE_OFF or (sl.speculate == SPECULATE_AUTO
-                                                 and not self.time_known):
-                continue
-            k = min(MAX_DRAFT, min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1))
-            if k <= 0:
-                continue
-            sl.draft_source = DRAFT_CONTEXT
-            self.draft_found[i] = context_draft(sl.tokens, sl.n_prompt + sl.n_generated, k,
-                                                sl.draft)
-            if self.draft_found[i] == 0:
-                sl.draft_source = DRAFT_NODE
-                self.draft_found[i] = self.store.draft(sl.tokens, sl.n_prompt + sl.n_generated,
-                                                       k, sl.draft)
-            self.draft_rate[i] = _rate(sl.accepted,
-                                       _rate(self.by_source[sl.draft_source], SOURCE_PRIOR))
-        room = min(room, MAX_STEP_DRAFTS)
-        for i in range(self.n_decode):
-            sl = &self.slots[self.decode_slots[i]]
-            if sl.speculate == SPECULATE_ALWAYS:
-                sl.n_draft = max(0, min(self.draft_found[i], room - self.n_draft_rows))
-                self.n_draft_rows += sl.n_draft
-        if not self.time_known:
-            return
-        # auto: a session's drafts go in whole (acceptance comes in runs: a quote is
-        # followed to its end or left at once) where the share of them accepted makes
-        # the step's expected tokens per second higher, with the ones before. A row
-        # costs the model's b, but at least the decode-only step's time shared by one
-        # row more: where every step had the same rows (one decoder, no drafts yet)
-        # the fit cannot tell a from b, and drafting is what tells them apart.
-        decode_only = self.time_a + self.time_b * self.n_decode
-        if decode_only <= 0.0:
-            return
-        row_s = max(self.time_b, decode_only / (self.n_decode + 1))
-        expected = self.n_decode
-        seconds = decode_only + row_s * self.n_draft_rows
-        for i in range(self.n_decode):
-            sl = &self.slots[self.decode_slots[i]]
-            k = min(self.draft_found[i], room - self.n_draft_rows)
-            if (sl.speculate != SPECULATE_AUTO or k <= 0
-                    or self.draft_rate[i] * seconds <= row_s * expected):
-                continue
-            sl.n_draft = k
-            self.n_draft_rows += k
-            expected += self.draft_rate[i] * k
-            seconds += row_s * k
-        # a session's record fades while it does not draft, back to its source's
-        # rates: what kept it from drafting is tried again
-        for i in range(self.n_decode):
-            sl = &self.slots[self.decode_slots[i]]
-            if sl.speculate == SPECULATE_AUTO and self.draft_found[i] and not sl.n_draft:
-                _record(&sl.accepted, 0, 0, SLOT_FORGET)
 
     cdef int decode_rows(self) noexcept nogil:
         """The plan's decode rows with their drafts (the rows before the chunks)."""
@@ -530,9 +428,9 @@ cdef class Scheduler:
             e = &out[n]
             e.kind = EV_DECODE
             e.slot = self.decode_slots[i]
-            e.drafted = self.slots[e.slot].n_draft
+            e.drafted = self.slots[e.slot].drafting.n_draft
             e.accepted = 0
-            e.source = self.slots[e.slot].draft_source if e.drafted else 0
+            e.source = self.slots[e.slot].drafting.source if e.drafted else 0
             n += 1
         for c in range(self.n_chunks):
             e = &out[n]
@@ -554,7 +452,7 @@ cdef class Scheduler:
             else:
                 n += self._verify(s, row, sampled, chosen_lp, top_ids, top_lp, &out[i],
                                   out + n, figures)
-            row += 1 + self.slots[s].n_draft
+            row += 1 + self.slots[s].drafting.n_draft
         for c in range(self.n_chunks):
             s = self.chunk_slot[c]
             rc = call_rc[0 if self.one_call else 1 + c]
@@ -590,19 +488,19 @@ cdef class Scheduler:
         order, while each is the draft the next row was fed; the acceptance
         figures in its EV_DECODE (`decoded`) and rates. Returns the events written."""
         cdef Slot * sl = &self.slots[s]
-        cdef int k = sl.n_draft, j, n = 0, accepted = 0, source = sl.draft_source
+        cdef Drafting * d = &sl.drafting
+        cdef int k = d.n_draft, j, n = 0, accepted = 0
         for j in range(k + 1):
             n += self._output(s, sampled[row + j], chosen_lp[row + j],
                               top_ids + (row + j) * MAX_LOGPROBS,
                               top_lp + (row + j) * MAX_LOGPROBS, out + n)
             figures.generated += 1
-            if sl.phase == SLOT_FREE or j == k or sampled[row + j] != sl.draft[j]:
+            if sl.phase == SLOT_FREE or j == k or sampled[row + j] != d.draft[j]:
                 break
             accepted += 1
         if k:
             decoded.accepted = accepted
-            _record(&sl.accepted, k, accepted, SLOT_FORGET)
-            _record(&self.by_source[source], k, accepted, SOURCE_FORGET)
+            self.speculation.verified(d, accepted)
         return n
 
     cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,
@@ -669,8 +567,8 @@ cdef class Scheduler:
         out.kept = 0
         if sl.keep_kv and reason != FINISH_ERROR:
             out.kept = sl.n_prefilled + (sl.n_generated - 1 if sl.n_generated > 0 else 0)
-        if self.store is not None and reason != FINISH_ERROR:
-            self.store.add(sl.tokens, sl.n_prompt, sl.n_prompt + sl.n_generated)
+        if self.speculation is not None and reason != FINISH_ERROR:
+            self.speculation.finished(sl.tokens, sl.n_prompt, sl.n_prompt + sl.n_generated)
         free(sl.tokens)
         sl.tokens = NULL
         sl.phase = SLOT_FREE

@@ -74,7 +74,7 @@ def test_a_verified_draft_yields_tokens_up_to_the_first_the_sampler_did_not_pick
     assert [e.token for e in events if isinstance(e, Sampled)] == [4, 5, 8]
     # phase, prefilled, generated, credits: three tokens reported
     assert sched.slot_state(0) == (2, len(prompt), 4, 96)
-    assert sched.acceptance()["context"] == (2.0, float(MAX_DRAFT))
+    assert sched.speculation.acceptance()["context"] == (2.0, float(MAX_DRAFT))
 
 
 def test_drafts_stop_at_an_end_and_never_pass_max_tokens_or_credits():
