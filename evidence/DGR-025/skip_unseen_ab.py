@@ -1,7 +1,9 @@
-"""A/B of patch 0009 (flash attention skips runs of unseen cells), alternating wheels.
+"""A/B of two llama-cpp-python wheels that differ by one patch, alternating: patch 0009
+(flash attention skips runs of unseen cells: A with 0001-0008, B with 0001-0009) and
+patch 0011 (a KQ mask row visits only its sequence's cells: A with 0001-0010, B with
+0001-0011).
 
-Two llama-cpp-python wheels built from the pinned tree, A with patches 0001-0008,
-B with 0001-0009, are installed in turn (pip, seconds: both are in the wheel
+Two llama-cpp-python wheels built from the pinned tree are installed in turn (pip, seconds: both are in the wheel
 cache) and each round measures, in a fresh process for each wheel:
 
 - tiny: the tiny test model, 64 sessions at once in a 32,768-cell pool, 256
