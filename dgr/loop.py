@@ -135,6 +135,9 @@ class StepLoop:
         self._closing = False
         self.stopped = False  # the BatchLoop's run has returned: the engine is idle
         self._step_decode: list[int] = []
+        # the drain's token latencies, observed together after it (telemetry.StepHistogram)
+        self._first_latencies: list[float] = []
+        self._next_latencies: list[float] = []
         self._step_prefill: list[tuple[int, int, int]] = []
         self.departures = trio.lowlevel.ParkingLot()  # woken whenever a session leaves
         self._handlers = {Sampled: self._on_sampled, Decoded: self._on_decoded,
@@ -328,6 +331,10 @@ class StepLoop:
             now = time.monotonic()
             for event in events:
                 handlers[type(event)](event, now)
+            self._telemetry.ttft.observe_all(self._first_latencies)
+            self._telemetry.itl.observe_all(self._next_latencies)
+            self._first_latencies.clear()
+            self._next_latencies.clear()
             if self._published:
                 self._check_published()
             if self._tiers is not None and self.batch.kv_ops_published != self._ops_seen:
@@ -338,8 +345,8 @@ class StepLoop:
     def _on_sampled(self, event: Sampled, now: float) -> None:
         session = self._by_slot[event.slot]
         latency = session.record_token(event.token, now)
-        (self._telemetry.ttft if len(session.generated) == 1 else self._telemetry.itl
-         ).observe(latency)
+        (self._first_latencies if len(session.generated) == 1 else self._next_latencies
+         ).append(latency)
         if not session.done:
             self._replies[session].token(event.token, event.logprob, event.top)
 

@@ -115,11 +115,12 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         rows: list[list[Chunk]] = [[] for _ in texts]
 
         async def collect(i, chunks):
-            async for chunk in chunks:
-                texts[i].append(chunk.text)
-                if chunk.token_id is not None:
-                    rows[i].append(chunk)
-                    request.scope["dgr.tokens"] = sum(map(len, rows))
+            while batch := await chunks.next_chunks():
+                for chunk in batch:
+                    texts[i].append(chunk.text)
+                    if chunk.token_id is not None:
+                        rows[i].append(chunk)
+                request.scope["dgr.tokens"] = sum(map(len, rows))
 
         async with node.stream_group(prompts, parsed.params, parsed.n) as streams:
             instead = await _read_whole(request, streams, collect)

@@ -52,14 +52,15 @@ class StepTimeModel:
         self._decode_only = 0.0  # forgetting-weighted counts of each kind of step
         self._prefilling = 0.0
         self.fitted: Optional[tuple[float, float, float, float]] = None  # the last fit
-        self._since_fit = 0
+        self._since_fit = 0  # steps since the last solve
+        self._solved = False  # a solve was tried (sane or not)
 
     def observe(self, decode_rows: int, chunks, seconds: float) -> Optional[tuple]:
         """One step: its decode rows, its prefill chunks [(start, end), ...], its
-        time. Returns a new fit when one is due (the first as soon as there is
-        one, then every REFIT_EVERY steps: a solve each step is work on the Trio
-        thread's step path that a fit moving by ~1 % a step does not need), else
-        None."""
+        time. Returns a new fit when one is due, else None: the model is solved as
+        soon as both kinds of step were seen, then every REFIT_EVERY steps, sane
+        or not (a solve each step is work on the Trio thread's step path that a
+        fit moving by ~1 % a step does not need)."""
         prefill_rows = sum(end - start for start, end in chunks)
         if decode_rows == 0 and prefill_rows == 0:
             return None
@@ -73,18 +74,22 @@ class StepTimeModel:
         elif decode_rows:
             self._decode_only += 1.0
         self._since_fit += 1
-        if self.fitted is not None and self._since_fit < REFIT_EVERY:
+        if (self._solved and self._since_fit < REFIT_EVERY) or not self._seen_both():
             return None
+        self._solved, self._since_fit = True, 0
         fit = self.coefficients()
         if fit is not None:
-            self.fitted, self._since_fit = fit, 0
+            self.fitted = fit
         return fit
+
+    def _seen_both(self) -> bool:
+        return self._decode_only >= MIN_DECODE_ONLY and self._prefilling >= MIN_PREFILLING
 
     def coefficients(self) -> Optional[tuple[float, float, float, float]]:
         """(a, b, c, e), or None before both kinds of step were seen or while the
         fit is not sane. e is fitted once a few steps prefilled, and a negative e
         (positions too alike to tell it from c) is fitted again as 0."""
-        if self._decode_only < MIN_DECODE_ONLY or self._prefilling < MIN_PREFILLING:
+        if not self._seen_both():
             return None
         ridge = 1e-9 * np.trace(self._xtx) * np.eye(4)
         try:

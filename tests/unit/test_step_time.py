@@ -60,3 +60,16 @@ def test_a_fit_is_handed_out_at_once_then_every_refit_steps():
     assert [i for i, fit in enumerate(got) if fit is not None] == [REFIT_EVERY - 1,
                                                                    2 * REFIT_EVERY - 1]
     assert model.report() == dict(zip("abce", got[-1]))
+
+
+def test_a_fit_that_is_not_sane_is_tried_again_every_refit_steps():
+    from dgr.step_time import REFIT_EVERY
+
+    model = StepTimeModel()
+    for _ in range(5):
+        model.observe(4, [], 0.02)
+    solves = []
+    model.coefficients = lambda: solves.append(1)  # not sane: None
+    for _ in range(2 * REFIT_EVERY + 1):
+        model.observe(4, [(0, 64)], 0.01)
+    assert len(solves) == 3 and model.fitted is None

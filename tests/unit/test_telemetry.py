@@ -22,3 +22,28 @@ def test_drain_rate_counts_sessions_ended_in_the_last_minute():
     for _ in range(30):
         telemetry.record_finish("stop")
     assert telemetry.drain_rate() == 30.0  # within one second: divided by at least 1 s
+
+
+def test_a_step_histogram_counts_as_prometheus_client_does():
+    """StepHistogram (a step's observations at once) exposes what prometheus_client's
+    Histogram gives for the same values: bounds inclusive, cumulative, sum, count."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from dgr.telemetry import StepHistogram
+
+    buckets = (0.005, 0.01, 1.0)
+    values = [0.001, 0.005, 0.0051, 0.01, 0.5, 100.0]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batched = StepHistogram("lat_seconds", "doc", buckets)
+    ours.register(batched)
+    reference = Histogram("lat_seconds", "doc", buckets=buckets, registry=theirs)
+    batched.observe_all(values[:2])
+    batched.observe_all([])
+    batched.observe_all(values[2:])
+    for v in values:
+        reference.observe(v)
+    samples = {(s.name, tuple(s.labels.items())): s.value
+               for m in ours.collect() for s in m.samples}
+    expected = {(s.name, tuple(s.labels.items())): s.value
+                for m in theirs.collect() for s in m.samples if not s.name.endswith("_created")}
+    assert samples == expected
