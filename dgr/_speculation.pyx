@@ -4,11 +4,13 @@ step carry draft rows, and the acceptance records it decides by.
 
 A speculating decoder's row may be followed by draft rows, tokens guessed from its
 own context or the node's recent outputs (dgr/_drafts.pyx), which the step
-verifies. "auto": a session's draft goes in whole (acceptance comes in runs: a
-quote is followed to its end or left at once) where the share of its drafts
-accepted, f, beats the step's tokens per second: f T > b N for a step of N
-expected tokens and predicted time T, b the model's time per decode row (a draft
-row is one more such row). Compute-bound steps (many decoders: T near b N) thus
+verifies. "auto": a session's draft goes in as far as its rows pay: its j-th
+row gives a token only if the rows before it were accepted, so at a share f of
+the session's drafts accepted it is expected to give f^j tokens, and it goes in
+while f^j T > b N for a step of N expected tokens and predicted time T, b the
+model's time per decode row (a draft row is one more such row). A session that
+has not drafted yet (f at its source's prior) tries a short draft; one whose
+drafts are taken drafts long ones; one whose drafts fail stops drafting. Compute-bound steps (many decoders: T near b N) thus
 draft nothing (b is at least the decode-only step's time over its rows plus one:
 until steps with drafts tell a from b, a fit of one-decoder steps may not). f is
 the session's record (recent verifications weighing more, fading while it does
@@ -88,7 +90,7 @@ cdef class Speculation:
         rows in all; the step-time model a + b decode rows once `time_known`.
         Returns the draft rows given."""
         cdef int i, k, n_draft_rows = 0
-        cdef double expected, seconds, decode_only, row_s
+        cdef double expected, seconds, decode_only, row_s, gain
         cdef Drafting * d
         for i in range(n_rows):
             d = rows[i].drafting
@@ -113,7 +115,7 @@ cdef class Speculation:
                 n_draft_rows += d.n_draft
         if not time_known:
             return n_draft_rows
-        # auto: a session's drafts go in whole where the share of them accepted makes
+        # auto: a session's draft rows go in while each one's expected tokens make
         # the step's expected tokens per second higher, with the ones before. A row
         # costs the model's b, but at least the decode-only step's time shared by one
         # row more: where every step had the same rows (one decoder, no drafts yet)
@@ -127,12 +129,18 @@ cdef class Speculation:
         for i in range(n_rows):
             d = rows[i].drafting
             k = min(self.found[i], room - n_draft_rows)
-            if d.mode != SPECULATE_AUTO or k <= 0 or self.rate[i] * seconds <= row_s * expected:
+            if d.mode != SPECULATE_AUTO:
                 continue
-            d.n_draft = k
-            n_draft_rows += k
-            expected += self.rate[i] * k
-            seconds += row_s * k
+            # the j-th draft row gives a token only if the j - 1 before it were accepted:
+            # at a share f accepted, f^j tokens expected; rows go in while that beats
+            # the step's tokens per second
+            gain = self.rate[i]
+            while d.n_draft < k and gain * seconds > row_s * expected:
+                d.n_draft += 1
+                expected += gain
+                seconds += row_s
+                gain *= self.rate[i]
+            n_draft_rows += d.n_draft
         # a session's record fades while it does not draft, back to its source's
         # rates: what kept it from drafting is tried again
         for i in range(n_rows):

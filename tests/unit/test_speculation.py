@@ -136,3 +136,27 @@ def test_auto_drafts_only_where_the_step_time_model_says_they_pay():
     sched.set_step_time(0.001, 0.010, 0.001, 0.0)
     _, decode, _ = sched.plan_step()
     assert decode == list(range(8)) and all(sched.planned_draft(s) == [] for s in decode)
+
+
+def test_auto_sizes_a_draft_by_how_much_of_the_sessions_drafts_was_taken():
+    """The j-th draft row gives a token only if the ones before it were accepted: a
+    session at its source's prior tries a short draft; once its drafts are taken
+    whole, longer ones; once they fail, none."""
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2]  # context lookup: 4 5 6 1 2 3 ... (a cycle of 6)
+    sched = scheduler(n_slots=2, token_budget=256)
+    decoding(sched, 0, prompt, speculate=AUTO, first=3)
+    sched.set_step_time(0.010, 0.010, 0.001, 0.0)  # a row costs half a one-row step
+    lengths = []
+    for _ in range(4):  # every draft taken
+        sched.plan_step()
+        draft = sched.planned_draft(0)
+        lengths.append(len(draft))
+        sched.apply(draft + [(draft[-1] % 6) + 1 if draft else 4])
+    assert 0 < lengths[0] < MAX_DRAFT and lengths == sorted(lengths) and lengths[-1] > lengths[0]
+    for _ in range(6):  # every draft rejected at its first token
+        sched.plan_step()
+        draft = sched.planned_draft(0)
+        if not draft:
+            break
+        sched.apply([0] + [-2] * len(draft))  # the decode row sampled 0, not the draft
+    assert sched.planned_draft(0) == []
