@@ -1,8 +1,8 @@
-"""The levels case at c = 1 (benchmarks/concurrency.run_level: one streamed greedy
-completion of 48 tokens over HTTP, default model), dgr with `--speculation auto`
+"""The levels case at c sessions (benchmarks/concurrency.run_level: c streamed greedy
+completions of 48 tokens over HTTP, default model), dgr with `--speculation auto`
 (the default) and `off`, alternating, rounds; the drafts auto verified and accepted.
 
-    python evidence/DGR-025/speculation_c1_ab.py [--rounds 4]
+    python evidence/DGR-025/speculation_c1_ab.py [--rounds 4] [--c 1]
 """
 
 import argparse
@@ -23,6 +23,7 @@ from dgr.engine import resolve_model_path  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=4)
+parser.add_argument("--c", type=int, default=1)
 args = parser.parse_args()
 model = resolve_model_path(None)
 threads = os.cpu_count() or 2
@@ -41,8 +42,9 @@ print("| round | speculation | tok/s | drafted | accepted |")
 print("|---|---|---|---|---|")
 for r in range(args.rounds):
     for mode in ("auto", "off"):
-        with dgr_server(model, 1, 1024, threads, free_port(), extra=("--speculation", mode)) as srv:
-            got = trio.run(run_level, srv.url, 1, 48, True)
+        with dgr_server(model, args.c, 1024, threads, free_port(),
+                        extra=("--speculation", mode)) as srv:
+            got = trio.run(run_level, srv.url, args.c, 48, True)
             drafted, accepted = drafts(srv.url)
         rates[mode].append(got["gen_tok_s"])
         print(f"| {r} | {mode} | {got['gen_tok_s']:.1f} | {drafted} | {accepted} |", flush=True)
