@@ -28,7 +28,7 @@ cpdef enum DraftSource:
 # Whether a session's decode rows carry drafts (SamplingParams.speculation).
 cpdef enum Speculation:
     SPECULATE_OFF = 0
-    SPECULATE_AUTO = 1         # where the step-time model says they pay (dgr/_scheduler.pyx)
+    SPECULATE_AUTO = 1         # where the step-time model says they pay (dgr/_speculation.pyx)
     SPECULATE_ALWAYS = 2       # whenever a source has a draft, within the step's bounds
 
 # Failure codes of a call beside llama_decode's own (1, 2, -1, below -1): each

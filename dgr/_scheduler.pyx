@@ -193,8 +193,10 @@ cdef class Scheduler:
         self.next_order += 1
         if not SPECULATE_OFF <= speculate <= SPECULATE_ALWAYS:
             raise ValueError(f"not a speculation code: {speculate}")
-        memset(&sl.drafting, 0, sizeof(Drafting))
-        sl.drafting.mode = speculate if self.speculation is not None else SPECULATE_OFF
+        if self.speculation is not None:
+            self.speculation.begin(&sl.drafting, speculate)
+        else:
+            memset(&sl.drafting, 0, sizeof(Drafting))  # SPECULATE_OFF: split KV never drafts
         sl.phase = SLOT_PREFILL
 
     def credit(self, int slot, int n=1):

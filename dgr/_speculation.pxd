@@ -31,8 +31,8 @@ cdef class Speculation:
     cdef Acceptance by_source[3]        # per DraftSource: the node's record
     cdef int * found                    # per row of the current plan: draft tokens found
     cdef double * rate                  # per row: the share of its drafts expected accepted
-    cdef int n_rows_max
 
+    cdef void begin(self, Drafting * d, int mode) noexcept nogil
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint time_known,
                   double time_a, double time_b) noexcept nogil
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil

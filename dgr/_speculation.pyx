@@ -21,12 +21,14 @@ MAX_STEP_DRAFTS; "auto" none before the step time is modelled. "always" drafts
 all its sources give, within those bounds, whatever they cost.
 
 The scheduler owns the slots and hands the policy each decode row's speculation
-state (`Drafting`), context and limit; the policy alone changes that state and
-the records.
+state (`Drafting`), context and limit; the policy alone changes that state (from a
+session's start, `begin`) and the records; the scheduler reads the drafts to fill
+and verify the rows.
 """
 
 from libc.stdint cimport int32_t
 from libc.stdlib cimport calloc, free
+from libc.string cimport memset
 
 from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, MAX_STEP_DRAFTS, SPECULATE_ALWAYS,
                          SPECULATE_AUTO, SPECULATE_OFF)
@@ -57,14 +59,14 @@ cdef inline void _record(Acceptance * a, int k, int accepted, double forget) noe
 
 
 cdef class Speculation:
-    """The policy and its records for up to `n_rows_max` decode rows a step."""
+    """The policy and its records for up to `n_rows_max` decode rows a step (the
+    scheduler's slots)."""
 
     def __cinit__(self):
         self.found = NULL
         self.rate = NULL
 
     def __init__(self, int n_rows_max):
-        self.n_rows_max = n_rows_max
         self.found = <int *> calloc(n_rows_max, sizeof(int))
         self.rate = <double *> calloc(n_rows_max, sizeof(double))
         if self.found == NULL or self.rate == NULL:
@@ -83,6 +85,12 @@ cdef class Speculation:
             a = self.by_source[src]
             out[name] = (a.accepted, a.drafted)
         return out
+
+    cdef void begin(self, Drafting * d, int mode) noexcept nogil:
+        """A session starts in the slot of `d`, speculating by `mode` (a Speculation
+        code), with no record yet."""
+        memset(d, 0, sizeof(Drafting))
+        d.mode = mode
 
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint time_known,
                   double time_a, double time_b) noexcept nogil:

@@ -19,7 +19,8 @@ A model is given as soon as both kinds of step have been seen (a few
 decode-only steps fix a and b, one step that prefilled gives c; e needs a few
 steps at different positions and is 0 until then) and while it is sane (c > 0,
 e >= 0, a decode-only step taking time); until then the scheduler prefills
-`prefill_chunk` rows a step beside decoders.
+`prefill_chunk` rows a step beside decoders. It is solved again every
+REFIT_EVERY steps, sane or not.
 """
 
 from __future__ import annotations

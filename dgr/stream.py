@@ -90,17 +90,17 @@ class SessionStream:
         """Every chunk there is to take, waiting for the first; [] once the stream
         has ended. A reader writing to a socket makes one write of them: when it
         falls behind the node, its writes grow instead of multiplying."""
-        batch = []
-        async for chunk in self:
-            batch.append(chunk)
-            while self.finish_reason is None:
-                try:
-                    batch.append(self._taken(self._chunks.receive_nowait()))
-                except trio.WouldBlock:
-                    break
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    self._ended()
-            break
+        try:
+            batch = [await self.__anext__()]
+        except StopAsyncIteration:
+            return []
+        while self.finish_reason is None:
+            try:
+                batch.append(self._taken(self._chunks.receive_nowait()))
+            except trio.WouldBlock:
+                break
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                self._ended()
         return batch
 
     def _taken(self, chunk: Chunk) -> Chunk:

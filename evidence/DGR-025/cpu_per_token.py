@@ -18,10 +18,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks import serving  # noqa: E402
-from benchmarks.concurrency import ServerProcess, dgr_server, free_port, llama_server  # noqa: E402
+from benchmarks.concurrency import dgr_server, free_port, llama_server  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
+from snapshot_server import snapshot_server  # noqa: E402
 from dgr.testmodel import write_test_model  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -32,9 +34,6 @@ args = parser.parse_args()
 threads = os.cpu_count() or 2
 peers = ensure_peers(log=lambda m: print(m, file=sys.stderr), batched_bench=False)
 TICK = os.sysconf("SC_CLK_TCK")
-RUN_SNAPSHOT = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
-                "if 'editable' not in getattr(f, '__module__', '')]; "
-                "sys.path.insert(0, {dir!r}); runpy.run_module('dgr', run_name='__main__')")
 
 
 def cpu_s(path: str) -> float:
@@ -43,15 +42,9 @@ def cpu_s(path: str) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def dgr_before(model, c):
-    server = dgr_server(model, c, 512, threads, free_port())
-    return ServerProcess("dgr-A", [sys.executable, "-c", RUN_SNAPSHOT.format(dir=args.before),
-                                   *server.argv[3:]], server.port)
-
-
 servers = {"dgr": lambda model, c: dgr_server(model, c, 512, threads, free_port())}
 if args.before:
-    servers["dgr-A"] = dgr_before
+    servers["dgr-A"] = lambda model, c: snapshot_server(args.before, model, c, threads)
 servers["llama-server"] = lambda model, c: llama_server(peers["llama-server"], model, c, 512,
                                                         threads, free_port())
 model = str(write_test_model(Path(tempfile.mkdtemp()) / "tiny.gguf"))

@@ -14,10 +14,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks import serving  # noqa: E402
-from benchmarks.concurrency import ServerProcess, dgr_server, free_port, llama_server  # noqa: E402
+from benchmarks.concurrency import dgr_server, free_port, llama_server  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
+from snapshot_server import snapshot_server  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--before", required=True, help="a snapshot.sh copy of the package")
@@ -26,24 +28,8 @@ parser.add_argument("--levels", default="1,16,64")
 args = parser.parse_args()
 threads = os.cpu_count() or 2
 peers = ensure_peers(log=lambda m: print(m, file=sys.stderr), batched_bench=False)
-
-
-# `python -m dgr` importing the snapshot: the editable install's finder sits ahead
-# of sys.path, so it is taken out first.
-RUN_SNAPSHOT = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path "
-                "if 'editable' not in getattr(f, '__module__', '')]; "
-                "sys.path.insert(0, {dir!r}); runpy.run_module('dgr', run_name='__main__')")
-
-
-def dgr_before(model, c):
-    server = dgr_server(model, c, 512, threads, free_port())
-    assert server.argv[1:3] == ["-m", "dgr"]
-    return ServerProcess("dgr-A", [sys.executable, "-c", RUN_SNAPSHOT.format(dir=args.before),
-                                   *server.argv[3:]], server.port)
-
-
 servers = {"dgr": lambda model, c: dgr_server(model, c, 512, threads, free_port()),
-           "dgr-A": dgr_before,
+           "dgr-A": lambda model, c: snapshot_server(args.before, model, c, threads),
            "llama-server": lambda model, c: llama_server(peers["llama-server"], model, c, 512,
                                                          threads, free_port())}
 rows = serving.run(servers, [int(x) for x in args.levels.split(",")], args.rounds)

@@ -64,3 +64,22 @@ def test_a_reader_that_left_costs_nothing():
     reply.token(1, None, None)
     assert reply.closed and stops == []
     reply.finish(FinishReason.CANCELLED, None)
+
+
+async def test_a_reader_takes_every_chunk_there_is_at_once_and_hands_a_credit_per_token():
+    from dgr.stream import SessionStream
+
+    reply, recv, _ = reply_for()
+    session = Session(id=1, prompt=[0], params=SamplingParams(), max_tokens=16)
+    credits = []
+    stream = SessionStream(session, recv, lambda: credits.append(1))
+    for token in (1, 2):
+        reply.token(token, None, None)
+    assert [c.text for c in await stream.next_chunks()] == ["Hel", "lo"]
+    assert len(credits) == 2 and stream.finish_reason is None
+    reply.token(3, None, None)
+    reply.finish(FinishReason.LENGTH, None)
+    last = await stream.next_chunks()
+    assert [c.token_id for c in last] == [3, None] and last[-1].finish_reason == "length"
+    assert len(credits) == 3 and stream.finish_reason == "length"
+    assert await stream.next_chunks() == []

@@ -2,7 +2,7 @@
 completions of 48 tokens over HTTP, default model), dgr with `--speculation auto`
 (the default) and `off`, alternating, rounds; the drafts auto verified and accepted.
 
-    python evidence/DGR-025/speculation_c1_ab.py [--rounds 4] [--c 1]
+    python evidence/DGR-025/speculation_ab.py [--rounds 4] [--c 1]
 """
 
 import argparse
