@@ -9,7 +9,6 @@ a client that disconnects mid-stream cancels its session.
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import logging
@@ -31,7 +30,9 @@ from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.node import Node, open_node
 from dgr.stream import Chunk
 from dgr import responses as responses_api
-from dgr.openai import (BadRequest, ResponseBuilder, error_body, parse_chat, parse_completion,
+from dgr.http_sessions import (SessionEvents, cached_tokens, completion_events, error_response,
+                               prompt_tokens, read_whole, scored_prompt, scores_prompt)
+from dgr.openai import (BadRequest, ResponseBuilder, parse_chat, parse_completion,
                         parse_detokenize, parse_tokenize, token_piece)
 
 log = logging.getLogger("dgr.server")
@@ -43,11 +44,6 @@ class _State:
     def __init__(self) -> None:
         self.node: Optional[Node] = None
         self.model_id = "dgr"
-
-
-def _error(status: int, message: str, kind: str, code: Optional[str] = None,
-           param: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, code, param), status_code=status, headers=headers)
 
 
 def _retry_after(node: Node) -> str:
@@ -108,8 +104,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             # Admission happens before the 200 goes out, so a refusal is a real status code.
             group_cm = node.stream_group(prompts, parsed.params, parsed.n)
             streams = await group_cm.__aenter__()
-            return _SessionEvents(
-                lambda emit: _sse(request, streams, builder, parsed, echoes, emit),
+            return SessionEvents(
+                lambda emit: completion_events(request, streams, builder, parsed, echoes, emit),
                 close=lambda: group_cm.__aexit__(None, None, None))
         texts: list[list[str]] = [[echo] for echo in echoes]
         rows: list[list[Chunk]] = [[] for _ in texts]
@@ -123,94 +119,15 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                 request.scope["dgr.tokens"] = sum(map(len, rows))
 
         async with node.stream_group(prompts, parsed.params, parsed.n) as streams:
-            instead = await _read_whole(request, streams, collect)
+            instead = await read_whole(request, streams, collect)
         if instead is not None:
             return instead
         reasons = [chunks.finish_reason for chunks in streams]
         completion = sum(map(len, rows))
         return JSONResponse(builder.full(
             [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
-            _prompt_tokens(streams, parsed.n), completion, _cached_tokens(streams, parsed.n),
-            [_scored_prompt(c) for c in streams] if _scores_prompt(parsed) else None))
-
-    async def _sse(request, streams, builder: ResponseBuilder, parsed, echoes, emit) -> None:
-        """The choices' chunks as they come, each event naming its choice's index; a
-        choice's first event carries its echo. The events of the chunks there were
-        to take at once go out in one write."""
-        completion, failed = 0, False
-
-        async def forward(index, chunks, send):
-            async with send:
-                while batch := await chunks.next_chunks():
-                    await send.send([(index, chunk) for chunk in batch])
-
-        async def single(chunks):  # one choice: no task in between (one hop less per token)
-            while batch := await chunks.next_chunks():
-                yield [(0, chunk) for chunk in batch]
-
-        async with trio.open_nursery() as nursery:
-            if len(streams) == 1:
-                merged = contextlib.aclosing(single(streams[0]))
-            else:
-                send, merged = trio.open_memory_channel(0)
-                async with send:
-                    for index, chunks in enumerate(streams):
-                        nursery.start_soon(forward, index, chunks, send.clone())
-            first = set(range(len(streams)))
-            readers: dict = {}  # with tools: each choice's answer reader
-            events: list[str] = []  # the events of one batch of chunks
-            async with merged as receive:
-                async for batch in receive:
-                    for index, chunk in batch:
-                        if chunk.token_id is not None:
-                            completion += 1
-                        if parsed.tools is not None and chunk.finish_reason != "error":
-                            if index not in readers:
-                                readers[index] = parsed.tools.format.reader()
-                            reader = readers[index]
-                            objs = builder.tool_deltas(reader.feed(chunk.text), index,
-                                                       first=index in first)
-                            if objs:
-                                first.discard(index)
-                            if chunk.finish_reason is not None:
-                                objs += builder.tool_finish(reader, chunk.finish_reason, index,
-                                                            first=index in first)
-                            events.extend(_event(obj) for obj in objs)
-                            continue
-                        rows = [chunk] if chunk.token_id is not None else []
-                        if chunk.finish_reason == "error":
-                            events.append(_event(error_body(chunk.error, "server_error",
-                                                            "model_failed")))
-                            failed = True
-                            break
-                        text = echoes[index] + chunk.text if index in first else chunk.text
-                        if text or rows or index in first:
-                            # a scored prompt is complete before the choice's first chunk
-                            prompt = (_scored_prompt(streams[index])
-                                      if index in first and _scores_prompt(parsed) else None)
-                            events.append(_event(builder.delta(text, rows, None,
-                                                               first=index in first,
-                                                               index=index, prompt=prompt)))
-                            first.discard(index)
-                        if chunk.finish_reason is not None:
-                            events.append(_event(builder.delta("", [], chunk.finish_reason,
-                                                               index=index)))
-                    request.scope["dgr.tokens"] = completion
-                    if events:
-                        await emit("".join(events))
-                        events.clear()
-                    if failed:
-                        break
-            nursery.cancel_scope.cancel()  # the other choices' forwarders, after a failure
-        if failed:
-            pass  # the error event said it all; [DONE] still ends the stream
-        elif any(chunks.finish_reason == "cancelled" for chunks in streams):
-            await emit(_event(error_body("the session was cancelled (server shutting down)",
-                                         "server_error", "cancelled")))
-        elif parsed.include_usage:
-            await emit(_event(builder.usage_chunk(_prompt_tokens(streams, parsed.n), completion,
-                                                  _cached_tokens(streams, parsed.n))))
-        await emit("data: [DONE]\n\n")
+            prompt_tokens(streams, parsed.n), completion, cached_tokens(streams, parsed.n),
+            [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None))
 
     async def responses(request: Request) -> Response:
         """OpenAI's Responses API over one chat session (dgr.responses)."""
@@ -259,7 +176,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                 for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
                     await emit(event)
 
-            return _SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+            return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
         texts = []
 
         async def collect(_, chunks):
@@ -270,7 +187,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     request.scope["dgr.tokens"] = len(generated)
 
         async with node.stream(ids, parsed.chat.params) as chunks:
-            instead = await _read_whole(request, [chunks], collect)
+            instead = await read_whole(request, [chunks], collect)
         if instead is not None:
             return instead
         text = "".join(texts)
@@ -337,7 +254,8 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                 raise BadRequest("'tokens' must be a list of token ids", "tokens")
         blob = await node.export_prefix(ids)
         if blob is None:
-            return _error(404, "the node holds no prefix of these tokens", "not_found_error")
+            return error_response(404, "the node holds no prefix of these tokens",
+                                  "not_found_error")
         return Response(blob, media_type="application/octet-stream")
 
     async def prefix_import(request: Request) -> Response:
@@ -384,100 +302,6 @@ class _Unavailable(Exception):
     pass
 
 
-class _SessionEvents(Response):
-    """Server-sent events of one admitted session.
-
-    The session is admitted before this response exists, so a refusal is a real
-    status code. Whatever happens once the response is handed to the server
-    (the stream ends, the client disconnects, the server stops), `close`
-    releases the session: no admitted session outlives its response."""
-
-    def __init__(self, produce, close):
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                            (b"cache-control", b"no-cache")]
-        self.produce = produce  # async (emit) -> None: emits the events' text
-        self.close = close
-
-    async def __call__(self, scope, receive, send) -> None:
-        async def emit(event: str) -> None:
-            await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": self.raw_headers})
-                await self.produce(emit)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                nursery.cancel_scope.cancel()
-        except OSError:
-            pass  # the client went away while we wrote
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.close()
-
-
-async def _read_whole(request: Request, streams, collect) -> Optional[Response]:
-    """Read every stream to its end with `collect(index, chunks)`, cancelling them
-    all if the client leaves. Returns what to send instead of the answer (499: the
-    client left, 500: the model failed, 503: cancelled by a shutdown), or None."""
-    gone = trio.Event()
-
-    async def watch(scope):
-        await _cancel_on_disconnect(request.receive, scope)
-        gone.set()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch, nursery.cancel_scope)
-        async with trio.open_nursery() as collectors:
-            for i, chunks in enumerate(streams):
-                collectors.start_soon(collect, i, chunks)
-        nursery.cancel_scope.cancel()
-    if gone.is_set():
-        # nobody reads this; the status is for the log line (nginx's "client closed request")
-        return Response(status_code=499)
-    failed = next((c for c in streams if c.finish_reason == "error"), None)
-    if failed is not None:
-        return _error(500, failed.error, "server_error", "model_failed")
-    if any(c.finish_reason == "cancelled" for c in streams):
-        return _error(503, "the session was cancelled (server shutting down)", "server_error",
-                      "cancelled")
-    return None
-
-
-async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
-    """A client that goes away cancels its session (streamed or not)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
-def _prompt_tokens(streams, n: int) -> int:
-    """Usage: each prompt's tokens once, however many samples it has (OpenAI's count)."""
-    return sum(chunks.prompt_tokens for chunks in streams[::n])
-
-
-def _scores_prompt(parsed) -> bool:
-    return parsed.echo and parsed.params.prompt_logprobs is not None
-
-
-def _scored_prompt(chunks) -> list:
-    """(token id, (logprob, alternatives) or None) for each prompt token."""
-    return list(zip(chunks.session.prompt, chunks.prompt_logprobs))
-
-
-def _cached_tokens(streams, n: int) -> int:
-    """Usage: of those, the tokens whose KV was reused, not computed (a prompt's
-    first sample's; the others share its prefill)."""
-    return sum(chunks.cached_tokens for chunks in streams[::n])
-
-
-def _event(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
 class _ErrorMapper:
     """Exception -> OpenAI-style error response: 4xx for bad input and refusals,
     503 while unavailable; a 500 only for a real server fault (logged)."""
@@ -494,29 +318,33 @@ class _ErrorMapper:
             return self.map(exc.exceptions[0])
         if isinstance(exc, HTTPException) and exc.status_code in (404, 405):
             found = exc.status_code == 404
-            return _error(exc.status_code, "no such endpoint" if found else "method not allowed",
-                          "invalid_request_error", "not_found" if found else "method_not_allowed",
-                          headers=exc.headers)
+            return error_response(exc.status_code,
+                                  "no such endpoint" if found else "method not allowed",
+                                  "invalid_request_error",
+                                  "not_found" if found else "method_not_allowed",
+                                  headers=exc.headers)
         if isinstance(exc, BadRequest):
-            return _error(400, str(exc), "invalid_request_error", "invalid_value", exc.param)
+            return error_response(400, str(exc), "invalid_request_error", "invalid_value",
+                                  exc.param)
         if isinstance(exc, InvalidRequest):
-            return _error(400, str(exc), "invalid_request_error", "invalid_value")
+            return error_response(400, str(exc), "invalid_request_error", "invalid_value")
         if isinstance(exc, _TooLarge):
-            return _error(413, f"request body exceeds {self.config.max_body_bytes} bytes",
-                          "invalid_request_error", "body_too_large")
+            return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
+                                  "invalid_request_error", "body_too_large")
         if isinstance(exc, AdmissionRejected):
             if exc.reason == "never_fits":
-                return _error(400, str(exc), "invalid_request_error", "context_length_exceeded")
+                return error_response(400, str(exc), "invalid_request_error",
+                                      "context_length_exceeded")
             if exc.reason in ("draining", "unhealthy"):
-                return _error(503, str(exc), "server_error", exc.reason)
+                return error_response(503, str(exc), "server_error", exc.reason)
             headers = {"Retry-After": _retry_after(self.state.node)} if self.state.node else None
-            return _error(429, str(exc), "rate_limit_error", exc.reason, headers=headers)
+            return error_response(429, str(exc), "rate_limit_error", exc.reason, headers=headers)
         if isinstance(exc, (_Unavailable, NodeClosed)):
-            return _error(503, str(exc), "server_error", "unavailable")
+            return error_response(503, str(exc), "server_error", "unavailable")
         if isinstance(exc, ClientDisconnect):
             return Response(status_code=499)
         log.error("internal error", exc_info=exc)
-        return _error(500, "internal server error", "server_error", "internal_error")
+        return error_response(500, "internal server error", "server_error", "internal_error")
 
 
 class _Guard:
@@ -539,8 +367,8 @@ class _Guard:
 
         try:
             if self.key is not None and scope["path"] != "/health" and not self._authorized(scope):
-                response = _error(401, "missing or invalid API key", "invalid_request_error",
-                                  "invalid_api_key")
+                response = error_response(401, "missing or invalid API key",
+                                          "invalid_request_error", "invalid_api_key")
                 await response(scope, receive, send_logged)
             else:
                 await self.app(scope, receive, send_logged)
