@@ -353,7 +353,20 @@ cdef class BatchLoop:
     def set_step_time(self, double a, double b, double c, double e):
         """The node's model of its step times (dgr.step_time), for the scheduler's
         next plans (Scheduler.set_step_time)."""
-        self.scheduler.set_step_time(a, b, c, e)
+        pthread_mutex_lock(&self.lock)
+        try:
+            self.scheduler.set_step_time(a, b, c, e)
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    def set_row_times(self, points):
+        """Decode steps' seconds by output rows (dgr.step_time.RowTimes), for the
+        speculation policy's next plans (Scheduler.set_row_times)."""
+        pthread_mutex_lock(&self.lock)
+        try:
+            self.scheduler.set_row_times(points)
+        finally:
+            pthread_mutex_unlock(&self.lock)
 
     def credit(self, int slot, int n=1):
         """The slot's reader took n tokens; it may be sent n more."""

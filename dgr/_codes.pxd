@@ -55,8 +55,10 @@ cpdef enum:
     SCORE_CHUNK = 16           # prompt rows per chunk of a session scoring its prompt (each an
                                # output row: at most one such chunk per step bounds the logits)
     MIN_PIECE = 16             # prompt rows the oldest prefilling session gets at least per step
-    MAX_DRAFT = 16             # draft tokens a session may verify in one step
-    MAX_STEP_DRAFTS = 32       # draft rows in one step (output rows beyond one per slot)
+    MAX_DRAFT = 48             # draft tokens a session may verify in one step
+    MAX_STEP_DRAFTS = 48       # draft rows in one step (output rows beyond one per slot)
+    ROW_GROUPS = 12            # groups of a step's output rows whose times the node keeps
+                               # (dgr.step_time.RowTimes): 1, 2-3, 4-7, ..., the last the rest
 
 # Engine.inject_fault's code for "raise after llama_decode ran" (a test hook).
 cpdef enum:

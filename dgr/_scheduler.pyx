@@ -232,6 +232,12 @@ cdef class Scheduler:
         self.time_a, self.time_b, self.time_c, self.time_e = a, b, c, e
         self.time_known = True
 
+    def set_row_times(self, points):
+        """Decode steps' seconds by output rows, for the speculation policy
+        (Speculation.set_row_times); without one, nothing to do."""
+        if self.speculation is not None:
+            self.speculation.set_row_times(points)
+
     @property
     def last_prefill_cap(self):
         """The prefill rows the last plan allowed."""
@@ -503,6 +509,8 @@ cdef class Scheduler:
         if k:
             decoded.accepted = accepted
             self.speculation.verified(d, accepted)
+        elif d.n_found:
+            self.speculation.shadowed(d, sampled[row] == d.draft[0])
         return n
 
     cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,

@@ -3,18 +3,21 @@
 
 from libc.stdint cimport int32_t
 
-from dgr._codes cimport MAX_DRAFT
+from dgr._codes cimport MAX_DRAFT, ROW_GROUPS
 from dgr._drafts cimport NgramStore
 
 cdef struct Acceptance:
-    # draft tokens accepted of those verified, recent verifications weighing more
+    # verified drafts, recent verifications weighing more: their tokens accepted, their
+    # tokens, and the drafts not accepted whole (each stopped at a rejected token)
     double accepted
     double drafted
+    double broken
 
 cdef struct Drafting:
     # a session's speculation state, in its scheduler slot
     int mode                   # Speculation: may its decode rows carry drafts
     int n_draft                # draft rows planned for the current step
+    int n_found                # draft tokens its sources gave for it (in draft)
     int source                 # DraftSource of those drafts
     int32_t draft[MAX_DRAFT]
     Acceptance record          # its drafts' record
@@ -30,10 +33,19 @@ cdef class Speculation:
     cdef readonly NgramStore store      # recent sessions' outputs, a draft source
     cdef Acceptance by_source[3]        # per DraftSource: the node's record
     cdef int * found                    # per row of the current plan: draft tokens found
-    cdef double * rate                  # per row: the share of its drafts expected accepted
+    cdef double * rate                  # per row: a draft token's chance to be accepted
+                                        # once the ones before it were
+    # decode steps' seconds by output rows, measured (dgr.step_time.RowTimes)
+    cdef int n_points
+    cdef double point_rows[ROW_GROUPS]
+    cdef double point_s[ROW_GROUPS]
+
+    cdef double step_seconds(self, double rows, double near_rows, double near_s,
+                             double row_s) noexcept nogil
 
     cdef void begin(self, Drafting * d, int mode) noexcept nogil
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint time_known,
                   double time_a, double time_b) noexcept nogil
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil
+    cdef void shadowed(self, Drafting * d, bint taken) noexcept nogil
     cdef void finished(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil

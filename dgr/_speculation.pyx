@@ -4,21 +4,31 @@ step carry draft rows, and the acceptance records it decides by.
 
 A speculating decoder's row may be followed by draft rows, tokens guessed from its
 own context or the node's recent outputs (dgr/_drafts.pyx), which the step
-verifies. "auto": a session's draft goes in as far as its rows pay: its j-th
-row gives a token only if the rows before it were accepted, so at a share f of
-the session's drafts accepted it is expected to give f^j tokens, and it goes in
-while f^j T > b N for a step of N expected tokens and predicted time T, b the
-model's time per decode row (a draft row is one more such row). A session that
-has not drafted yet (f at its source's prior) tries a short draft; one whose
-drafts are taken drafts long ones; one whose drafts fail stops drafting. Compute-bound steps (many decoders: T near b N) thus
-draft nothing (b is at least the decode-only step's time over its rows plus one:
-until steps with drafts tell a from b, a fit of one-decoder steps may not). f is
-the session's record (recent verifications weighing more, fading while it does
-not draft) beside its source's node-wide one, optimistic before there is any. A
-session drafts at most MAX_DRAFT tokens, no more than its credits and max_tokens
-leave room for (so drafts never take KV beyond its reservation); a step at most
-MAX_STEP_DRAFTS; "auto" none before the step time is modelled. "always" drafts
-all its sources give, within those bounds, whatever they cost.
+verifies. "auto": a draft token is taken only if the ones before it were, so at a
+chance p that a token is accepted once the ones before it were, the j-th draft
+row is expected to give p^j tokens. Each session's draft gets the length that
+gives the step the most expected tokens per second, the step's time taken from
+the decode steps the node measured by their output rows (dgr.step_time.RowTimes),
+linear between them and past them at the model's time per decode row: a step's
+time is not linear in its rows on a CPU (here a second row costs about a one-row
+step and a 17th about a third of one), so a short draft may cost more than it
+gives where a long one pays. Compute-bound steps (many decoders: the step's
+time grows by its one-row share with each row) thus draft nothing (a row costs
+at least the decode-only step's time over its rows plus one: until steps with
+drafts tell a from b, a fit of one-decoder steps may not).
+
+p is estimated from the session's record beside its source's node-wide one
+(optimistic before there is any): tokens accepted over tokens accepted plus
+drafts broken (a draft's tokens after the one rejected were never tried),
+recent steps weighing more. A step where a draft was found but not verified
+records whether the token the session sampled was the draft's first (a shadow
+check, free), so a session learns its chance while it does not draft: one that
+starts quoting its context drafts, longer as its drafts are taken whole, and
+one whose drafts would fail pays for none. A session drafts at most MAX_DRAFT tokens, no more
+than its credits and max_tokens leave room for (so drafts never take KV beyond
+its reservation); a step at most MAX_STEP_DRAFTS; "auto" none before the step
+time is modelled. "always" drafts all its sources give, within those bounds,
+whatever they cost.
 
 The scheduler owns the slots and hands the policy each decode row's speculation
 state (`Drafting`), context and limit; the policy alone changes that state (from a
@@ -30,32 +40,37 @@ from libc.stdint cimport int32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
-from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, MAX_STEP_DRAFTS, SPECULATE_ALWAYS,
-                         SPECULATE_AUTO, SPECULATE_OFF)
+from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, MAX_STEP_DRAFTS, ROW_GROUPS,
+                         SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF)
 from dgr._drafts cimport NgramStore, context_draft
 
 cdef enum:
-    PRIOR_WEIGHT = 2           # drafts a prior share counts as (a source's for a session)
-# A source's share of drafts accepted before its record says otherwise: optimistic,
-# so that an auto node tries drafts and measures them (a record is kept only of
-# verified drafts)
+    PRIOR_WEIGHT = 2           # verified tokens a prior chance counts as (a source's for
+                               # a session)
+# A source's chance that a draft token is accepted, before its record says otherwise:
+# optimistic, so that an auto node tries drafts and measures them (a record is kept
+# only of verified drafts)
 cdef double SOURCE_PRIOR = 0.8
 
 # per verifying step: how much a session's and the node's past acceptance still weighs
-cdef double SLOT_FORGET = 0.7
+# (a session's: about its last ten steps with a draft found)
+cdef double SLOT_FORGET = 0.9
 cdef double SOURCE_FORGET = 0.99
 
 
 cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
-    """The share of drafts accepted, beside PRIOR_WEIGHT drafts at `prior`."""
-    return (a.accepted + PRIOR_WEIGHT * prior) / (a.drafted + PRIOR_WEIGHT)
+    """A draft token's chance to be accepted once the ones before it were: the
+    tokens accepted over those accepted and the drafts broken, beside PRIOR_WEIGHT
+    tokens at `prior`."""
+    return (a.accepted + PRIOR_WEIGHT * prior) / (a.accepted + a.broken + PRIOR_WEIGHT)
 
 
 cdef inline void _record(Acceptance * a, int k, int accepted, double forget) noexcept nogil:
-    """k drafts verified, the first `accepted` of them taken (k = 0: the record
-    only fades)."""
+    """A draft of k tokens verified, the first `accepted` of them taken (k = 0: the
+    record only fades)."""
     a.accepted = forget * a.accepted + accepted
     a.drafted = forget * a.drafted + k
+    a.broken = forget * a.broken + (accepted < k)
 
 
 cdef class Speculation:
@@ -86,6 +101,43 @@ cdef class Speculation:
             out[name] = (a.accepted, a.drafted)
         return out
 
+    def set_row_times(self, points):
+        """Decode steps' (mean output rows, mean seconds), fewest rows first
+        (dgr.step_time.RowTimes.points), for the next plans."""
+        cdef int i
+        points = [(float(rows), float(seconds)) for rows, seconds in points]
+        if len(points) > ROW_GROUPS:
+            raise ValueError(f"at most {ROW_GROUPS} row times")
+        if not all(rows >= 1.0 and seconds > 0.0 for rows, seconds in points) or any(
+                later[0] <= earlier[0] for earlier, later in zip(points, points[1:])):
+            raise ValueError("row times need rows >= 1, in increasing order, and seconds > 0")
+        for i in range(len(points)):
+            self.point_rows[i], self.point_s[i] = points[i]
+        self.n_points = len(points)
+
+    cdef double step_seconds(self, double rows, double near_rows, double near_s,
+                             double row_s) noexcept nogil:
+        """A decode step's seconds at `rows` output rows: linear between the measured
+        points; below them, or with none from near_rows rows taking near_s, at row_s
+        a row; past them at the last two's cost a row, if less (a CPU's step grows
+        by less with each row: guessed low, a longer draft is tried and measured)."""
+        cdef int i, m = self.n_points
+        cdef double slope
+        if m == 0:
+            return near_s + row_s * (rows - near_rows)
+        if rows <= self.point_rows[0]:
+            return max(self.point_s[0] + row_s * (rows - self.point_rows[0]),
+                       self.point_s[0] * rows / self.point_rows[0])
+        for i in range(1, self.n_points):
+            if rows <= self.point_rows[i]:
+                return self.point_s[i - 1] + (self.point_s[i] - self.point_s[i - 1]) * (
+                    rows - self.point_rows[i - 1]) / (self.point_rows[i] - self.point_rows[i - 1])
+        slope = row_s
+        if m > 1 and self.point_s[m - 1] > self.point_s[m - 2]:
+            slope = min(row_s, (self.point_s[m - 1] - self.point_s[m - 2])
+                        / (self.point_rows[m - 1] - self.point_rows[m - 2]))
+        return self.point_s[m - 1] + slope * (rows - self.point_rows[m - 1])
+
     cdef void begin(self, Drafting * d, int mode) noexcept nogil:
         """A session starts in the slot of `d`, speculating by `mode` (a Speculation
         code), with no record yet."""
@@ -97,12 +149,13 @@ cdef class Speculation:
         """Give the rows' sessions their drafts (the module doc), at most `room` draft
         rows in all; the step-time model a + b decode rows once `time_known`.
         Returns the draft rows given."""
-        cdef int i, k, n_draft_rows = 0
-        cdef double expected, seconds, decode_only, row_s, gain
+        cdef int i, j, k, n_draft_rows = 0
+        cdef double expected, decode_only, row_s, gain, p_j, rate, best, best_gain
         cdef Drafting * d
         for i in range(n_rows):
             d = rows[i].drafting
             d.n_draft = 0
+            d.n_found = 0
             self.found[i] = 0
             if d.mode == SPECULATE_OFF or (d.mode == SPECULATE_AUTO and not time_known):
                 continue
@@ -114,6 +167,7 @@ cdef class Speculation:
             if self.found[i] == 0:
                 d.source = DRAFT_NODE
                 self.found[i] = self.store.draft(rows[i].context, rows[i].n_context, k, d.draft)
+            d.n_found = self.found[i]
             self.rate[i] = _rate(d.record, _rate(self.by_source[d.source], SOURCE_PRIOR))
         room = min(room, MAX_STEP_DRAFTS)
         for i in range(n_rows):
@@ -123,44 +177,51 @@ cdef class Speculation:
                 n_draft_rows += d.n_draft
         if not time_known:
             return n_draft_rows
-        # auto: a session's draft rows go in while each one's expected tokens make
-        # the step's expected tokens per second higher, with the ones before. A row
-        # costs the model's b, but at least the decode-only step's time shared by one
-        # row more: where every step had the same rows (one decoder, no drafts yet)
-        # the fit cannot tell a from b, and drafting is what tells them apart.
+        # auto: each session's draft gets the length that gives the step the most
+        # expected tokens per second, with the drafts before it. Beyond the measured
+        # steps a row costs the model's b, but at least the decode-only step's time
+        # shared by one row more: where every step had the same rows (one decoder, no
+        # drafts yet) the fit cannot tell a from b, and drafting is what tells them
+        # apart.
         decode_only = time_a + time_b * n_rows
         if decode_only <= 0.0:
             return n_draft_rows
         row_s = max(time_b, decode_only / (n_rows + 1))
         expected = n_rows
-        seconds = decode_only + row_s * n_draft_rows
         for i in range(n_rows):
             d = rows[i].drafting
             k = min(self.found[i], room - n_draft_rows)
             if d.mode != SPECULATE_AUTO:
                 continue
-            # the j-th draft row gives a token only if the j - 1 before it were accepted:
-            # at a share f accepted, f^j tokens expected; rows go in while that beats
-            # the step's tokens per second
-            gain = self.rate[i]
-            while d.n_draft < k and gain * seconds > row_s * expected:
-                d.n_draft += 1
-                expected += gain
-                seconds += row_s
-                gain *= self.rate[i]
+            # the j-th draft row gives a token only if the j - 1 before it were
+            # accepted: p^j tokens expected
+            best = expected / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
+            best_gain = 0.0
+            gain = 0.0
+            p_j = 1.0
+            for j in range(1, k + 1):
+                p_j *= self.rate[i]
+                gain += p_j
+                rate = (expected + gain) / self.step_seconds(n_rows + n_draft_rows + j, n_rows,
+                                                             decode_only, row_s)
+                if rate > best:
+                    best, best_gain, d.n_draft = rate, gain, j
+            expected += best_gain
             n_draft_rows += d.n_draft
-        # a session's record fades while it does not draft, back to its source's
-        # rates: what kept it from drafting is tried again
-        for i in range(n_rows):
-            d = rows[i].drafting
-            if d.mode == SPECULATE_AUTO and self.found[i] and not d.n_draft:
-                _record(&d.record, 0, 0, SLOT_FORGET)
         return n_draft_rows
 
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil:
         """The step verified the session's d.n_draft drafts: the first `accepted` were."""
         _record(&d.record, d.n_draft, accepted, SLOT_FORGET)
         _record(&self.by_source[d.source], d.n_draft, accepted, SOURCE_FORGET)
+
+    cdef void shadowed(self, Drafting * d, bint taken) noexcept nogil:
+        """The session's row was not followed by the draft found for it; its token
+        was (taken) or was not that draft's first. A draft not verified costs
+        nothing and tells as much of the session's chance as a verified one's
+        first token: its record learns from it (its source's, kept of verified
+        drafts, does not)."""
+        _record(&d.record, 1, taken, SLOT_FORGET)
 
     cdef void finished(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil:
         """A session ended with `n` tokens, its prompt's first: its output joins the store."""

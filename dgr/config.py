@@ -139,7 +139,8 @@ class NodeConfig:
         "CPUs, but batched logits then differ from solo ones).", default=False)
     reply_buffer: int = option(
         "--reply-buffer", "Unread tokens a client may hold; a session whose client holds that "
-        "many gets no row until it reads (backpressure).", default=16)
+        "many gets no row until it reads (backpressure). A step gives a session at most this "
+        "many tokens, its drafts included.", default=64)
     memory_budget_bytes: Optional[int] = option(
         "--memory-budget", "Bytes that weights + KV + scratch may take; the node refuses to "
         "start beyond it.", "80% of RAM", default=None)

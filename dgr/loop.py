@@ -53,7 +53,7 @@ from dgr.kv_tier import Prefix
 from dgr.placement import Evict, Save, Start
 from dgr.reply import Reply
 from dgr.sequence import FinishReason, Phase, Session
-from dgr.step_time import StepTimeModel
+from dgr.step_time import RowTimes, StepTimeModel
 from dgr.telemetry import Telemetry
 
 
@@ -117,6 +117,7 @@ class StepLoop:
         self._workers_connected = workers_connected
         self.steps: collections.deque[StepRecord] = collections.deque(maxlen=STEP_HISTORY)
         self.step_time = StepTimeModel()  # fitted from every step; bounds prefill beside decoders
+        self.row_times = RowTimes()  # decode steps' seconds by rows; how long a draft pays
         self._admission = admission
         self._placement = admission.placement
         self._telemetry = telemetry
@@ -395,10 +396,13 @@ class StepLoop:
         chunks = [(start, end) for _, start, end in self._step_prefill]
         self._step_decode, self._step_prefill = [], []
         # a draft row costs what a decode row does: both are output rows at a context's end
-        model = self.step_time.observe(figures["decode_rows"] + figures["draft_rows"], chunks,
-                                       figures["total_s"])
+        output_rows = figures["decode_rows"] + figures["draft_rows"]
+        if output_rows and not chunks:
+            self.row_times.observe(output_rows, figures["total_s"])
+        model = self.step_time.observe(output_rows, chunks, figures["total_s"])
         if model is not None:
             self.batch.set_step_time(*model)
+            self.batch.set_row_times(self.row_times.points())
 
     def _fail_node(self, why: str) -> None:
         """The engine can run no step any more (an RPC worker is lost: every

@@ -21,6 +21,11 @@ steps at different positions and is 0 until then) and while it is sane (c > 0,
 e >= 0, a decode-only step taking time); until then the scheduler prefills
 `prefill_chunk` rows a step beside decoders. It is solved again every
 REFIT_EVERY steps, sane or not.
+
+Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
+step's time is not linear in its rows on a CPU (here two rows cost about two
+one-row steps and a 17th about a third of one: evidence/DGR-026/rows-cost.txt),
+and that decides how long a draft pays (dgr/_speculation.pyx).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+
+from dgr._codes import ROW_GROUPS
 
 FORGET = 0.99
 # forgetting-weighted steps seen before a model is given: decode-only ones (a, b),
@@ -37,6 +44,8 @@ MIN_PREFILLING = 0.5
 MIN_FOR_ATTENTION = 4 * FORGET ** 4
 # steps between two fits once there is one (each step weighs about 1 % of the fit)
 REFIT_EVERY = 16
+# RowTimes: the forgetting-weighted steps a group of rows needs to be given
+MIN_ROW_WEIGHT = 0.5
 
 
 def attended(chunks) -> float:
@@ -110,3 +119,27 @@ class StepTimeModel:
     def report(self) -> Optional[dict]:
         """The last fit by name (seconds), or None."""
         return None if self.fitted is None else dict(zip(("a", "b", "c", "e"), self.fitted))
+
+
+class RowTimes:
+    """Decode steps' seconds by their output rows (decode and draft rows; steps
+    that prefill are left out): per group of rows (ROW_GROUPS: one per power of
+    two), the forgetting-
+    weighted means of the steps' rows and seconds (FORGET a step, as the fit), so
+    a group the node has not run lately drops out and is guessed again."""
+
+    def __init__(self):
+        self._sums = np.zeros((3, ROW_GROUPS))  # weight, rows, seconds
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """One decode step (no prefill rows) of `rows` output rows."""
+        self._sums *= FORGET
+        group = min(rows.bit_length() - 1, ROW_GROUPS - 1)
+        self._sums[:, group] += (1.0, rows, seconds)
+
+    def points(self) -> list[tuple[float, float]]:
+        """(mean rows, mean seconds) of each group seen lately, fewest rows first."""
+        weight, rows, seconds = self._sums
+        seen = weight >= MIN_ROW_WEIGHT
+        return list(zip((rows[seen] / weight[seen]).tolist(),
+                        (seconds[seen] / weight[seen]).tolist()))

@@ -1,6 +1,8 @@
 """Speculative decoding without a model: the draft sources (dgr._drafts) and the
 scheduler's drafts, their verification and what a step with them reports."""
 
+import pytest
+
 from dgr import _drafts, _scheduler
 from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS, DraftSource, Speculation
 from dgr.events import Decoded, Finished, Sampled
@@ -67,7 +69,7 @@ def test_a_verified_draft_yields_tokens_up_to_the_first_the_sampler_did_not_pick
     decoding(sched, 0, prompt, first=3)  # context 1 2 3 4 5 6 1 2 3: drafts 4 5 6 1 2 3 ...
     _, decode, chunks = sched.plan_step()
     draft = sched.planned_draft(0)
-    assert decode == [0] and draft == ([4, 5, 6, 1, 2, 3] * 3)[:MAX_DRAFT] and chunks == []
+    assert decode == [0] and draft == ([4, 5, 6, 1, 2, 3] * MAX_DRAFT)[:MAX_DRAFT] and chunks == []
     # the row fed 3 sampled 4, the row fed 4 sampled 5, the one fed 5 sampled 8 (not 6)
     events = sched.apply([4, 5, 8] + [-2] * (MAX_DRAFT - 2))
     assert events[0] == Decoded(0, drafted=MAX_DRAFT, accepted=2, source=DraftSource.DRAFT_CONTEXT)
@@ -160,3 +162,38 @@ def test_auto_sizes_a_draft_by_how_much_of_the_sessions_drafts_was_taken():
             break
         sched.apply([0] + [-2] * len(draft))  # the decode row sampled 0, not the draft
     assert sched.planned_draft(0) == []
+
+
+def test_auto_drafts_long_or_not_at_all_where_a_second_row_costs_a_whole_step():
+    """With the step times this machine measures (rows-cost.txt: 2 rows cost two
+    one-row steps, 17 rows nine), a short draft costs more than it gives: a session
+    at its source's prior drafts nothing, learns its chance from the drafts found
+    but not verified (its tokens were their first), then drafts, longer and
+    longer while its drafts are taken whole, shorter after one is rejected."""
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2]  # context lookup: 4 5 6 1 2 3 ... (a cycle of 6)
+    sched = scheduler(n_slots=2, token_budget=256)
+    decoding(sched, 0, prompt, speculate=AUTO, first=3)
+    sched.set_step_time(0.010, 0.010, 0.001, 0.0)  # linear: a 2-token draft at the prior
+    sched.set_row_times([(1, 0.016), (2, 0.031), (5, 0.059), (9, 0.089), (17, 0.140),
+                         (33, 0.240)])
+    sched.plan_step()
+    assert sched.planned_draft(0) == []
+    sched.apply([4])  # the draft found would have been taken
+    lengths = []
+    for _ in range(3):  # every draft taken
+        sched.plan_step()
+        draft = sched.planned_draft(0)
+        lengths.append(len(draft))
+        sched.apply(draft + [(draft[-1] % 6) + 1])
+    assert 0 < lengths[0] < lengths[1] < lengths[2] and lengths[2] >= 16
+    sched.plan_step()
+    sched.apply([0] + [-2] * len(sched.planned_draft(0)))  # rejected at its first token
+    sched.plan_step()
+    assert len(sched.planned_draft(0)) < lengths[2]
+
+
+def test_row_times_are_checked():
+    sched = scheduler()
+    for bad in ([(0.5, 0.01)], [(1, 0.0)], [(4, 0.02), (2, 0.01)], [(1, 0.01)] * 13):
+        with pytest.raises(ValueError):
+            sched.set_row_times(bad)

@@ -56,6 +56,9 @@ class FakeBatch:
     def set_step_time(self, a, b, c, e):
         self.calls.append(("step_time", a, b, c, e))
 
+    def set_row_times(self, points):
+        self.calls.append(("row_times", tuple(points)))
+
     def request_finish(self, slot, reason):
         self.calls.append(("finish", slot, reason))
 
@@ -245,7 +248,8 @@ def _step(index, decode_rows, prefill_rows, seconds):
 
 async def test_the_steps_the_loop_runs_fit_the_model_that_bounds_prefill():
     """Every step's figures feed the step-time model; once it has seen decode-only
-    steps and a step that prefilled, each step hands the fit to the batch loop."""
+    steps and a step that prefilled, the loop hands the fit to the batch loop, with
+    the decode steps' seconds by rows (steps that prefilled left out)."""
     async with step_loop() as (loop, admission, batch):
         (session,), _ = admit(loop, admission, range(40))
         await settle()
@@ -260,3 +264,7 @@ async def test_the_steps_the_loop_runs_fit_the_model_that_bounds_prefill():
         a, b, c, e = fits[-1]
         assert a + 2 * b == pytest.approx(0.020, rel=0.05)
         assert c == pytest.approx(0.001, rel=0.1) and e == 0.0
+        row_times = [c[1] for c in batch.calls if c[0] == "row_times"]
+        assert len(row_times) == len(fits)
+        ((rows, seconds),) = row_times[-1]
+        assert rows == 2 and seconds == pytest.approx(0.020)

@@ -73,3 +73,21 @@ def test_a_fit_that_is_not_sane_is_tried_again_every_refit_steps():
     for _ in range(2 * REFIT_EVERY + 1):
         model.observe(4, [(0, 64)], 0.01)
     assert len(solves) == 3 and model.fitted is None
+
+
+def test_row_times_give_each_group_of_rows_its_recent_mean_and_drop_groups_not_run():
+    from dgr.step_time import RowTimes
+
+    times = RowTimes()
+    assert times.points() == []
+    for _ in range(10):
+        times.observe(1, 0.015)
+        times.observe(17, 0.140)
+        times.observe(20, 0.164)  # the group of 16-31 rows, as 17
+    (rows_1, seconds_1), (rows_16, seconds_16) = times.points()
+    assert (rows_1, seconds_1) == pytest.approx((1, 0.015))
+    assert (rows_16, seconds_16) == pytest.approx((18.5, 0.152), rel=0.01)
+    for _ in range(400):  # only one-row steps since: the other group fades out
+        times.observe(1, 0.016)
+    ((rows_1, seconds_1),) = times.points()
+    assert (rows_1, seconds_1) == pytest.approx((1, 0.016), rel=0.01)
