@@ -52,6 +52,11 @@ cdef enum:
 # only of verified drafts)
 cdef double SOURCE_PRIOR = 0.8
 
+# A draft's expected tokens are counted at this share: where a draft is expected to
+# pay by less than the estimates' error (many decoders, middling acceptance), the
+# step goes without it
+cdef double DRAFT_TRUST = 0.9
+
 # per verifying step: how much a session's and the node's past acceptance still weighs
 # (a session's: about its last ten steps with a draft found)
 cdef double SLOT_FORGET = 0.9
@@ -194,14 +199,14 @@ cdef class Speculation:
             if d.mode != SPECULATE_AUTO:
                 continue
             # the j-th draft row gives a token only if the j - 1 before it were
-            # accepted: p^j tokens expected
+            # accepted: p^j tokens expected (counted at DRAFT_TRUST)
             best = expected / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
             best_gain = 0.0
             gain = 0.0
             p_j = 1.0
             for j in range(1, k + 1):
                 p_j *= self.rate[i]
-                gain += p_j
+                gain += DRAFT_TRUST * p_j
                 rate = (expected + gain) / self.step_seconds(n_rows + n_draft_rows + j, n_rows,
                                                              decode_only, row_s)
                 if rate > best:
