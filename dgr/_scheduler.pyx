@@ -313,7 +313,7 @@ cdef class Scheduler:
 
     cdef int plan(self) noexcept nogil:
         """Plan the next step (module doc, Policy); returns its rows."""
-        cdef int s, i, j, start, end, left
+        cdef int s, i, j, start, end, left, n_waiting
         cdef Slot * sl
         self.n_decode = 0
         for s in range(self.n_slots):
@@ -321,6 +321,16 @@ cdef class Scheduler:
             if sl.phase == SLOT_DECODE and sl.credits > 0:
                 self.decode_slots[self.n_decode] = s
                 self.n_decode += 1
+        # Prefilling slots, oldest first (insertion sort: a few dozen slots at most).
+        n_waiting = 0
+        for s in range(self.n_slots):
+            if self.slots[s].phase == SLOT_PREFILL:
+                j = n_waiting
+                while j > 0 and self.slots[self.order_buf[j - 1]].order > self.slots[s].order:
+                    self.order_buf[j] = self.order_buf[j - 1]
+                    j -= 1
+                self.order_buf[j] = s
+                n_waiting += 1
         self.n_draft_rows = 0
         if self.speculation is not None:
             for i in range(self.n_decode):
@@ -331,18 +341,8 @@ cdef class Scheduler:
                 self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
-                self.time_known, self.time_a, self.time_b)
+                n_waiting > 0, self.time_known, self.time_a, self.time_b)
         left = self.token_budget - self.decode_rows()
-        # Prefilling slots, oldest first (insertion sort: a few dozen slots at most).
-        cdef int n_waiting = 0
-        for s in range(self.n_slots):
-            if self.slots[s].phase == SLOT_PREFILL:
-                j = n_waiting
-                while j > 0 and self.slots[self.order_buf[j - 1]].order > self.slots[s].order:
-                    self.order_buf[j] = self.order_buf[j - 1]
-                    j -= 1
-                self.order_buf[j] = s
-                n_waiting += 1
         self.n_chunks = 0
         if n_waiting == 0:
             self.prefill_cap = 0

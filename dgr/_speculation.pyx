@@ -15,7 +15,9 @@ step and a 17th about a third of one), so a short draft may cost more than it
 gives where a long one pays. Compute-bound steps (many decoders: the step's
 time grows by its one-row share with each row) thus draft nothing (a row costs
 at least the decode-only step's time over its rows plus one: until steps with
-drafts tell a from b, a fit of one-decoder steps may not).
+drafts tell a from b, a fit of one-decoder steps may not), and no step drafts
+while sessions wait to prefill: a draft row would take compute their prompts
+need first.
 
 p is estimated from the session's record beside its source's node-wide one
 (optimistic before there is any): tokens accepted over tokens accepted plus
@@ -149,11 +151,12 @@ cdef class Speculation:
         memset(d, 0, sizeof(Drafting))
         d.mode = mode
 
-    cdef int plan(self, DraftRow * rows, int n_rows, int room, bint time_known,
-                  double time_a, double time_b) noexcept nogil:
+    cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
+                  bint time_known, double time_a, double time_b) noexcept nogil:
         """Give the rows' sessions their drafts (the module doc), at most `room` draft
-        rows in all; the step-time model a + b decode rows once `time_known`.
-        Returns the draft rows given."""
+        rows in all; the step-time model a + b decode rows once `time_known`; none
+        by "auto" while sessions wait to prefill (`prefilling`: their prompts come
+        first). Returns the draft rows given."""
         cdef int i, j, k, n_draft_rows = 0
         cdef double expected, decode_only, row_s, gain, p_j, rate, best, best_gain
         cdef Drafting * d
@@ -180,7 +183,7 @@ cdef class Speculation:
             if d.mode == SPECULATE_ALWAYS:
                 d.n_draft = max(0, min(self.found[i], room - n_draft_rows))
                 n_draft_rows += d.n_draft
-        if not time_known:
+        if prefilling or not time_known:
             return n_draft_rows
         # auto: each session's draft gets the length that gives the step the most
         # expected tokens per second, with the drafts before it. Beyond the measured

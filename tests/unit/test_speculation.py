@@ -201,3 +201,20 @@ def test_row_times_are_checked():
     for bad in ([(0.5, 0.01)], [(1, 0.0)], [(4, 0.02), (2, 0.01)], [(1, 0.01)] * 13):
         with pytest.raises(ValueError):
             sched.set_row_times(bad)
+
+
+def test_auto_drafts_nothing_while_a_session_waits_to_prefill():
+    prompt = list(range(1, 9)) * 2 + [1, 2]
+    sched = scheduler(n_slots=4, token_budget=256)
+    decoding(sched, 0, prompt, speculate=AUTO, first=3)
+    sched.set_step_time(0.020, 0.002, 0.001, 0.0)  # drafts pay (a step's fixed cost dominates)
+    sched.start(1, list(range(30, 90)), 8, credits=100, speculate=AUTO)
+    token = 4
+    _, decode, chunks = sched.plan_step()
+    while chunks:  # slot 1 prefills: slot 0 decodes without drafts
+        assert decode == [0] and sched.planned_draft(0) == []
+        (_, start, end), = chunks
+        sched.apply([token] + [-1] * (end - start - 1) + [7])
+        token = token % 8 + 1
+        _, decode, chunks = sched.plan_step()
+    assert decode == [0, 1] and len(sched.planned_draft(0)) > 1
