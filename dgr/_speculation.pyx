@@ -9,7 +9,8 @@ chance p that a token is accepted once the ones before it were, the j-th draft
 row is expected to give p^j tokens. Each session's draft gets the length that
 gives the step the most expected tokens per second, the step's time taken from
 the decode steps the node measured by their output rows (dgr.step_time.RowTimes),
-linear between them and past them at the model's time per decode row: a step's
+linear between them and past them at the last two's cost a row (at most the
+model's time per decode row): a step's
 time is not linear in its rows on a CPU (here a second row costs about a one-row
 step and a 17th about a third of one), so a short draft may cost more than it
 gives where a long one pays. Compute-bound steps (many decoders: the step's
@@ -26,11 +27,12 @@ recent steps weighing more. A step where a draft was found but not verified
 records whether the token the session sampled was the draft's first (a shadow
 check, free), so a session learns its chance while it does not draft: one that
 starts quoting its context drafts, longer as its drafts are taken whole, and
-one whose drafts would fail pays for none. A session drafts at most MAX_DRAFT tokens, no more
-than its credits and max_tokens leave room for (so drafts never take KV beyond
-its reservation); a step at most MAX_STEP_DRAFTS; "auto" none before the step
-time is modelled. "always" drafts all its sources give, within those bounds,
-whatever they cost.
+one whose drafts would fail pays for none.
+
+A session drafts at most MAX_DRAFT tokens, no more than its credits and
+max_tokens leave room for (so drafts never take KV beyond its reservation); a
+step at most MAX_STEP_DRAFTS; "auto" none before the step time is modelled.
+"always" drafts all its sources give, within those bounds, whatever they cost.
 
 The scheduler owns the slots and hands the policy each decode row's speculation
 state (`Drafting`), context and limit; the policy alone changes that state (from a
@@ -73,8 +75,8 @@ cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
 
 
 cdef inline void _record(Acceptance * a, int k, int accepted, double forget) noexcept nogil:
-    """A draft of k tokens verified, the first `accepted` of them taken (k = 0: the
-    record only fades)."""
+    """A draft of k tokens verified, the first `accepted` of them taken; what was
+    recorded before weighs `forget`."""
     a.accepted = forget * a.accepted + accepted
     a.drafted = forget * a.drafted + k
     a.broken = forget * a.broken + (accepted < k)
