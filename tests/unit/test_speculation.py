@@ -165,8 +165,8 @@ def test_auto_sizes_a_draft_by_how_much_of_the_sessions_drafts_was_taken():
 
 
 def test_auto_drafts_long_or_not_at_all_where_a_second_row_costs_a_whole_step():
-    """With the step times this machine measures (rows-cost.txt: 2 rows cost two
-    one-row steps, 17 rows nine), a short draft costs more than it gives: a session
+    """With the step times this machine measures (evidence/DGR-026/rows-cost-wide.txt:
+    2 rows cost two one-row steps, 17 rows nine), a short draft costs more than it gives: a session
     at its source's prior drafts nothing, learns its chance from the drafts found
     but not verified (its tokens were their first), then drafts, longer and
     longer while its drafts are taken whole, shorter after one is rejected."""

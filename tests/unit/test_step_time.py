@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dgr.step_time import StepTimeModel, attended
+from dgr.step_time import RowTimes, StepTimeModel, attended
 
 
 def test_attended_counts_the_cells_each_prefill_row_sees():
@@ -76,8 +76,6 @@ def test_a_fit_that_is_not_sane_is_tried_again_every_refit_steps():
 
 
 def test_row_times_give_each_group_of_rows_its_recent_mean_and_drop_groups_not_run():
-    from dgr.step_time import RowTimes
-
     times = RowTimes()
     assert times.points() == []
     for _ in range(10):
