@@ -12,7 +12,7 @@ the decode steps the node measured by their output rows (dgr.step_time.RowTimes)
 linear between them and past them at the last two's cost a row (at most the
 model's time per decode row): a step's
 time is not linear in its rows on a CPU (here a second row costs about a one-row
-step and a 17th about a third of one), so a short draft may cost more than it
+step and a 17th about two fifths of one), so a short draft may cost more than it
 gives where a long one pays. Compute-bound steps (many decoders: the step's
 time grows by its one-row share with each row) thus draft nothing (a row costs
 at least the decode-only step's time over its rows plus one: until steps with

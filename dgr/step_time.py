@@ -24,7 +24,7 @@ REFIT_EVERY steps, sane or not.
 
 Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
 step's time is not linear in its rows on a CPU (here two rows cost about two
-one-row steps and a 17th about a third of one: evidence/DGR-026/rows-cost-wide.txt),
+one-row steps and a 17th about two fifths of one: evidence/DGR-026/rows-cost-wide.txt),
 and that decides how long a draft pays (dgr/_speculation.pyx).
 """
 
