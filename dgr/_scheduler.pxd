@@ -36,6 +36,8 @@ cdef struct StepFigures:
     int rows
     int decode_rows            # sessions with a decode row
     int draft_rows             # draft rows verified beside those
+    double planned_tokens      # the speculation policy's expectation, when it gave
+    double planned_s           # "auto" drafts (else 0): tokens, step seconds
     int prefill_rows           # rows of chunks whose call succeeded
     int generated
     int calls

@@ -19,6 +19,8 @@ cdef struct Drafting:
     int n_draft                # draft rows planned for the current step
     int n_found                # draft tokens its sources gave for it (in draft)
     int source                 # DraftSource of those drafts
+    double expected            # "auto": the tokens its planned drafts are expected to
+                               # give (at its chance, before the node's trust), else 0
     int32_t draft[MAX_DRAFT]
     Acceptance record          # its drafts' record
 
@@ -39,6 +41,14 @@ cdef class Speculation:
     cdef int n_points
     cdef double point_rows[ROW_GROUPS]
     cdef double point_s[ROW_GROUPS]
+    # "auto" drafts verified, recent ones weighing more: tokens accepted, tokens
+    # their chances expected (the trust: module doc)
+    cdef readonly double trust_accepted
+    cdef readonly double trust_expected
+    # the last plan's expectation for its step ("auto" drafts given; else 0): tokens
+    # (a draft's counted at its chance, before the trust) and seconds
+    cdef readonly double planned_tokens
+    cdef readonly double planned_s
 
     cdef double step_seconds(self, double rows, double near_rows, double near_s,
                              double row_s) noexcept nogil

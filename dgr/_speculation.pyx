@@ -56,10 +56,13 @@ cdef enum:
 # only of verified drafts)
 cdef double SOURCE_PRIOR = 0.8
 
-# A draft's expected tokens are counted at this share: where a draft is expected to
-# pay by less than the estimates' error (many decoders, middling acceptance), the
-# step goes without it
-cdef double DRAFT_TRUST = 0.9
+# The trust (the share of a draft's expected tokens it is counted at) is the auto
+# drafts' accepted tokens over their expected ones, beside TRUST_WEIGHT expected
+# tokens at TRUST_PRIOR; what was recorded before weighs TRUST_FORGET a step, so
+# a trust lowered under one load comes back when drafts stop (and are tried again)
+cdef double TRUST_PRIOR = 0.9
+cdef double TRUST_WEIGHT = 8.0
+cdef double TRUST_FORGET = 0.99
 
 # per verifying step: how much a session's and the node's past acceptance still weighs
 # (a session's: about its last ten steps with a draft found)
@@ -142,9 +145,13 @@ cdef class Speculation:
                 return self.point_s[i - 1] + (self.point_s[i] - self.point_s[i - 1]) * (
                     rows - self.point_rows[i - 1]) / (self.point_rows[i] - self.point_rows[i - 1])
         slope = row_s
-        if m > 1 and self.point_s[m - 1] > self.point_s[m - 2]:
-            slope = min(row_s, (self.point_s[m - 1] - self.point_s[m - 2])
-                        / (self.point_rows[m - 1] - self.point_rows[m - 2]))
+        if m > 1 and self.point_s[m - 1] > self.point_s[0]:
+            # the mean cost of a row from the first point to the last: at least a row's
+            # cost past them where it falls with rows (concave), and steadier than a
+            # slope between neighbouring groups, whose means may lie a row apart
+            # (many decoders, few drafts) with noise in their times
+            slope = min(row_s, (self.point_s[m - 1] - self.point_s[0])
+                        / (self.point_rows[m - 1] - self.point_rows[0]))
         return self.point_s[m - 1] + slope * (rows - self.point_rows[m - 1])
 
     cdef void begin(self, Drafting * d, int mode) noexcept nogil:
@@ -160,12 +167,20 @@ cdef class Speculation:
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
         first). Returns the draft rows given."""
         cdef int i, j, k, n_draft_rows = 0
-        cdef double expected, decode_only, row_s, gain, p_j, rate, best, best_gain
+        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best
         cdef Drafting * d
+        cdef double trust
+        self.planned_tokens = 0.0
+        self.planned_s = 0.0
+        self.trust_accepted *= TRUST_FORGET
+        self.trust_expected *= TRUST_FORGET
+        trust = ((self.trust_accepted + TRUST_WEIGHT * TRUST_PRIOR)
+                 / (self.trust_expected + TRUST_WEIGHT))
         for i in range(n_rows):
             d = rows[i].drafting
             d.n_draft = 0
             d.n_found = 0
+            d.expected = 0.0
             self.found[i] = 0
             if d.mode == SPECULATE_OFF or (d.mode == SPECULATE_AUTO and not time_known):
                 continue
@@ -198,32 +213,39 @@ cdef class Speculation:
             return n_draft_rows
         row_s = max(time_b, decode_only / (n_rows + 1))
         expected = n_rows
+        trusted = n_rows
         for i in range(n_rows):
             d = rows[i].drafting
             k = min(self.found[i], room - n_draft_rows)
             if d.mode != SPECULATE_AUTO:
                 continue
             # the j-th draft row gives a token only if the j - 1 before it were
-            # accepted: p^j tokens expected (counted at DRAFT_TRUST)
-            best = expected / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
-            best_gain = 0.0
+            # accepted: p^j tokens expected (counted at the trust)
+            best = trusted / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
             gain = 0.0
             p_j = 1.0
             for j in range(1, k + 1):
                 p_j *= self.rate[i]
-                gain += DRAFT_TRUST * p_j
-                rate = (expected + gain) / self.step_seconds(n_rows + n_draft_rows + j, n_rows,
-                                                             decode_only, row_s)
+                gain += p_j
+                rate = (trusted + trust * gain) / self.step_seconds(
+                    n_rows + n_draft_rows + j, n_rows, decode_only, row_s)
                 if rate > best:
-                    best, best_gain, d.n_draft = rate, gain, j
-            expected += best_gain
+                    best, d.expected, d.n_draft = rate, gain, j
+            trusted += trust * d.expected
+            expected += d.expected
             n_draft_rows += d.n_draft
+        if expected > n_rows:
+            self.planned_tokens = expected
+            self.planned_s = self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
         return n_draft_rows
 
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil:
         """The step verified the session's d.n_draft drafts: the first `accepted` were."""
         _record(&d.record, d.n_draft, accepted, SLOT_FORGET)
         _record(&self.by_source[d.source], d.n_draft, accepted, SOURCE_FORGET)
+        if d.expected > 0.0:
+            self.trust_accepted += accepted
+            self.trust_expected += d.expected
 
     cdef void shadowed(self, Drafting * d, bint taken) noexcept nogil:
         """The session's row was not followed by the draft found for it; its token

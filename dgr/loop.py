@@ -84,6 +84,9 @@ class StepRecord:
     rows: int
     budget: int
     duration_s: float
+    draft_rows: int                            # draft rows verified beside the decode rows
+    generated: int                             # tokens the step gave its sessions
+    planned: tuple[float, float]               # speculation's expected (tokens, seconds), or 0s
 
 
 class Finish(NamedTuple):
@@ -392,7 +395,9 @@ class StepLoop:
         self._telemetry.record_step(figures, budget)
         self.steps.append(StepRecord(figures["index"], tuple(self._step_decode),
                                      tuple(self._step_prefill), figures["rows"], budget,
-                                     figures["total_s"]))
+                                     figures["total_s"], figures["draft_rows"],
+                                     figures["generated"],
+                                     (figures["planned_tokens"], figures["planned_s"])))
         chunks = [(start, end) for _, start, end in self._step_prefill]
         self._step_decode, self._step_prefill = [], []
         # a draft row costs what a decode row does: both are output rows at a context's end

@@ -24,7 +24,9 @@ REFIT_EVERY steps, sane or not.
 
 Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
 step's time is not linear in its rows on a CPU (here two rows cost about two
-one-row steps and a 17th about two fifths of one: evidence/DGR-026/rows-cost-wide.txt),
+one-row steps and a 17th about two fifths of one: evidence/DGR-026/rows-cost-wide.txt;
+and with many decoders, rows in multiples of four cost less than the counts
+around them: 16 rows 72 ms, 17 rows 89 ms, evidence/DGR-026/rows-cost-c16.txt),
 and that decides how long a draft pays (dgr/_speculation.pyx).
 """
 
@@ -34,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from dgr._codes import ROW_GROUPS
+from dgr._codes import ROW_EXACT, ROW_GROUPS
 
 FORGET = 0.99
 # forgetting-weighted steps seen before a model is given: decode-only ones (a, b),
@@ -123,10 +125,10 @@ class StepTimeModel:
 
 class RowTimes:
     """Decode steps' seconds by their output rows (decode and draft rows; steps
-    that prefill are left out): per group of rows (ROW_GROUPS: one per power of
-    two), the forgetting-
-    weighted means of the steps' rows and seconds (FORGET a step, as the fit), so
-    a group the node has not run lately drops out and is guessed again."""
+    that prefill are left out): per group of rows (ROW_GROUPS: each count up to
+    ROW_EXACT, then one per power of two), the forgetting-weighted means of the
+    steps' rows and seconds (FORGET a step, as the fit), so a group the node has
+    not run lately drops out and is guessed again."""
 
     def __init__(self):
         self._sums = np.zeros((3, ROW_GROUPS))  # weight, rows, seconds
@@ -134,7 +136,10 @@ class RowTimes:
     def observe(self, rows: int, seconds: float) -> None:
         """One decode step (no prefill rows) of `rows` output rows."""
         self._sums *= FORGET
-        group = min(rows.bit_length() - 1, ROW_GROUPS - 1)
+        if rows <= ROW_EXACT:
+            group = rows - 1
+        else:
+            group = min(ROW_EXACT + rows.bit_length() - ROW_EXACT.bit_length(), ROW_GROUPS - 1)
         self._sums[:, group] += (1.0, rows, seconds)
 
     def points(self) -> list[tuple[float, float]]:

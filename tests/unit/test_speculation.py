@@ -4,7 +4,7 @@ scheduler's drafts, their verification and what a step with them reports."""
 import pytest
 
 from dgr import _drafts, _scheduler
-from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS, DraftSource, Speculation
+from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource, Speculation
 from dgr.events import Decoded, Finished, Sampled
 
 EOG = 99
@@ -198,7 +198,7 @@ def test_auto_drafts_long_or_not_at_all_where_a_second_row_costs_a_whole_step():
 
 def test_row_times_are_checked():
     sched = scheduler()
-    for bad in ([(0.5, 0.01)], [(1, 0.0)], [(4, 0.02), (2, 0.01)], [(1, 0.01)] * 13):
+    for bad in ([(0.5, 0.01)], [(1, 0.0)], [(4, 0.02), (2, 0.01)], [(1, 0.01)] * (ROW_GROUPS + 1)):
         with pytest.raises(ValueError):
             sched.set_row_times(bad)
 

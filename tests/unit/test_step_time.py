@@ -81,10 +81,14 @@ def test_row_times_give_each_group_of_rows_its_recent_mean_and_drop_groups_not_r
     for _ in range(10):
         times.observe(1, 0.015)
         times.observe(17, 0.140)
-        times.observe(20, 0.164)  # the group of 16-31 rows, as 17
-    (rows_1, seconds_1), (rows_16, seconds_16) = times.points()
+        times.observe(100, 0.500)
+        times.observe(120, 0.600)  # the group of 64-127 rows, as 100
+    (rows_1, seconds_1), (rows_17, seconds_17), (rows_64, seconds_64) = times.points()
     assert (rows_1, seconds_1) == pytest.approx((1, 0.015))
-    assert (rows_16, seconds_16) == pytest.approx((18.5, 0.152), rel=0.01)
+    assert (rows_17, seconds_17) == pytest.approx((17, 0.140))  # counts up to 64 on their own
+    assert (rows_64, seconds_64) == pytest.approx((110, 0.550), rel=0.01)
+    times.observe(100_000, 1.0)  # the last group holds the rest
+    assert times.points()[-1][0] == 100_000
     for _ in range(400):  # only one-row steps since: the other group fades out
         times.observe(1, 0.016)
     ((rows_1, seconds_1),) = times.points()
