@@ -43,8 +43,8 @@ cdef class Speculation:
     cdef double point_s[ROW_GROUPS]
     # "auto" drafts verified, recent ones weighing more: tokens accepted, tokens
     # their chances expected (the trust: module doc)
-    cdef readonly double trust_accepted
-    cdef readonly double trust_expected
+    cdef double trust_accepted
+    cdef double trust_expected
     # the last plan's expectation for its step ("auto" drafts given; else 0): tokens
     # (a draft's counted at its chance, before the trust) and seconds
     cdef readonly double planned_tokens

@@ -8,13 +8,23 @@ verifies. "auto": a draft token is taken only if the ones before it were, so at 
 chance p that a token is accepted once the ones before it were, the j-th draft
 row is expected to give p^j tokens. Each session's draft gets the length that
 gives the step the most expected tokens per second, the step's time taken from
-the decode steps the node measured by their output rows (dgr.step_time.RowTimes),
-linear between them and past them at the last two's cost a row (at most the
-model's time per decode row): a step's
-time is not linear in its rows on a CPU (here a second row costs about a one-row
-step and a 17th about two fifths of one), so a short draft may cost more than it
-gives where a long one pays. Compute-bound steps (many decoders: the step's
-time grows by its one-row share with each row) thus draft nothing (a row costs
+the decode steps the node measured by their output rows (dgr.step_time.RowTimes:
+each count up to 64 on its own), linear between them and past them at the mean
+cost of a row from the first to the last (at most the model's time per decode
+row): a step's time is not linear in its rows on a CPU (here a second row costs
+about a one-row step and a 17th about two fifths of one; beside 15 other
+decoders a 17th row costs a fifth of the step, and multiples of four cost less
+than the counts around them), so a short draft may cost more than it gives
+where a long one pays.
+
+Expected tokens are counted at the node's trust: the "auto" drafts' tokens
+accepted over those expected, recent steps weighing more. Where many sessions
+draft on noisy estimates of p, those that draft are the ones whose p is
+overestimated, and their drafts give less than expected (evidence/DGR-026,
+step_gain.py, at c = 16); the trust takes that back into the next plans.
+
+Compute-bound steps (many decoders: the step's time grows by its one-row share
+with each row) thus draft nothing (a row costs
 at least the decode-only step's time over its rows plus one: until steps with
 drafts tell a from b, a fit of one-decoder steps may not), and no step drafts
 while sessions wait to prefill: a draft row would take compute their prompts
@@ -77,6 +87,12 @@ cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
     return (a.accepted + PRIOR_WEIGHT * prior) / (a.accepted + a.broken + PRIOR_WEIGHT)
 
 
+cdef inline double _trust(double accepted, double expected) noexcept nogil:
+    """The auto drafts' accepted tokens over their expected ones, beside TRUST_WEIGHT
+    expected tokens at TRUST_PRIOR."""
+    return (accepted + TRUST_WEIGHT * TRUST_PRIOR) / (expected + TRUST_WEIGHT)
+
+
 cdef inline void _record(Acceptance * a, int k, int accepted, double forget) noexcept nogil:
     """A draft of k tokens verified, the first `accepted` of them taken; what was
     recorded before weighs `forget`."""
@@ -113,6 +129,11 @@ cdef class Speculation:
             out[name] = (a.accepted, a.drafted)
         return out
 
+    def trust(self):
+        """The share of an "auto" draft's expected tokens the next plan counts (the
+        module doc)."""
+        return _trust(self.trust_accepted, self.trust_expected)
+
     def set_row_times(self, points):
         """Decode steps' (mean output rows, mean seconds), fewest rows first
         (dgr.step_time.RowTimes.points), for the next plans."""
@@ -131,8 +152,9 @@ cdef class Speculation:
                              double row_s) noexcept nogil:
         """A decode step's seconds at `rows` output rows: linear between the measured
         points; below them, or with none from near_rows rows taking near_s, at row_s
-        a row; past them at the last two's cost a row, if less (a CPU's step grows
-        by less with each row: guessed low, a longer draft is tried and measured)."""
+        a row; past them at the mean cost of a row from the first point to the last,
+        if less (a CPU's step grows by less with each row: guessed low, a longer
+        draft is tried and measured)."""
         cdef int i, m = self.n_points
         cdef double slope
         if m == 0:
@@ -174,8 +196,7 @@ cdef class Speculation:
         self.planned_s = 0.0
         self.trust_accepted *= TRUST_FORGET
         self.trust_expected *= TRUST_FORGET
-        trust = ((self.trust_accepted + TRUST_WEIGHT * TRUST_PRIOR)
-                 / (self.trust_expected + TRUST_WEIGHT))
+        trust = _trust(self.trust_accepted, self.trust_expected)
         for i in range(n_rows):
             d = rows[i].drafting
             d.n_draft = 0

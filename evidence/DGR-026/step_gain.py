@@ -95,7 +95,7 @@ async def main():
                                   f"{drafts / n:.1f} | {tok / n:.2f} ({p_tok / n:.2f}) | "
                                   f"{1e3 * sec / n:.1f} ({1e3 * p_s / n:.1f}) | {tok / sec:.1f} |")
                     spec = node._loop.batch.scheduler.speculation
-                    print(f"trust after it: {spec.trust_accepted:.1f} / {spec.trust_expected:.1f}")
+                    print(f"trust after it: {spec.trust():.2f}")
                     print("row times after it (rows, ms): " + ", ".join(
                         f"({rows:.1f}, {1e3 * sec:.1f})" for rows, sec in node._loop.row_times.points()))
     print("\n| workload | auto / off per round | median |")

@@ -218,3 +218,32 @@ def test_auto_drafts_nothing_while_a_session_waits_to_prefill():
         token = token % 8 + 1
         _, decode, chunks = sched.plan_step()
     assert decode == [0, 1] and len(sched.planned_draft(0)) > 1
+
+
+def test_trust_falls_where_auto_drafts_give_less_than_expected_and_comes_back():
+    """The share of expected tokens a plan counts is measured: drafts rejected
+    lower it; steps without drafts let it return to its prior."""
+    prompt = list(range(1, 9)) * 2 + [1, 2]
+    sched = scheduler(n_slots=2, token_budget=256)
+    sched.start(0, prompt, 12, credits=100, speculate=AUTO)
+    sched.start(1, [60, 61], 400, credits=400, speculate=OFF)
+    _, _, chunks = sched.plan_step()
+    assert chunks == [(0, 0, len(prompt)), (1, 0, 2)]
+    sched.apply([-1] * (len(prompt) - 1) + [3] + [-1, 62])
+    sched.set_step_time(0.020, 0.002, 0.001, 0.0)  # drafts pay (a step's fixed cost dominates)
+    prior = sched.speculation.trust()
+    rejected, off_token = 0, 63
+    while sched.slot_state(0)[0] != 0:  # slot 0 decodes until max_tokens
+        _, decode, _ = sched.plan_step()
+        draft = sched.planned_draft(0)
+        rejected += bool(draft)
+        not_drafted = (draft[0] + 1) % 90 if draft else 0
+        sched.apply([not_drafted] + [-2] * len(draft) + [off_token])
+        off_token = off_token % 90 + 1
+    lowered = sched.speculation.trust()
+    assert rejected >= 1 and lowered < prior
+    for _ in range(300):  # slot 1 alone, never speculating
+        sched.plan_step()
+        sched.apply([off_token])
+        off_token = off_token % 90 + 1
+    assert lowered < sched.speculation.trust() <= prior
