@@ -10,9 +10,10 @@ over HTTP. Every prompt starts with its request's own number, so that no
 server reuses another request's prompt beyond its first tokens.
 
 Servers, from the same pin, in one run, one at a time, the whole matrix per
-round: dgr with speculation off and auto (the same process, the request's
-`speculation` alternating, each on prompts of its own so that neither takes the
-other's from the prefix cache), llama-server without speculation and with
+round (each server warmed by an untimed run first): dgr with speculation off
+and auto (the same process, the request's `speculation` alternating, which goes
+first alternating by round, each on prompts of its own so that neither takes
+the other's from the prefix cache), llama-server without speculation and with
 `--spec-type ngram-mod` and `ngram-simple`. Reported per server: decode
 tokens/s (tokens after each session's first, over the time from the first
 session's first token to the last session's last: what speculation changes,
@@ -138,6 +139,7 @@ def run(servers: dict, levels: list[int], rounds: int) -> dict:
         for name, (start, is_dgr) in servers.items():
             srv = start(f"{name.replace(' ', '-')}-round{r}").__enter__()
             try:
+                _warm_up(srv, is_dgr, max(levels))
                 for workload in WORKLOADS:
                     for c in levels:
                         offset = 100 * r + 1000 * c  # every request's prompt its own
@@ -159,6 +161,15 @@ def run(servers: dict, levels: list[int], rounds: int) -> dict:
                            for (w, c, r), (d, a) in acceptance.items()]}
 
 
+def _warm_up(srv, is_dgr, c):
+    """An untimed run of the first workload at c on a fresh server: a node's first
+    burst of prompts is scheduled before it has measured its steps (dgr prefills
+    them in fixed chunks until its step-time model is fitted, then within the
+    decoders' stall bound), so the first timed run would be unlike the others."""
+    trio.run(run_level, srv.url, next(iter(WORKLOADS)), c, is_dgr,
+             {"speculation": "off"} if is_dgr else None, 90_000)
+
+
 def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptance):
     if not is_dgr:
         out = trio.run(run_level, srv.url, workload, c, False, None, offset)
@@ -167,8 +178,10 @@ def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptanc
         return
     runs = {}
     # timed: each mode on prompts of its own (the other's would come from dgr's prefix
-    # cache); then auto again on off's prompts, untimed, for the bitwise column
-    for mode, prompts in (("off", offset), ("auto", offset + 50)):
+    # cache), which goes first alternating by round; then auto again on off's
+    # prompts, untimed, for the bitwise column
+    modes = (("off", offset), ("auto", offset + 50))
+    for mode, prompts in modes if r % 2 == 0 else modes[::-1]:
         before = _spec_counts(srv.url)
         runs[mode] = trio.run(run_level, srv.url, workload, c, True, {"speculation": mode},
                               prompts)
