@@ -430,8 +430,11 @@ cdef class Scheduler:
         cdef Event * e
         figures.decode_rows = self.n_decode
         figures.draft_rows = self.n_draft_rows
-        figures.planned_tokens = self.speculation.planned_tokens if self.speculation is not None else 0.0
-        figures.planned_s = self.speculation.planned_s if self.speculation is not None else 0.0
+        figures.planned_tokens = 0.0
+        figures.planned_s = 0.0
+        if self.speculation is not None:
+            figures.planned_tokens = self.speculation.planned_tokens
+            figures.planned_s = self.speculation.planned_s
         figures.prefill_rows = 0
         figures.generated = 0
         for i in range(self.n_decode):

@@ -13,7 +13,7 @@ each count up to 64 on its own), linear between them and past them at the mean
 cost of a row from the first to the last (at most the model's time per decode
 row): a step's time is not linear in its rows on a CPU (here a second row costs
 about a one-row step and a 17th about two fifths of one; beside 15 other
-decoders a 17th row costs a fifth of the step, and multiples of four cost less
+decoders a 17th row costs a quarter of the step, and multiples of four cost less
 than the counts around them), so a short draft may cost more than it gives
 where a long one pays.
 

@@ -26,7 +26,7 @@ Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
 step's time is not linear in its rows on a CPU (here two rows cost about two
 one-row steps and a 17th about two fifths of one: evidence/DGR-026/rows-cost-wide.txt;
 and with many decoders, rows in multiples of four cost less than the counts
-around them: 16 rows 72 ms, 17 rows 89 ms, evidence/DGR-026/rows-cost-c16.txt),
+around them: 16 rows 77 ms, 17 rows 97 ms, evidence/DGR-026/rows-cost-c16.txt),
 and that decides how long a draft pays (dgr/_speculation.pyx).
 """
 
