@@ -5,10 +5,10 @@ from the node's step records:
 
 - decode tok/s as the bench counts it (tokens after each session's first, from the
   first session's first token to the last one's last), measured in process;
-- the steps with no prefill by their decode rows: steps, tokens a step, mean step
-  seconds, tokens per second of step time, and for auto, the steps with drafts apart;
-- the time between steps (wall time of the decode phase not inside a step: the
-  Trio thread's share where it delays the next step).
+- the steps with no prefill by their decode rows, those with drafts apart: steps,
+  draft rows, tokens and seconds a step (with what the speculation policy planned
+  for them: StepRecord.planned), tokens per second of step time;
+- the node's trust and row times after the run.
 
     PYTHONPATH=. python3 evidence/DGR-026/step_gain.py [--c 16] [--rounds 2] [--workloads ...]
 """

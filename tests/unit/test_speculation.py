@@ -234,7 +234,7 @@ def test_trust_falls_where_auto_drafts_give_less_than_expected_and_comes_back():
     prior = sched.speculation.trust()
     rejected, off_token = 0, 63
     while sched.slot_state(0)[0] != 0:  # slot 0 decodes until max_tokens
-        _, decode, _ = sched.plan_step()
+        sched.plan_step()
         draft = sched.planned_draft(0)
         rejected += bool(draft)
         not_drafted = (draft[0] + 1) % 90 if draft else 0

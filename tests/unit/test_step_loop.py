@@ -241,7 +241,8 @@ async def test_a_flush_returns_once_the_loop_published_the_evictions():
 def _step(index, decode_rows, prefill_rows, seconds):
     return StepEnded({"index": index, "rows": decode_rows + prefill_rows,
                       "decode_rows": decode_rows, "draft_rows": 0, "planned_tokens": 0.0,
-                      "planned_s": 0.0, "prefill_rows": prefill_rows, "generated": decode_rows, "calls": 1, "plan_s": 0.0,
+                      "planned_s": 0.0, "prefill_rows": prefill_rows,
+                      "generated": decode_rows, "calls": 1, "plan_s": 0.0,
                       "decode_s": seconds, "sample_s": 0.0, "update_s": 0.0,
                       "total_s": seconds, "ended_at": 0.0})
 
