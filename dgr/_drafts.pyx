@@ -26,7 +26,10 @@ from libc.stdlib cimport free, malloc
 
 cdef enum:
     CONTEXT_MATCH_MIN = 3
-    CONTEXT_MATCH_MAX = 8
+    # text repeats its phrases (a module's functions, a report's sentences): a match of
+    # a few tokens is often in the wrong place, the longest one in the place being
+    # quoted (llama.cpp's ngram-simple looks up the last 12 tokens)
+    CONTEXT_MATCH_MAX = 32
     NODE_NGRAM = 4
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18

@@ -9,7 +9,8 @@ chance p that a token is accepted once the ones before it were, the j-th draft
 row is expected to give p^j tokens. Each session's draft gets the length that
 gives the step the most expected tokens per second, the step's time taken from
 the decode steps the node measured by their output rows (dgr.step_time.RowTimes:
-each count up to 64 on its own), linear between them and past them at the mean
+each count up to 64 on its own; where none ran lately, the steps timed as the node
+opened, at the level of those that did), linear between them and past them at the mean
 cost of a row from the first to the last (at most the model's time per decode
 row): a step's time is not linear in its rows on a CPU (here a second row costs
 about a one-row step and a 17th about two fifths of one; beside 15 other

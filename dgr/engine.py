@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable, Optional
 
 import attrs
@@ -11,7 +12,7 @@ import outcome
 import trio
 
 from dgr import _engine
-from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK
+from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK, WANT_SAMPLE
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
 from dgr.errors import DgrError
@@ -19,6 +20,10 @@ from dgr.errors import DgrError
 # the host KV tier's bound when the config sets none and the memory budget leaves more
 # (llama-server's --cache-ram default)
 DEFAULT_CACHE_RAM = 8 << 30
+# Output rows of the steps the node times when it opens (measure_row_times): doublings,
+# and between them the multiples of 8 a CPU's matmul tiles run cheaper than the counts
+# around them (evidence/DGR-026/rows-cost-wide-pristine.txt)
+ROW_PROBES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 class EngineThread:
@@ -85,8 +90,9 @@ def default_ctx(config: NodeConfig, model_path: str) -> int:
     return max(256, min(info["n_ctx_train"], fits))
 
 
-def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets]:
-    """Open the model and context and derive the budgets (blocking)."""
+def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple[int, float]]]:
+    """Open the model and context, derive the budgets and, where the node may
+    speculate, time its steps by their rows (measure_row_times) (blocking)."""
     model_path = resolve_model_path(config.model_path)
     n_ctx = config.n_ctx or default_ctx(config, model_path)
     engine = _open(config, model_path, n_ctx)
@@ -126,4 +132,33 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets]:
     warm = engine.tokenize("Hello")[:2]
     engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
     engine.release(0)
-    return engine, budgets
+    row_times = []
+    if config.speculation != "off" and config.kv_unified:
+        # a decode step's most output rows: a row per slot and the draft rows
+        row_times = measure_row_times(engine, min(info["n_seq_max"] + MAX_STEP_DRAFTS,
+                                                  info["n_ubatch"]), info["n_ctx_seq"])
+    return engine, budgets, row_times
+
+
+def measure_row_times(engine: _engine.Engine, max_rows: int,
+                      max_cells: int) -> list[tuple[int, float]]:
+    """One step of each count of ROW_PROBES output rows up to `max_rows`, one sequence
+    continuing in `max_cells` cells at most: [(rows, seconds)]. The shape of the
+    node's step time past the rows it runs (dgr.step_time.RowTimes.calibrate), which
+    tells the speculation policy what a long draft costs before one has run. The
+    sequence's KV is freed after."""
+    out = []
+    position = 0
+    try:
+        for rows in ROW_PROBES:
+            if rows > max_rows or position + rows > max_cells:
+                break
+            tokens = [(17 * k) % engine.n_vocab for k in range(position, position + rows)]
+            started = time.perf_counter()
+            engine.step(tokens, list(range(position, position + rows)), [0] * rows,
+                        [WANT_SAMPLE] * rows)
+            out.append((rows, time.perf_counter() - started))
+            position += rows
+    finally:
+        engine.release(0)
+    return out

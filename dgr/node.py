@@ -55,7 +55,7 @@ class Node:
     """A running node. Get one with `open_node(config)`."""
 
     def __init__(self, config: NodeConfig, engine: _engine.Engine, budgets: Budgets,
-                 nursery: trio.Nursery):
+                 nursery: trio.Nursery, row_probes=()):
         self.config = config
         self.budgets = budgets
         self.telemetry = Telemetry()
@@ -79,6 +79,8 @@ class Node:
                                 speculation=config.speculation if config.kv_unified else "off")
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting, self.tiers)
+        # the steps timed as the engine opened: what a long draft costs before one ran
+        self._loop.row_times.calibrate(row_probes)
         self._key_lock = trio.Lock()
         self._ids = itertools.count(1)
         self._closing = False
@@ -420,10 +422,10 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
     engine_thread = EngineThread()
     node = None
     try:
-        engine, budgets = await engine_thread.run(load_engine, config)
+        engine, budgets, row_probes = await engine_thread.run(load_engine, config)
         try:
             async with trio.open_nursery() as nursery:
-                node = Node(config, engine, budgets, nursery)
+                node = Node(config, engine, budgets, nursery, row_probes)
                 if node.tiers is not None and config.cache_dir is not None:
                     key = await node._kv_key()
                     node.tiers.disk = await trio.to_thread.run_sync(

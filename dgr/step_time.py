@@ -27,7 +27,10 @@ step's time is not linear in its rows on a CPU (here two rows cost about two
 one-row steps and a 17th about two fifths of one: evidence/DGR-026/rows-cost-wide.txt;
 and with many decoders, rows in multiples of four cost less than the counts
 around them: 16 rows 77 ms, 17 rows 97 ms, evidence/DGR-026/rows-cost-c16.txt),
-and that decides how long a draft pays (dgr/_speculation.pyx).
+and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
+the rows its drafts give, and a draft's length is chosen by what its rows cost:
+the steps the node timed as it opened (dgr.engine.measure_row_times) give the
+curve's shape where it has run no step lately, at the level of the steps it ran.
 """
 
 from __future__ import annotations
@@ -132,19 +135,47 @@ class RowTimes:
 
     def __init__(self):
         self._sums = np.zeros((3, ROW_GROUPS))  # weight, rows, seconds
+        self._probed: list[tuple[float, float]] = []  # (rows, seconds), fewest rows first
+
+    def calibrate(self, probes) -> None:
+        """Steps of (rows, seconds) timed on their own (dgr.engine.measure_row_times):
+        the shape of the step time for the row counts the node has not run lately."""
+        self._probed = sorted((float(rows), float(seconds)) for rows, seconds in probes)
+
+    def _probed_seconds(self, rows: float) -> float:
+        """The probes' seconds at `rows`: linear between them, in proportion to the
+        rows beyond them."""
+        (first_rows, first_s), (last_rows, last_s) = self._probed[0], self._probed[-1]
+        if rows <= first_rows:
+            return first_s * rows / first_rows
+        if rows >= last_rows:
+            return last_s * rows / last_rows
+        return float(np.interp(rows, *zip(*self._probed)))
 
     def observe(self, rows: int, seconds: float) -> None:
         """One decode step (no prefill rows) of `rows` output rows."""
         self._sums *= FORGET
-        if rows <= ROW_EXACT:
-            group = rows - 1
-        else:
-            group = min(ROW_EXACT + rows.bit_length() - ROW_EXACT.bit_length(), ROW_GROUPS - 1)
-        self._sums[:, group] += (1.0, rows, seconds)
+        self._sums[:, self._group(rows)] += (1.0, rows, seconds)
 
     def points(self) -> list[tuple[float, float]]:
-        """(mean rows, mean seconds) of each group seen lately, fewest rows first."""
+        """(mean rows, mean seconds) of each group seen lately, and the probes of the
+        groups not seen lately at the level of those seen (their seconds over the
+        probes' at the same rows, by weight), fewest rows first."""
         weight, rows, seconds = self._sums
         seen = weight >= MIN_ROW_WEIGHT
-        return list(zip((rows[seen] / weight[seen]).tolist(),
-                        (seconds[seen] / weight[seen]).tolist()))
+        out = list(zip((rows[seen] / weight[seen]).tolist(),
+                       (seconds[seen] / weight[seen]).tolist()))
+        if not self._probed:
+            return out
+        level = 1.0
+        if out:
+            level = float(seconds[seen].sum() / sum(
+                w * self._probed_seconds(r / w) for w, r in zip(weight[seen], rows[seen])))
+        out += [(r, s * level) for r, s in self._probed if not seen[self._group(int(r))]]
+        return sorted(out)
+
+    @staticmethod
+    def _group(rows: int) -> int:
+        if rows <= ROW_EXACT:
+            return rows - 1
+        return min(ROW_EXACT + rows.bit_length() - ROW_EXACT.bit_length(), ROW_GROUPS - 1)

@@ -265,3 +265,14 @@ def test_bad_sequence_id_and_mismatched_lengths(engine):
         engine.step([5, 6], [0], [0], [1])
     with pytest.raises(InvalidBatch, match="empty"):
         engine.step([], [], [], [])
+
+
+def test_row_probes_time_each_count_that_fits_and_free_their_cells(engine):
+    from dgr.engine import ROW_PROBES, measure_row_times
+    probes = measure_row_times(engine, max_rows=48, max_cells=2048)
+    assert [rows for rows, _ in probes] == [r for r in ROW_PROBES if r <= 48]
+    assert all(seconds > 0 for _, seconds in probes)
+    assert engine.pos_max(0) == -1
+    # the probes continue one sequence: those its cells cannot hold are not run
+    assert [rows for rows, _ in measure_row_times(engine, 48, 20)] == [1, 2, 4, 8]
+    assert engine.pos_max(0) == -1

@@ -24,6 +24,11 @@ def test_context_draft_continues_the_longest_latest_match():
     assert _drafts.context_draft_for([5, 2, 3, 6, 2, 3]) == []
     assert _drafts.context_draft_for([1, 2, 3, 7, 1, 2, 3], 6) == [7, 1, 2, 3, 7, 1]
     assert _drafts.context_draft_for(list(range(4)) * 10) == [0, 1, 2, 3] * (MAX_DRAFT // 4)
+    # text that repeats its phrases: the last 8 tokens occur in two sentences, the last
+    # 12 only in the one the session is quoting, which goes on as it did there
+    phrase = list(range(100, 108))
+    tokens = [1, 2, 3, 4, *phrase, 50, 51, 5, 6, 7, 8, *phrase, 60, 61, 1, 2, 3, 4, *phrase]
+    assert _drafts.context_draft_for(tokens, 2) == [50, 51]
 
 
 def test_node_store_drafts_from_other_sessions_outputs():

@@ -93,3 +93,19 @@ def test_row_times_give_each_group_of_rows_its_recent_mean_and_drop_groups_not_r
         times.observe(1, 0.016)
     ((rows_1, seconds_1),) = times.points()
     assert (rows_1, seconds_1) == pytest.approx((1, 0.016), rel=0.01)
+
+
+def test_row_times_give_the_probed_shape_where_no_step_ran_lately_at_the_level_of_those_that_did():
+    times = RowTimes()
+    times.calibrate([(1, 0.015), (4, 0.040), (16, 0.090), (48, 0.240)])
+    # before any step: the probes as they were timed
+    assert times.points() == pytest.approx([(1, 0.015), (4, 0.040), (16, 0.090), (48, 0.240)])
+    for _ in range(10):  # the machine runs more slowly than when the node opened
+        times.observe(1, 0.030)
+        times.observe(7, 0.130)  # between the probes at 4 and 16 rows: 0.0525 probed
+    points = dict(times.points())
+    level = (0.030 + 0.130) / (0.015 + 0.0525)  # weights alike: both seen as often
+    assert points[1] == pytest.approx(0.030) and points[7] == pytest.approx(0.130)
+    assert points[4] == pytest.approx(0.040 * level, rel=1e-2)
+    assert points[48] == pytest.approx(0.240 * level, rel=1e-2)
+    assert sorted(points) == [1, 4, 7, 16, 48]
