@@ -127,17 +127,21 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
     except DgrError:
         engine.close()
         raise
-    # Warm-up, as llama-server does: the first llama_decode pays one-time graph
-    # and buffer setup that would otherwise land on the first request's TTFT.
-    warm = engine.tokenize("Hello")[:2]
-    engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
-    engine.release(0)
-    row_times = []
-    if config.speculation != "off" and config.kv_unified:
-        # a decode step's most output rows: a row per slot and the draft rows
-        row_times = measure_row_times(engine, min(info["n_seq_max"] + MAX_STEP_DRAFTS,
-                                                  info["n_ubatch"]), info["n_ctx_seq"])
-    return engine, budgets, row_times
+    try:
+        # Warm-up, as llama-server does: the first llama_decode pays one-time graph
+        # and buffer setup that would otherwise land on the first request's TTFT.
+        warm = engine.tokenize("Hello")[:2]
+        engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
+        engine.release(0)
+        row_probes = []
+        if config.speculation != "off" and config.kv_unified:
+            # a decode step's most output rows: a row per slot and the draft rows
+            row_probes = measure_row_times(engine, min(info["n_seq_max"] + MAX_STEP_DRAFTS,
+                                                      info["n_ubatch"]), info["n_ctx_seq"])
+    except BaseException:
+        engine.close()
+        raise
+    return engine, budgets, row_probes
 
 
 def measure_row_times(engine: _engine.Engine, max_rows: int,
