@@ -176,6 +176,7 @@ class RowTimes:
 
     @staticmethod
     def _group(rows: int) -> int:
+        """The group of a step of `rows` output rows (the class doc)."""
         if rows <= ROW_EXACT:
             return rows - 1
         return min(ROW_EXACT + rows.bit_length() - ROW_EXACT.bit_length(), ROW_GROUPS - 1)
