@@ -96,7 +96,9 @@ async def _one(client, url, prompt, extra, is_dgr):
 
 
 async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
-    """c sessions of `workload` at once: decode tokens/s and each session's text."""
+    """c sessions of `workload` at once: decode tokens/s, each session's text, and when
+    the sessions' first and last tokens came (seconds from the requests being sent,
+    earliest first)."""
     build = WORKLOADS[workload]
     results = [None] * c
     started = time.perf_counter()
@@ -115,7 +117,9 @@ async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
     generated = sum(len(s) for s, _ in results)
     return {"decode_tok_s": tokens / span if span > 0 else 0.0,
             "wall_tok_s": generated / (max(lasts) - started) if lasts else 0.0,
-            "texts": [text for _, text in results]}
+            "texts": [text for _, text in results],
+            "first_s": sorted(t - started for t in firsts),
+            "last_s": sorted(t - started for t in lasts)}
 
 
 def _spec_counts(url):

@@ -5,31 +5,25 @@ tokens came (seconds from the requests being sent).
 
     python3 evidence/DGR-026/fresh_node_order.py "code edit" off,off,auto,off
 """
-import statistics, sys, time, trio, httpx
-sys.path.insert(0, '.')
-from benchmarks.concurrency import dgr_server, free_port
-from benchmarks.speculation import WORKLOADS, _one
-from dgr.engine import resolve_model_path
+import statistics
+import sys
+from pathlib import Path
 
-async def level(url, workload, c, mode, offset):
-    build = WORKLOADS[workload]
-    results = [None]*c
-    started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as client:
-        async def one(i):
-            prompt, body = build(offset + i)
-            results[i] = await _one(client, url, prompt, body | {"speculation": mode}, True)
-        async with trio.open_nursery() as n:
-            for i in range(c):
-                n.start_soon(one, i)
-    firsts = sorted(s[0]-started for s, _ in results)
-    lasts = sorted(s[-1]-started for s, _ in results)
-    tokens = sum(len(s)-1 for s, _ in results)
-    return tokens/(lasts[-1]-firsts[0]), firsts, lasts
+import trio
 
-model = resolve_model_path(None)
-with dgr_server(model, 16, 1024, 2, free_port()) as srv:
-    for r in range(1):
-        for k, mode in enumerate(sys.argv[2].split(",")):
-            rate, firsts, lasts = trio.run(level, srv.url, sys.argv[1], 16, mode, 100*r + 50*k + 3000)
-            print(f"r{r} {mode}: {rate:.1f} tok/s; first tokens at {firsts[0]:.1f}..{firsts[-1]:.1f} s (median {statistics.median(firsts):.1f}); last tokens {lasts[0]:.1f}..{lasts[-1]:.1f}", flush=True)
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.concurrency import dgr_server, free_port  # noqa: E402
+from benchmarks.speculation import run_level  # noqa: E402
+from dgr.engine import resolve_model_path  # noqa: E402
+
+workload, modes = sys.argv[1], sys.argv[2].split(",")
+with dgr_server(resolve_model_path(None), 16, 1024, 2, free_port()) as server:
+    for k, mode in enumerate(modes):
+        out = trio.run(run_level, server.url, workload, 16, True, {"speculation": mode},
+                       50 * k + 3000)
+        firsts, lasts = out["first_s"], out["last_s"]
+        print(f"r0 {mode}: {out['decode_tok_s']:.1f} tok/s; first tokens at {firsts[0]:.1f}.."
+              f"{firsts[-1]:.1f} s (median {statistics.median(firsts):.1f}); last tokens "
+              f"{lasts[0]:.1f}..{lasts[-1]:.1f}", flush=True)
