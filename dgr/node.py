@@ -55,7 +55,7 @@ class Node:
     """A running node. Get one with `open_node(config)`."""
 
     def __init__(self, config: NodeConfig, engine: _engine.Engine, budgets: Budgets,
-                 nursery: trio.Nursery, row_probes=()):
+                 nursery: trio.Nursery, row_probes: list[tuple[int, float]]):
         self.config = config
         self.budgets = budgets
         self.telemetry = Telemetry()
