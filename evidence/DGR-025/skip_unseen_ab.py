@@ -1,7 +1,8 @@
 """A/B of two llama-cpp-python wheels that differ by one patch, alternating: patch 0009
-(flash attention skips runs of unseen cells: A with 0001-0008, B with 0001-0009) and
+(flash attention skips runs of unseen cells: A with 0001-0008, B with 0001-0009),
 patch 0011 (a KQ mask row visits only its sequence's cells: A with 0001-0010, B with
-0001-0011).
+0001-0011) and patch 0012 (ordered cells fill blocks: A with 0001-0011, B with
+0001-0012).
 
 Two llama-cpp-python wheels built from the pinned tree are installed in turn (pip, seconds: both are in the wheel
 cache) and each round measures, in a fresh process for each wheel:

@@ -8,11 +8,12 @@
 //
 // Alone: sequence 1 decodes 40 prompt tokens, then 20 more (logits for all 20).
 // Shared: sequence 0 decodes 40 tokens first (cells 0-39), sequence 1 the same 40
-// (cells 40-79), sequence 0 is removed (cells 0-39 free again, llama.cpp's search head
-// back at 0), then sequence 1 decodes the same 20 more. Without the patch those 20 land
-// in cells 0-19, below the sequence's first 40, attention reduces them in another order
-// and the logits differ in rounding; with it they go to cells 80-99, in position order,
-// and the 20 rows' logits are bitwise those of the run alone.
+// (cells 40-79; 64-103 with patch 0012's blocks), sequence 0 is removed (cells 0-39 free
+// again, llama.cpp's search head back at 0), then sequence 1 decodes the same 20 more.
+// Without the patch those 20 land in cells 0-19, below the sequence's first 40, attention
+// reduces them in another order and the logits differ in rounding; with it they go after
+// the sequence's cells, in position order, and the 20 rows' logits are bitwise those of
+// the run alone.
 
 #include "llama.h"
 
