@@ -11,7 +11,9 @@ cells the prefill rows attend (a row at position p
 attends p + 1 cells; decode rows' attention is in a and b, their contexts
 change slowly). Least squares over the node's recent steps, older steps
 weighing less (FORGET per step: about the last hundred steps count), so the
-fit follows the machine's load and the sessions' contexts. The scheduler
+fit follows the machine's load and the sessions' contexts. The sums are
+`Forgetting` sums: a step adds only to those it changes, in plain floats (this
+runs on the Trio thread for every step). The scheduler
 (dgr/_scheduler.pyx, Policy) solves it for the prefill rows that keep a step
 within `decode_stall` times a decode-only one.
 
@@ -51,6 +53,9 @@ MIN_FOR_ATTENTION = 4 * FORGET ** 4
 REFIT_EVERY = 16
 # RowTimes: the forgetting-weighted steps a group of rows needs to be given
 MIN_ROW_WEIGHT = 0.5
+# Forgetting: the weight of a step at which the sums are brought back to weight 1
+# (FORGET**-n reaches it after about 23,000 steps, far below a float's range)
+RESCALE_AT = 1e100
 
 
 def attended(chunks) -> float:
@@ -58,14 +63,35 @@ def attended(chunks) -> float:
     return sum((end - start) * (start + end + 1) / 2 for start, end in chunks) / 1024
 
 
+class Forgetting:
+    """Forgetting-weighted sums (FORGET a step) that a step need not rescale: the
+    n-th step adds at weight FORGET**-n (`weight`, after `next_step`), so a sum
+    over `weight` is its forgetting-weighted value. The sums are brought back to
+    weight 1 long before they could overflow."""
+
+    def __init__(self, sums: list[list[float]]):
+        self.sums = sums  # lists of floats, all kept at the same weight
+        self.weight = 1.0
+
+    def next_step(self) -> float:
+        """The weight of the step being added."""
+        self.weight /= FORGET
+        if self.weight > RESCALE_AT:
+            for values in self.sums:
+                values[:] = [v / self.weight for v in values]
+            self.weight = 1.0
+        return self.weight
+
+
 class StepTimeModel:
     """The fit (module doc), updated by every step the node runs."""
 
     def __init__(self):
-        self._xtx = np.zeros((4, 4))
-        self._xty = np.zeros(4)
-        self._decode_only = 0.0  # forgetting-weighted counts of each kind of step
-        self._prefilling = 0.0
+        # x'x (4 x 4, row after row), x'y, and the decode-only and prefilling steps
+        self._xtx = [0.0] * 16
+        self._xty = [0.0] * 4
+        self._counts = [0.0, 0.0]
+        self._sums = Forgetting([self._xtx, self._xty, self._counts])
         self.fitted: Optional[tuple[float, float, float, float]] = None  # the last fit
         self._since_fit = 0  # steps since the last solve
         self._solved = False  # a solve was tried (sane or not)
@@ -79,15 +105,17 @@ class StepTimeModel:
         prefill_rows = sum(end - start for start, end in chunks)
         if decode_rows == 0 and prefill_rows == 0:
             return None
-        x = np.array([1.0, decode_rows, prefill_rows, attended(chunks)])
-        self._xtx = FORGET * self._xtx + np.outer(x, x)
-        self._xty = FORGET * self._xty + x * seconds
-        self._decode_only *= FORGET
-        self._prefilling *= FORGET
-        if prefill_rows:
-            self._prefilling += 1.0
-        elif decode_rows:
-            self._decode_only += 1.0
+        w = self._sums.next_step()
+        xtx, xty = self._xtx, self._xty
+        # a decode-only step's x is (1, decode_rows, 0, 0): only its first two terms add
+        x = (1.0, decode_rows, prefill_rows, attended(chunks)) if prefill_rows else (
+            1.0, decode_rows)
+        for i, xi in enumerate(x):
+            wxi = w * xi
+            xty[i] += wxi * seconds
+            for j, xj in enumerate(x):
+                xtx[4 * i + j] += wxi * xj
+        self._counts[1 if prefill_rows else 0] += w
         self._since_fit += 1
         if (self._solved and self._since_fit < REFIT_EVERY) or not self._seen_both():
             return None
@@ -98,7 +126,8 @@ class StepTimeModel:
         return fit
 
     def _seen_both(self) -> bool:
-        return self._decode_only >= MIN_DECODE_ONLY and self._prefilling >= MIN_PREFILLING
+        decode_only, prefilling = (n / self._sums.weight for n in self._counts)
+        return decode_only >= MIN_DECODE_ONLY and prefilling >= MIN_PREFILLING
 
     def coefficients(self) -> Optional[tuple[float, float, float, float]]:
         """(a, b, c, e), or None before both kinds of step were seen or while the
@@ -106,14 +135,16 @@ class StepTimeModel:
         (positions too alike to tell it from c) is fitted again as 0."""
         if not self._seen_both():
             return None
-        ridge = 1e-9 * np.trace(self._xtx) * np.eye(4)
+        # the sums at any common weight give the same solution (the ridge is relative)
+        xtx = np.array(self._xtx).reshape(4, 4)
+        xty = np.array(self._xty)
+        ridge = 1e-9 * np.trace(xtx) * np.eye(4)
         try:
             w = None
-            if self._prefilling >= MIN_FOR_ATTENTION:
-                w = np.linalg.solve(self._xtx + ridge, self._xty)
+            if self._counts[1] / self._sums.weight >= MIN_FOR_ATTENTION:
+                w = np.linalg.solve(xtx + ridge, xty)
             if w is None or w[3] < 0:
-                w = np.append(np.linalg.solve(self._xtx[:3, :3] + ridge[:3, :3],
-                                              self._xty[:3]), 0.0)
+                w = np.append(np.linalg.solve(xtx[:3, :3] + ridge[:3, :3], xty[:3]), 0.0)
         except np.linalg.LinAlgError:
             return None
         a, b, c, e = (float(v) for v in w)
@@ -134,7 +165,10 @@ class RowTimes:
     not run lately drops out and is guessed again."""
 
     def __init__(self):
-        self._sums = np.zeros((3, ROW_GROUPS))  # weight, rows, seconds
+        self._weight = [0.0] * ROW_GROUPS  # per group: the steps, their rows and seconds
+        self._rows = [0.0] * ROW_GROUPS
+        self._seconds = [0.0] * ROW_GROUPS
+        self._sums = Forgetting([self._weight, self._rows, self._seconds])
         self._probed: list[tuple[float, float]] = []  # (rows, seconds), fewest rows first
 
     def calibrate(self, probes) -> None:
@@ -154,24 +188,28 @@ class RowTimes:
 
     def observe(self, rows: int, seconds: float) -> None:
         """One decode step (no prefill rows) of `rows` output rows."""
-        self._sums *= FORGET
-        self._sums[:, self._group(rows)] += (1.0, rows, seconds)
+        w = self._sums.next_step()
+        group = self._group(rows)
+        self._weight[group] += w
+        self._rows[group] += w * rows
+        self._seconds[group] += w * seconds
 
     def points(self) -> list[tuple[float, float]]:
         """(mean rows, mean seconds) of each group seen lately, and the probes of the
         groups not seen lately at the level of those seen (their seconds over the
         probes' at the same rows, by weight), fewest rows first."""
-        weight, rows, seconds = self._sums
-        seen = weight >= MIN_ROW_WEIGHT
-        out = list(zip((rows[seen] / weight[seen]).tolist(),
-                       (seconds[seen] / weight[seen]).tolist()))
+        weight, rows, seconds = self._sums.sums
+        least = MIN_ROW_WEIGHT * self._sums.weight
+        seen = [g for g, w in enumerate(weight) if w >= least]
+        # mean rows to a millionth of a row: a group of one count gives that count
+        out = [(round(rows[g] / weight[g], 6), seconds[g] / weight[g]) for g in seen]
         if not self._probed:
             return out
         level = 1.0
         if out:
-            level = float(seconds[seen].sum() / sum(
-                w * self._probed_seconds(r / w) for w, r in zip(weight[seen], rows[seen])))
-        out += [(r, s * level) for r, s in self._probed if not seen[self._group(int(r))]]
+            level = sum(seconds[g] for g in seen) / sum(
+                weight[g] * self._probed_seconds(rows[g] / weight[g]) for g in seen)
+        out += [(r, s * level) for r, s in self._probed if self._group(int(r)) not in seen]
         return sorted(out)
 
     @staticmethod

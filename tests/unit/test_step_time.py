@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dgr.step_time import RowTimes, StepTimeModel, attended
+from dgr.step_time import FORGET, RESCALE_AT, Forgetting, RowTimes, StepTimeModel, attended
 
 
 def test_attended_counts_the_cells_each_prefill_row_sees():
@@ -109,3 +109,18 @@ def test_row_times_give_the_probed_shape_where_no_step_ran_lately_at_the_level_o
     assert points[4] == pytest.approx(0.040 * level, rel=1e-2)
     assert points[48] == pytest.approx(0.240 * level, rel=1e-2)
     assert sorted(points) == [1, 4, 7, 16, 48]
+
+
+def test_forgetting_sums_stay_the_forgetting_weighted_ones_past_their_rescaling():
+    sums = Forgetting([[0.0, 0.0]])
+    expected = [0.0, 0.0]
+    for n in range(30_000):  # past RESCALE_AT (about 23,000 steps)
+        w = sums.next_step()
+        assert w <= RESCALE_AT
+        value = float(n % 7)
+        sums.sums[0][0] += w
+        sums.sums[0][1] += w * value
+        expected = [FORGET * expected[0] + 1.0, FORGET * expected[1] + value]
+    got = [v / sums.weight for v in sums.sums[0]]
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert got[0] == pytest.approx(1 / (1 - FORGET), rel=1e-9)
