@@ -9,7 +9,7 @@
 // in at most 2 runs of adjacent cells (blocks of 32). Without the patch the four take
 // turns cell by cell, each in 41 or more runs.
 
-#include "llama.h"
+#include "kv_test.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -53,26 +53,6 @@ static void capture(ggml_log_level level, const char * text, void *) {
     }
 }
 
-static bool decode(llama_context * ctx, const std::vector<llama_token> & toks,
-                   const std::vector<int> & pos, const std::vector<llama_seq_id> & seq) {
-    llama_batch batch = llama_batch_init((int) toks.size(), 0, 1);
-    for (size_t i = 0; i < toks.size(); i++) {
-        batch.token[i] = toks[i];
-        batch.pos[i] = pos[i];
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = seq[i];
-        batch.logits[i] = false;
-    }
-    batch.logits[toks.size() - 1] = true;
-    batch.n_tokens = (int) toks.size();
-    const int rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    if (rc != 0) {
-        printf("FAIL: llama_decode returned %d\n", rc);
-    }
-    return rc == 0;
-}
-
 int main(int argc, char ** argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
@@ -81,45 +61,28 @@ int main(int argc, char ** argv) {
     setenv("LLAMA_KV_CACHE_ORDERED", "1", 1);  // both read when a context is created
     setenv("LLAMA_KV_CACHE_DEBUG", "3", 1);
     llama_log_set(capture, nullptr);
-    llama_backend_init();
-    llama_model_params mparams = llama_model_default_params();
-    mparams.use_extra_bufts = false;
-    llama_model * model = llama_model_load_from_file(argv[1], mparams);
+    llama_model * model = load_model(argv[1]);
     if (model == nullptr) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
         return 2;
     }
-    llama_context_params params = llama_context_default_params();
-    params.n_ctx = 512;
-    params.n_batch = 512;
-    params.n_ubatch = 512;
-    params.n_seq_max = N_SEQ;
-    params.kv_unified = true;
-    params.swa_full = true;
-    params.n_threads = 2;
-    params.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, params);
+    llama_context * ctx = unified_context(model, 512, N_SEQ);
 
     bool ok = ctx != nullptr;
     for (int s = 0; ok && s < N_SEQ; s++) {
-        std::vector<llama_token> toks(N_PROMPT, 1000 + s);
-        std::vector<int> pos;
-        for (int p = 0; p < N_PROMPT; p++) {
-            pos.push_back(p);
-        }
-        ok = decode(ctx, toks, pos, std::vector<llama_seq_id>(N_PROMPT, s));
+        ok = decode_run(ctx, s, std::vector<llama_token>(N_PROMPT, 1000 + s), 0, N_PROMPT, 0,
+                        false);
     }
     // the last of these steps only logs the map the steps before it left
     for (int step = 0; ok && step <= N_STEPS; step++) {
         std::vector<llama_token> toks;
-        std::vector<int> pos;
+        std::vector<llama_pos> pos;
         std::vector<llama_seq_id> seq;
         for (int s = 0; s < N_SEQ; s++) {
             toks.push_back(2000 + step);
             pos.push_back(N_PROMPT + step);
             seq.push_back(s);
         }
-        ok = decode(ctx, toks, pos, seq);
+        ok = decode_rows(ctx, toks, pos, seq, false);
     }
 
     int failures = ok ? 0 : 1;

@@ -15,61 +15,12 @@
 // the sequence's cells, in position order, and the 20 rows' logits are bitwise those of
 // the run alone.
 
-#include "llama.h"
+#include "kv_test.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-static std::vector<llama_token> tokens(const llama_vocab * vocab, int n, int salt) {
-    const int n_vocab = llama_vocab_n_tokens(vocab);
-    std::vector<llama_token> out(n);
-    for (int i = 0; i < n; i++) {
-        out[i] = 1000 + (i * 37 + salt * 101) % (n_vocab / 2);
-    }
-    return out;
-}
-
-// decode `toks` for `seq` from position `pos0`; every row's logits when all_logits
-static bool decode(llama_context * ctx, llama_seq_id seq, const std::vector<llama_token> & toks,
-                   int pos0, bool all_logits) {
-    llama_batch batch = llama_batch_init((int) toks.size(), 0, 1);
-    for (size_t i = 0; i < toks.size(); i++) {
-        batch.token[i] = toks[i];
-        batch.pos[i] = pos0 + (int) i;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = seq;
-        batch.logits[i] = all_logits || i + 1 == toks.size();
-    }
-    batch.n_tokens = (int) toks.size();
-    const int rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    if (rc != 0) {
-        printf("FAIL: llama_decode returned %d\n", rc);
-    }
-    return rc == 0;
-}
-
-static llama_context * unified_context(llama_model * model) {
-    llama_context_params params = llama_context_default_params();
-    params.n_ctx = 512;
-    params.n_batch = 512;
-    params.n_ubatch = 512;
-    params.n_seq_max = 4;
-    params.kv_unified = true;
-    params.swa_full = true;
-    params.n_threads = 2;
-    params.n_threads_batch = 2;
-    return llama_init_from_model(model, params);
-}
-
-// llama.cpp's errors only: the model loader's info lines would bury the result
-static void log_errors(ggml_log_level level, const char * text, void *) {
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        fputs(text, stderr);
-    }
-}
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
@@ -79,28 +30,26 @@ int main(int argc, char ** argv) {
     const bool ordered = argc < 3 || strcmp(argv[2], "unordered") != 0;
     setenv("LLAMA_KV_CACHE_ORDERED", ordered ? "1" : "0", 1);  // read when a context is created
     llama_log_set(log_errors, nullptr);
-    llama_backend_init();
-    llama_model_params mparams = llama_model_default_params();
-    mparams.use_extra_bufts = false;  // no weight repacking: one matmul path (as dgr)
-    llama_model * model = llama_model_load_from_file(argv[1], mparams);
+    llama_model * model = load_model(argv[1]);
     if (model == nullptr) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
         return 2;
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
-    const auto other = tokens(vocab, 40, 1);
-    const auto prompt = tokens(vocab, 40, 2);
-    const auto more = tokens(vocab, 20, 3);
+    const auto other = test_tokens(vocab, 40, 1);
+    const auto prompt = test_tokens(vocab, 40, 2);
+    const auto more = test_tokens(vocab, 20, 3);
 
-    llama_context * alone = unified_context(model);
-    bool ok = decode(alone, 1, prompt, 0, false) && decode(alone, 1, more, 40, true);
+    llama_context * alone = unified_context(model, 512, 4);
+    bool ok = decode_run(alone, 1, prompt, 0, 40, 0, false)
+              && decode_run(alone, 1, more, 0, 20, 40, true);
     std::vector<float> expected(llama_get_logits(alone), llama_get_logits(alone) + (size_t) 20 * n_vocab);
 
-    llama_context * shared = unified_context(model);
-    ok = ok && decode(shared, 0, other, 0, false) && decode(shared, 1, prompt, 0, false);
+    llama_context * shared = unified_context(model, 512, 4);
+    ok = ok && decode_run(shared, 0, other, 0, 40, 0, false)
+            && decode_run(shared, 1, prompt, 0, 40, 0, false);
     llama_memory_seq_rm(llama_get_memory(shared), 0, -1, -1);
-    ok = ok && decode(shared, 1, more, 40, true);
+    ok = ok && decode_run(shared, 1, more, 0, 20, 40, true);
     int failures = ok ? 0 : 1;
     if (ok) {
         const float * got = llama_get_logits(shared);

@@ -11,61 +11,12 @@
 // 20 tokens. Without the patch the saved SWA part holds only the window's last cells:
 // sequence 1 starts at position 88 and sequence 2's copy has no SWA cells at all.
 
-#include "llama.h"
+#include "kv_test.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-static std::vector<llama_token> tokens(const llama_vocab * vocab, int n, int salt) {
-    const int n_vocab = llama_vocab_n_tokens(vocab);
-    std::vector<llama_token> out(n);
-    for (int i = 0; i < n; i++) {
-        out[i] = 1000 + (i * 37 + salt * 101) % (n_vocab / 2);
-    }
-    return out;
-}
-
-// decode toks[from, to) for `seq` at their positions; every row's logits when all_logits
-static bool decode(llama_context * ctx, llama_seq_id seq, const std::vector<llama_token> & toks,
-                   int from, int to, int pos0, bool all_logits) {
-    const int n = to - from;
-    llama_batch batch = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; i++) {
-        batch.token[i] = toks[from + i];
-        batch.pos[i] = pos0 + i;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = seq;
-        batch.logits[i] = all_logits || i + 1 == n;
-    }
-    batch.n_tokens = n;
-    const int rc = llama_decode(ctx, batch);
-    llama_batch_free(batch);
-    if (rc != 0) {
-        printf("FAIL: llama_decode returned %d\n", rc);
-    }
-    return rc == 0;
-}
-
-static llama_context * unified_context(llama_model * model) {
-    llama_context_params params = llama_context_default_params();
-    params.n_ctx = 2048;
-    params.n_batch = 512;
-    params.n_ubatch = 512;
-    params.n_seq_max = 4;
-    params.kv_unified = true;
-    params.swa_full = true;
-    params.n_threads = 2;
-    params.n_threads_batch = 2;
-    return llama_init_from_model(model, params);
-}
-
-static void log_errors(ggml_log_level level, const char * text, void *) {
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        fputs(text, stderr);
-    }
-}
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
@@ -77,33 +28,29 @@ int main(int argc, char ** argv) {
     // logits then do not depend on where its cells lie in the pool, only on their bits
     setenv("GGML_CPU_FA_TILED", "0", 1);
     llama_log_set(log_errors, nullptr);
-    llama_backend_init();
-    llama_model_params mparams = llama_model_default_params();
-    mparams.use_extra_bufts = false;
-    llama_model * model = llama_model_load_from_file(argv[1], mparams);
+    llama_model * model = load_model(argv[1]);
     if (model == nullptr) {
-        fprintf(stderr, "cannot load %s\n", argv[1]);
         return 2;
     }
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     const int n_long = 600, n_prefix = 40, n_more = 20;
-    const auto history = tokens(vocab, n_long, 1);
-    const auto more = tokens(vocab, n_more, 2);
+    const auto history = test_tokens(vocab, n_long, 1);
+    const auto more = test_tokens(vocab, n_more, 2);
     int failures = 0;
 
-    llama_context * fresh = unified_context(model);
-    bool ok = decode(fresh, 0, history, 0, n_prefix, 0, false)
-              && decode(fresh, 0, more, 0, n_more, n_prefix, true);
+    llama_context * fresh = unified_context(model, 2048, 4);
+    bool ok = decode_run(fresh, 0, history, 0, n_prefix, 0, false)
+              && decode_run(fresh, 0, more, 0, n_more, n_prefix, true);
     std::vector<float> expected;
     if (ok) {
         expected.assign(llama_get_logits(fresh), llama_get_logits(fresh) + (size_t) n_more * n_vocab);
     }
 
-    llama_context * ctx = unified_context(model);
+    llama_context * ctx = unified_context(model, 2048, 4);
     llama_memory_t mem = llama_get_memory(ctx);
-    ok = ok && decode(ctx, 0, history, 0, 512, 0, false)
-            && decode(ctx, 0, history, 512, n_long, 512, false);
+    ok = ok && decode_run(ctx, 0, history, 0, 512, 0, false)
+            && decode_run(ctx, 0, history, 512, n_long, 512, false);
     if (ok) {
         std::vector<uint8_t> state(llama_state_seq_get_size(ctx, 0));
         const size_t written = llama_state_seq_get_data(ctx, state.data(), state.size(), 0);
@@ -120,7 +67,7 @@ int main(int argc, char ** argv) {
         }
         llama_memory_seq_rm(mem, 0, -1, -1);
         llama_memory_seq_cp(mem, 1, 2, 0, n_prefix);
-        ok = decode(ctx, 2, more, 0, n_more, n_prefix, true);
+        ok = decode_run(ctx, 2, more, 0, n_more, n_prefix, true);
     }
     if (ok) {
         const float * got = llama_get_logits(ctx);
