@@ -1,8 +1,8 @@
 """A/B of two llama-cpp-python wheels that differ by one patch, alternating: patch 0009
 (flash attention skips runs of unseen cells: A with 0001-0008, B with 0001-0009),
 patch 0011 (a KQ mask row visits only its sequence's cells: A with 0001-0010, B with
-0001-0011) and patch 0012 (ordered cells fill blocks: A with 0001-0011, B with
-0001-0012).
+0001-0011), patch 0012 (ordered cells fill blocks: A with 0001-0011, B with
+0001-0012) and 0009's runs of 32 (A: 0009 skipping runs of 8, B: runs of 32 then 8).
 
 Two llama-cpp-python wheels built from the pinned tree are installed in turn (pip, seconds: both are in the wheel
 cache) and each round measures, in a fresh process for each wheel:
