@@ -24,6 +24,17 @@ draft on noisy estimates of p, those that draft are the ones whose p is
 overestimated, and their drafts give less than expected (evidence/DGR-026,
 step_gain.py, at c = 16); the trust takes that back into the next plans.
 
+A draft that speeds its own session makes every other session of the step wait
+for a longer step; its accepted tokens repay that later, as the decode rows its
+session no longer needs leave the steps to come. So beside other sessions a plan's
+drafts are kept only while the time they add to the step is at most what their
+expected accepted tokens (at the trust) will save the others, each a decode row's
+cost (the mean cost of a row from one decoder to the step's): no session's next
+tokens are expected later for another's drafts. A plan that fails it loses drafts,
+those that give least for their rows first, until it holds. (Throughput alone is
+not enough: in a burst of sessions started together, those that drafted finished
+early and the rest later than with no drafts at all, evidence/DGR-026 burst-ab.txt.)
+
 Compute-bound steps (many decoders: the step's time grows by its one-row share
 with each row) thus draft nothing (a row costs
 at least the decode-only step's time over its rows plus one: until steps with
@@ -189,7 +200,7 @@ cdef class Speculation:
         rows in all; the step-time model a + b decode rows once `time_known`; none
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
         first). Returns the draft rows given."""
-        cdef int i, j, k, n_draft_rows = 0
+        cdef int i, j, k, n_draft_rows = 0, n_always_rows
         cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best
         cdef Drafting * d
         cdef double trust
@@ -222,6 +233,7 @@ cdef class Speculation:
             if d.mode == SPECULATE_ALWAYS:
                 d.n_draft = max(0, min(self.found[i], room - n_draft_rows))
                 n_draft_rows += d.n_draft
+        n_always_rows = n_draft_rows
         if prefilling or not time_known:
             return n_draft_rows
         # auto: each session's draft gets the length that gives the step the most
@@ -229,12 +241,11 @@ cdef class Speculation:
         # steps a row costs the model's b, but at least the decode-only step's time
         # shared by one row more: where every step had the same rows (one decoder, no
         # drafts yet) the fit cannot tell a from b, and drafting is what tells them
-        # apart.
+        # apart. Then the plan keeps only drafts that slow no other session.
         decode_only = time_a + time_b * n_rows
         if decode_only <= 0.0:
             return n_draft_rows
         row_s = max(time_b, decode_only / (n_rows + 1))
-        expected = n_rows
         trusted = n_rows
         for i in range(n_rows):
             d = rows[i].drafting
@@ -254,11 +265,49 @@ cdef class Speculation:
                 if rate > best:
                     best, d.expected, d.n_draft = rate, gain, j
             trusted += trust * d.expected
-            expected += d.expected
             n_draft_rows += d.n_draft
+        n_draft_rows = self.keep_repaid(rows, n_rows, n_draft_rows, n_always_rows, trust,
+                                      decode_only, row_s)
+        expected = n_rows
+        for i in range(n_rows):
+            expected += rows[i].drafting.expected
         if expected > n_rows:
             self.planned_tokens = expected
             self.planned_s = self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
+        return n_draft_rows
+
+    cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
+                       int n_always_rows, double trust, double decode_only,
+                       double row_s) noexcept nogil:
+        """The plan's "auto" drafts, less those that give least for their rows, until
+        the time they add to the step is at most what their expected tokens will save
+        the other sessions (the module doc). Returns the step's draft rows left."""
+        cdef int i, fewest
+        cdef double base_s, row_cost, saved, value, fewest_value
+        cdef Drafting * d
+        if n_rows < 2:
+            return n_draft_rows
+        base_s = self.step_seconds(n_rows + n_always_rows, n_rows, decode_only, row_s)
+        row_cost = (self.step_seconds(n_rows, n_rows, decode_only, row_s)
+                    - self.step_seconds(1, n_rows, decode_only, row_s)) / (n_rows - 1)
+        while n_draft_rows > n_always_rows:
+            saved = 0.0
+            fewest = -1
+            fewest_value = 0.0
+            for i in range(n_rows):
+                d = rows[i].drafting
+                if d.expected > 0.0:
+                    saved += trust * d.expected * row_cost
+                    value = d.expected / d.n_draft
+                    if fewest < 0 or value < fewest_value:
+                        fewest, fewest_value = i, value
+            if fewest < 0 or self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only,
+                                               row_s) - base_s <= saved:
+                break
+            d = rows[fewest].drafting
+            n_draft_rows -= d.n_draft
+            d.n_draft = 0
+            d.expected = 0.0
         return n_draft_rows
 
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil:

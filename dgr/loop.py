@@ -407,6 +407,9 @@ class StepLoop:
         model = self.step_time.observe(output_rows, chunks, figures["total_s"])
         if model is not None:
             self.batch.set_step_time(*model)
+        # a step with drafts may have run a row count the policy guessed: the next
+        # plans see its time at once, not at the next fit
+        if model is not None or figures["draft_rows"]:
             self.batch.set_row_times(self.row_times.points())
 
     def _fail_node(self, why: str) -> None:

@@ -8,6 +8,9 @@ from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource, Spec
 from dgr.events import Decoded, Finished, Sampled
 
 EOG = 99
+# decode steps' seconds by output rows as a CPU's: a second row costs about a first,
+# rows past it little (evidence/DGR-026/rows-cost-wide.txt)
+CHEAP_ROWS = [(1, 0.020), (2, 0.030), (4, 0.032), (8, 0.036), (16, 0.044)]
 ALWAYS, AUTO, OFF = (Speculation.SPECULATE_ALWAYS, Speculation.SPECULATE_AUTO,
                      Speculation.SPECULATE_OFF)
 
@@ -201,6 +204,35 @@ def test_auto_drafts_long_or_not_at_all_where_a_second_row_costs_a_whole_step():
     assert len(sched.planned_draft(0)) < lengths[2]
 
 
+def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
+    """A draft lengthens the step every other session waits for; its accepted tokens
+    repay that later, as its session's decode rows leave the steps to come. Where
+    each row costs the same (5 ms beside a fixed 40), drafts never repay it: a
+    session drafts alone, and nothing beside 7 others, though its draft would raise
+    the step's tokens per second. Where rows past 8 cost little, 8 such sessions
+    draft the step's whole bound of draft rows."""
+    quoting = [1, 2, 3, 4, 5, 6, 1, 2]  # context lookup: 4 5 6 1 2 3 ... (a cycle of 6)
+    others = [[40 + 10 * k + j for j in range(8)] for k in range(7)]  # nothing to draft
+    linear = [(rows, 0.040 + 0.005 * rows) for rows in (1, 8, 16, 24, 32, 72)]
+    concave = [(1, 0.045), (8, 0.080), (16, 0.084), (24, 0.088), (32, 0.092), (72, 0.130)]
+
+    def planned(sessions, row_times):
+        sched = scheduler(n_slots=8, token_budget=256)
+        for slot, prompt in enumerate(sessions):
+            sched.start(slot, prompt, 100, credits=100, speculate=AUTO)
+        sched.plan_step()  # every prompt prefilled, each session samples 3
+        sched.apply([t for prompt in sessions for t in [-1] * (len(prompt) - 1) + [3]])
+        sched.set_step_time(0.040, 0.005, 0.001, 0.0)
+        sched.set_row_times(row_times)
+        _, decode, _ = sched.plan_step()
+        assert decode == list(range(len(sessions)))
+        return [len(sched.planned_draft(slot)) for slot in decode]
+
+    assert planned([quoting], linear)[0] > 0
+    assert planned([quoting] + others, linear) == [0] * 8
+    assert sum(planned([quoting] * 8, concave)) == MAX_STEP_DRAFTS
+
+
 def test_row_times_are_checked():
     sched = scheduler()
     for bad in ([(0.5, 0.01)], [(1, 0.0)], [(4, 0.02), (2, 0.01)], [(1, 0.01)] * (ROW_GROUPS + 1)):
@@ -213,6 +245,7 @@ def test_auto_drafts_nothing_while_a_session_waits_to_prefill():
     sched = scheduler(n_slots=4, token_budget=256)
     decoding(sched, 0, prompt, speculate=AUTO, first=3)
     sched.set_step_time(0.020, 0.002, 0.001, 0.0)  # drafts pay (a step's fixed cost dominates)
+    sched.set_row_times(CHEAP_ROWS)
     sched.start(1, list(range(30, 90)), 8, credits=100, speculate=AUTO)
     token = 4
     _, decode, chunks = sched.plan_step()
@@ -236,6 +269,7 @@ def test_trust_falls_where_auto_drafts_give_less_than_expected_and_comes_back():
     assert chunks == [(0, 0, len(prompt)), (1, 0, 2)]
     sched.apply([-1] * (len(prompt) - 1) + [3] + [-1, 62])
     sched.set_step_time(0.020, 0.002, 0.001, 0.0)  # drafts pay (a step's fixed cost dominates)
+    sched.set_row_times(CHEAP_ROWS)
     prior = sched.speculation.trust()
     rejected, off_token = 0, 63
     while sched.slot_state(0)[0] != 0:  # slot 0 decodes until max_tokens

@@ -238,9 +238,10 @@ async def test_a_flush_returns_once_the_loop_published_the_evictions():
         assert admission.load().cached_cells == 0
 
 
-def _step(index, decode_rows, prefill_rows, seconds):
-    return StepEnded({"index": index, "rows": decode_rows + prefill_rows,
-                      "decode_rows": decode_rows, "draft_rows": 0, "planned_tokens": 0.0,
+def _step(index, decode_rows, prefill_rows, seconds, draft_rows=0):
+    return StepEnded({"index": index, "rows": decode_rows + draft_rows + prefill_rows,
+                      "decode_rows": decode_rows, "draft_rows": draft_rows,
+                      "planned_tokens": 0.0,
                       "planned_s": 0.0, "prefill_rows": prefill_rows,
                       "generated": decode_rows, "calls": 1, "plan_s": 0.0,
                       "decode_s": seconds, "sample_s": 0.0, "update_s": 0.0,
@@ -269,3 +270,21 @@ async def test_the_steps_the_loop_runs_fit_the_model_that_bounds_prefill():
         assert len(row_times) == len(fits)
         ((rows, seconds),) = row_times[-1]
         assert rows == 2 and seconds == pytest.approx(0.020)
+
+
+async def test_a_step_with_drafts_hands_its_row_times_over_at_once():
+    """The speculation policy guesses the time of a row count no step ran lately;
+    a step with drafts that ran it corrects the guess for the next plans, without
+    waiting for the fit's next refit."""
+    async with step_loop() as (loop, admission, batch):
+        (session,), _ = admit(loop, admission, range(40))
+        await settle()
+        batch.publish(_step(0, 1, 0, 0.020), Prefilled(session.slot, 0, 32),
+                      _step(1, 1, 32, 0.052))
+        await settle()
+        handed = len([c for c in batch.calls if c[0] == "row_times"])
+        batch.publish(_step(2, 1, 0, 0.300, draft_rows=47))
+        await settle()
+        row_times = [c[1] for c in batch.calls if c[0] == "row_times"]
+        assert len(row_times) == handed + 1
+        assert (48, pytest.approx(0.300)) in row_times[-1]
