@@ -57,8 +57,8 @@ cdef class Speculation:
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
                   bint time_known, double time_a, double time_b) noexcept nogil
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
-                       int n_always_rows, double trust, double decode_only,
-                       double row_s) noexcept nogil
+                         int n_always_rows, double trust, double decode_only,
+                         double row_s) noexcept nogil
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil
     cdef void shadowed(self, Drafting * d, bint taken) noexcept nogil
     cdef void finished(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil

@@ -33,7 +33,8 @@ cost (the mean cost of a row from one decoder to the step's): no session's next
 tokens are expected later for another's drafts. A plan that fails it loses drafts,
 those that give least for their rows first, until it holds. (Throughput alone is
 not enough: in a burst of sessions started together, those that drafted finished
-early and the rest later than with no drafts at all, evidence/DGR-026 burst-ab.txt.)
+early and the rest later than with no drafts at all, evidence/DGR-026
+burst-trace-before.txt and burst-ab.txt.)
 
 Compute-bound steps (many decoders: the step's time grows by its one-row share
 with each row) thus draft nothing (a row costs
@@ -267,7 +268,7 @@ cdef class Speculation:
             trusted += trust * d.expected
             n_draft_rows += d.n_draft
         n_draft_rows = self.keep_repaid(rows, n_rows, n_draft_rows, n_always_rows, trust,
-                                      decode_only, row_s)
+                                        decode_only, row_s)
         expected = n_rows
         for i in range(n_rows):
             expected += rows[i].drafting.expected
@@ -277,8 +278,8 @@ cdef class Speculation:
         return n_draft_rows
 
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
-                       int n_always_rows, double trust, double decode_only,
-                       double row_s) noexcept nogil:
+                         int n_always_rows, double trust, double decode_only,
+                         double row_s) noexcept nogil:
         """The plan's "auto" drafts, less those that give least for their rows, until
         the time they add to the step is at most what their expected tokens will save
         the other sessions (the module doc). Returns the step's draft rows left."""
