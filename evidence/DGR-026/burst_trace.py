@@ -54,7 +54,8 @@ async def main():
             for c in (8, 16):
                 order = ("off", "auto") if r % 2 == 0 else ("auto", "off")
                 for k, mode in enumerate(order):
-                    rate, steps, lasts = await one_run(node, c, mode, 1000 * r + 100 * k + 10000 * c)
+                    offset = 1000 * r + 100 * k + 10000 * c
+                    rate, steps, lasts = await one_run(node, c, mode, offset)
                     print(f"r{r} c={c} {mode}: {rate:.1f} tok/s, {len(steps)} steps, "
                           f"{sum(s.duration_s for s in steps):.2f} s; last tokens at {lasts}")
                     if mode != "auto":
@@ -66,8 +67,9 @@ async def main():
                                   f"planned {1e3 * s.planned[1]:.0f} ms, took "
                                   f"{1e3 * s.duration_s:.0f} ms")
                     spec = node._loop.batch.scheduler.speculation
+                    points = node._loop.row_times.points()
                     print(f"   trust {spec.trust():.2f}; row times (rows, ms) " + ", ".join(
-                        f"({rows:.1f}, {1e3 * sec:.0f})" for rows, sec in node._loop.row_times.points()))
+                        f"({rows:.1f}, {1e3 * sec:.0f})" for rows, sec in points))
 
 
 trio.run(main)
