@@ -138,9 +138,10 @@ class NodeConfig:
         "--weight-repack", "Let llama.cpp repack weights for its CPU kernels (faster on some "
         "CPUs, but batched logits then differ from solo ones).", default=False)
     reply_buffer: int = option(
-        "--reply-buffer", "Unread tokens a client may hold; a session whose client holds that "
-        "many gets no row until it reads (backpressure). A step gives a session at most this "
-        "many tokens, its drafts included.", default=64)
+        "--reply-buffer", "Unread tokens a streaming client may hold; a session whose client "
+        "holds that many gets no row until it reads (backpressure). A step gives a session at "
+        "most this many tokens, its drafts included. A non-streamed answer is sent whole at "
+        "its end: its session is never held for its client.", default=64)
     memory_budget_bytes: Optional[int] = option(
         "--memory-budget", "Bytes that weights + KV + scratch may take; the node refuses to "
         "start beyond it.", "80% of RAM", default=None)

@@ -65,7 +65,6 @@ class StepSettings:
     prefill_chunk: int       # prefill rows a step beside decoders, until steps are timed
     decode_stall: float      # beside decoders: a step's time / a decode-only one's (0: off)
     prefill_sessions: int    # chunks per step
-    reply_buffer: int        # tokens a reader may hold unread (its credits)
     speculation: str = "off"  # a session's default (SPECULATION_MODES): may it draft
 
 
@@ -310,7 +309,7 @@ class StepLoop:
         self._by_slot[session.slot] = session
         self._on_engine.add(session.id)
         self.batch.start(session.slot, session.prompt, session.max_tokens, session.params,
-                         credits=self.settings.reply_buffer,
+                         credits=self._replies[session].credits,
                          reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                          n_reused=session.n_reused,
                          keep_kv=self._placement.cache is not None,

@@ -51,6 +51,10 @@ Prompt = Union[str, Sequence[int]]
 _FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
 
 
+def _no_credit() -> None:
+    """A whole answer's reader hands back no credits: its session has them all."""
+
+
 class Node:
     """A running node. Get one with `open_node(config)`."""
 
@@ -75,7 +79,6 @@ class Node:
                                 prefill_chunk=config.prefill_chunk,
                                 decode_stall=config.decode_stall,
                                 prefill_sessions=config.prefill_sessions_per_step,
-                                reply_buffer=config.reply_buffer,
                                 speculation=config.speculation if config.kv_unified else "off")
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting, self.tiers)
@@ -162,24 +165,29 @@ class Node:
         return self._engine.apply_chat_template(messages, template=template)
 
     @contextlib.asynccontextmanager
-    async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None
-                     ) -> AsyncIterator[SessionStream]:
+    async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                     whole: bool = False) -> AsyncIterator[SessionStream]:
         """Admit a session and stream its chunks.
 
         Raises AdmissionRejected at once when admission refuses it. Leaving the
         block before the stream ends cancels the session: it gets no row after
         the step in flight, and its KV is freed before its slot is reused.
+
+        `whole`: the caller wants the whole answer, not its pieces as they come
+        (a non-streamed request): the chunks arrive together at the end, and
+        the session never waits for its reader (dgr.reply).
         """
-        async with self.stream_group([prompt], params) as streams:
+        async with self.stream_group([prompt], params, whole=whole) as streams:
             yield streams[0]
 
     @contextlib.asynccontextmanager
     async def stream_group(self, prompts: list[Prompt], params: Optional[SamplingParams] = None,
-                           n: int = 1) -> AsyncIterator[list[SessionStream]]:
+                           n: int = 1, whole: bool = False) -> AsyncIterator[list[SessionStream]]:
         """n sessions per prompt, admitted together or rejected together (one
         request's choices), streamed separately: choice i * n + j is sample j of
         prompt i. Samples of one prompt share its prefill: the first prefills, the
-        others wait for it and take its KV. With a seed, sample j uses seed + j."""
+        others wait for it and take its KV. With a seed, sample j uses seed + j.
+        `whole` as in `stream`."""
         if not prompts or n < 1:
             raise InvalidRequest("a group needs at least one prompt and n >= 1")
         params = params or SamplingParams()
@@ -194,9 +202,10 @@ class Node:
                 session = self._new_session(ids, sample, leader=first)
                 first = first or session
                 sessions.append(session)
-        opened = await self._open_sessions(sessions)
+        opened = await self._open_sessions(sessions, whole)
         try:
-            yield [SessionStream(session, chunks, functools.partial(self._loop.credit, session))
+            yield [SessionStream(session, chunks, _no_credit if whole
+                                 else functools.partial(self._loop.credit, session))
                    for session, chunks in opened]
         finally:
             for session, chunks in opened:
@@ -208,7 +217,7 @@ class Node:
         """Run a session to its end and return the whole result."""
         params = params or SamplingParams()
         texts, ids, tops, lps = [], [], [], []
-        async with self.stream(prompt, params) as chunks:
+        async with self.stream(prompt, params, whole=True) as chunks:
             async for chunk in chunks:
                 texts.append(chunk.text)
                 if chunk.token_id is not None:
@@ -361,8 +370,9 @@ class Node:
                                                       self.config.default_max_tokens),
             arrived_at=time.monotonic(), leader=leader)
 
-    async def _open_sessions(self, sessions: list[Session]):
-        """Admit `sessions` together; returns (session, chunk channel) for each.
+    async def _open_sessions(self, sessions: list[Session], whole: bool):
+        """Admit `sessions` together; returns (session, chunk channel) for each
+        (`whole` as in `stream`).
 
         Admission's decisions reach the step loop in the order admission made them,
         with no checkpoint in between: a session placed to copy a cached prefix
@@ -377,9 +387,11 @@ class Node:
         opened, replies = [], {}
         for session in sessions:
             # The reader's credits bound the token chunks unread; the final one always fits.
-            chunk_send, chunk_recv = trio.open_memory_channel(self.config.reply_buffer + 1)
+            # (A session that only scores its prompt has max_tokens 0, and a credit.)
+            credits = max(session.max_tokens, 1) if whole else self.config.reply_buffer
+            chunk_send, chunk_recv = trio.open_memory_channel(credits + 1)
             replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
-                                     functools.partial(self._loop.end, session))
+                                     functools.partial(self._loop.end, session), credits, whole)
             opened.append((session, chunk_recv))
         try:
             self._admission.submit_group(sessions)

@@ -6,6 +6,11 @@ sits between the batch loop's events and the reader, since a task hop per token
 is what Python costs most per token. The reader hands a credit back for each
 token it takes (`SessionStream`), so a session has at most `reply_buffer`
 token chunks unread, and its channel holds them and the final chunk.
+
+A reader of the whole answer (a non-streamed request) takes nothing before the
+end: its reply holds the chunks and hands them over with the final one, so the
+reader wakes once, not once a step, and the session has credits for all its
+tokens (at most max_tokens chunks are held, as the answer holds them anyway).
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ class Reply:
 
     def __init__(self, session: Session, chunks: trio.MemorySendChannel,
                  token_to_piece: Callable[[int], bytes],
-                 stop: Callable[[FinishReason], None]):
+                 stop: Callable[[FinishReason], None], credits: int, whole: bool = False):
+        """`credits`: the token chunks the reader may leave unread (its channel holds
+        them and the final one); `whole`: the reader takes the chunks only at the end."""
+        self.credits = credits
+        self._held: Optional[list[Chunk]] = [] if whole else None
         self._chunks = chunks
         self._stop = stop
         self._detok = IncrementalDetokenizer(token_to_piece)
@@ -69,12 +78,18 @@ class Reply:
         return tail + self._stops.flush()
 
     def _send(self, chunk: Chunk) -> None:
+        if self._held is not None and chunk.finish_reason is None:
+            self._held.append(chunk)
+            return
         try:
             self._chunks.send_nowait(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.closed = True  # the reader left: the node cancels the session
 
     def _end(self, chunk: Chunk) -> None:
+        held, self._held = self._held or [], None
+        for piece in held:
+            self._send(piece)
         self._send(chunk)
         self.closed = True
         with contextlib.suppress(trio.ClosedResourceError):

@@ -118,7 +118,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                         rows[i].append(chunk)
                 request.scope["dgr.tokens"] = sum(map(len, rows))
 
-        async with node.stream_group(prompts, parsed.params, parsed.n) as streams:
+        async with node.stream_group(prompts, parsed.params, parsed.n, whole=True) as streams:
             instead = await read_whole(request, streams, collect)
         if instead is not None:
             return instead
@@ -186,7 +186,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
                     generated.append(chunk.token_id)
                     request.scope["dgr.tokens"] = len(generated)
 
-        async with node.stream(ids, parsed.chat.params) as chunks:
+        async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
             instead = await read_whole(request, [chunks], collect)
         if instead is not None:
             return instead

@@ -12,7 +12,7 @@ import trio
 import dgr
 from dgr.errors import AdmissionRejected, BudgetError, InvalidRequest, ModelLoadError
 from dgr.prefix_cache import common_prefix, tokens_array
-from dgr.sequence import Phase
+from dgr.sequence import FinishReason, Phase
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -123,8 +123,8 @@ async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(mo
 
     opening = dgr.Node._open_sessions
 
-    async def slow_opening_for_a(self, sessions):
-        opened = await opening(self, sessions)  # admitted
+    async def slow_opening_for_a(self, sessions, whole):
+        opened = await opening(self, sessions, whole)  # admitted
         if sessions[0].prompt == a_ids:
             await trio.sleep(0.5)  # B is admitted and prefilled meanwhile
         return opened
@@ -297,6 +297,23 @@ async def test_slow_reader_is_skipped_not_buffered(node_config):
     assert len(fast.token_ids) == 30
 
 
+async def test_a_whole_answer_is_never_held_for_its_reader_and_reads_as_the_stream(node_config):
+    # two credits a reader; the whole answer's reader wakes once, at its end
+    cfg = node_config(reply_buffer=2)
+    params = dgr.SamplingParams(max_tokens=30, logprobs=2)
+    async with dgr.open_node(cfg) as node:
+        async with node.stream("a whole answer", params) as chunks:
+            streamed = [chunk async for chunk in chunks]
+        async with node.stream("a whole answer", params, whole=True) as chunks:
+            with trio.move_on_after(60) as guard:  # a session held for credits never ends
+                first = await chunks.next_chunks()
+            assert not guard.cancelled_caught
+            assert chunks.session.finish_reason is FinishReason.LENGTH
+            assert len(chunks.session.generated) == 30
+            whole = first + [chunk async for chunk in chunks]
+    assert whole == streamed and len(first) == 31
+
+
 async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(node_config):
     # fixed 16-token pieces (decode_stall 0), decoders that never wait for their
     # readers (credits for all their tokens: a step without a decoder prefills its
@@ -334,7 +351,8 @@ async def test_decoders_get_a_row_in_every_step_while_a_long_prompt_prefills(nod
 
 
 async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
-    cfg = node_config(max_running=2, prefill_chunk=8, n_batch=32, n_ubatch=32)
+    # a streamed session stays within two tokens of its reader (whole answers do not)
+    cfg = node_config(max_running=2, prefill_chunk=8, n_batch=32, n_ubatch=32, reply_buffer=2)
     params = dgr.SamplingParams(max_tokens=40, ignore_eos=True)
     async with dgr.open_node(cfg) as node:
         reference = (await node.generate(PROMPTS[0], params)).token_ids
@@ -347,11 +365,10 @@ async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
 
             nursery.start_soon(keep_going)
 
-            # decode phase: cancel after 5 tokens (one a step: drafts could bring all 40 in
-            # the steps a cancellation takes to land, and end the session first)
-            one_a_step = attrs.evolve(params, speculation="off")
+            # decode phase: cancel after 5 tokens, the session at most two ahead of its
+            # reader (else it may reach its 40th in the steps the cancellation takes to land)
             with trio.CancelScope() as scope:
-                async with node.stream("decode then cancel", one_a_step) as chunks:
+                async with node.stream("decode then cancel", params) as chunks:
                     seen = 0
                     async for chunk in chunks:
                         seen += 1

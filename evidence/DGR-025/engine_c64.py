@@ -40,21 +40,22 @@ def engine_rate(model: str, unified: bool) -> float:
     return rate
 
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--rounds", type=int, default=4)
-args = parser.parse_args()
-bench = ensure_peers(log=lambda m: print(m, file=sys.stderr))["llama-batched-bench"]
-model = str(write_test_model(Path(tempfile.mkdtemp()) / "tiny.gguf"))
-rows = []
-print("| round | dgr engine, unified pool tok/s | dgr engine, split KV tok/s | "
-      "llama-batched-bench tok/s |")
-print("|---|---|---|---|")
-for r in range(args.rounds):
-    unified, split = engine_rate(model, True), engine_rate(model, False)
-    peer = batched_bench(bench, model, [C], N_NEW, 2, n_prompt=8)[C][1]
-    rows.append((unified, split, peer))
-    print(f"| {r} | {unified:.0f} | {split:.0f} | {peer:.0f} |", flush=True)
-for i, name in ((0, "unified pool"), (1, "split KV")):
-    ratios = sorted(row[i] / row[2] for row in rows)
-    print(f"dgr engine, {name} / llama-batched-bench: median {statistics.median(ratios):.2f} "
-          f"({ratios[0]:.2f}-{ratios[-1]:.2f})")
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    bench = ensure_peers(log=lambda m: print(m, file=sys.stderr))["llama-batched-bench"]
+    model = str(write_test_model(Path(tempfile.mkdtemp()) / "tiny.gguf"))
+    rows = []
+    print("| round | dgr engine, unified pool tok/s | dgr engine, split KV tok/s | "
+          "llama-batched-bench tok/s |")
+    print("|---|---|---|---|")
+    for r in range(args.rounds):
+        unified, split = engine_rate(model, True), engine_rate(model, False)
+        peer = batched_bench(bench, model, [C], N_NEW, 2, n_prompt=8)[C][1]
+        rows.append((unified, split, peer))
+        print(f"| {r} | {unified:.0f} | {split:.0f} | {peer:.0f} |", flush=True)
+    for i, name in ((0, "unified pool"), (1, "split KV")):
+        ratios = sorted(row[i] / row[2] for row in rows)
+        print(f"dgr engine, {name} / llama-batched-bench: median {statistics.median(ratios):.2f} "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f})")

@@ -9,11 +9,12 @@ from dgr.sequence import FinishReason, Session
 PIECES = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"\xe2\x82", 6: b"\xac", 7: b"!"}
 
 
-def reply_for(**params):
+def reply_for(whole=False, **params):
     session = Session(id=1, prompt=[0], params=SamplingParams(**params), max_tokens=16)
     send, recv = trio.open_memory_channel(16)
     stops = []
-    return Reply(session, send, PIECES.__getitem__, stops.append), recv, stops
+    return (Reply(session, send, PIECES.__getitem__, stops.append, credits=15, whole=whole),
+            recv, stops)
 
 
 def chunks(recv):
@@ -56,6 +57,31 @@ def test_text_never_splits_a_character_and_the_end_flushes_what_is_held():
     got = chunks(recv)
     assert [c.text for c in got] == ["", "", "€"]  # "€" held: it may start the stop
     assert got[-1].finish_reason is FinishReason.LENGTH and got[-1].token_id is None
+
+
+def test_a_whole_answer_comes_at_its_end_with_every_chunk_as_streamed():
+    streamed, streamed_recv, _ = reply_for(stop=["o wo"])
+    whole, whole_recv, stops = reply_for(whole=True, stop=["o wo"])
+    whole.token(1, -0.25, None)
+    whole.token(2, None, None)
+    assert chunks(whole_recv) == []  # nothing before the end: its reader sleeps
+    for reply in (streamed, whole):
+        for token in ((1, 2, 3, 4) if reply is streamed else (3, 4)):
+            reply.token(token, -0.25 if token == 1 else None, None)
+    got = chunks(whole_recv)
+    assert got == chunks(streamed_recv)
+    assert [c.token_id for c in got] == [1, 2, 3] and got[0].logprob == -0.25
+    assert got[-1].finish_reason is FinishReason.STOP and stops == [FinishReason.STOP]
+
+
+def test_a_whole_answer_ended_by_the_node_holds_nothing_back():
+    reply, recv, _ = reply_for(whole=True)
+    for token in (1, 2):
+        reply.token(token, None, None)
+    reply.finish(FinishReason.LENGTH, None)
+    got = chunks(recv)
+    assert [(c.token_id, c.text) for c in got] == [(1, "Hel"), (2, "lo"), (None, "")]
+    assert got[-1].finish_reason is FinishReason.LENGTH and reply.closed
 
 
 def test_a_reader_that_left_costs_nothing():

@@ -94,7 +94,7 @@ async def step_loop(cache=True, host=None):
     batch = FakeBatch(wake_fd)
     telemetry = Telemetry()
     tiers = Tiers(host, telemetry) if host is not None else None
-    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2.5, 2, 4), admission, telemetry,
+    loop = StepLoop(batch, wake_fd, StepSettings(64, 16, 2.5, 2), admission, telemetry,
                     max_sessions=6, n_slots=SLOTS, workers_connected=lambda: {"w:1": False},
                     tiers=tiers)
     thread = EngineThread()
@@ -115,7 +115,7 @@ def admit(loop, admission, *prompts):
     admission.submit_group(sessions)
     channels = {s: trio.open_memory_channel(8) for s in sessions}
     loop.admit({s: Reply(s, send, lambda token: b"t%d " % token,
-                         functools.partial(loop.end, s))
+                         functools.partial(loop.end, s), credits=4)
                 for s, (send, _) in channels.items()})
     return sessions, {s: recv for s, (_, recv) in channels.items()}
 
