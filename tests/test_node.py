@@ -512,10 +512,13 @@ async def test_leaving_the_node_cancels_sessions_in_flight(node_config):
         node.detokenize([1, 2])
 
 
-async def test_text_prompts_are_tokenized_off_the_trio_thread(monkeypatch, node_config):
+async def test_long_text_prompts_are_tokenized_off_the_trio_thread(monkeypatch, node_config):
     """llama.cpp takes ~0.1 s to tokenize a 30,000-token text: on the Trio thread
-    that would hold back every session's tokens. A text prompt is tokenized on a
-    worker thread, to the ids the caller would get from tokenize."""
+    that would hold back every session's tokens. A long text prompt is tokenized on
+    a worker thread, a short one at once (the hop would cost more), each to the ids
+    the caller would get from tokenize."""
+    from dgr.node import TOKENIZE_INLINE_CHARS
+
     on_trio_thread = []
     tokenize = dgr.Node.tokenize
 
@@ -525,13 +528,17 @@ async def test_text_prompts_are_tokenized_off_the_trio_thread(monkeypatch, node_
 
     monkeypatch.setattr(dgr.Node, "tokenize", recording_tokenize)
     params = dgr.SamplingParams(max_tokens=8)
+    long_text = (PROMPTS[2] + " ") * (TOKENIZE_INLINE_CHARS // len(PROMPTS[2]) + 1)
     async with dgr.open_node(node_config()) as node:
-        from_text = await node.generate(PROMPTS[2], params)
-        assert on_trio_thread == [False]
-        ids = tokenize(node, PROMPTS[2])
-        from_ids = await node.generate(ids, params)
-    assert from_text.prompt_tokens == len(ids)
-    assert from_text.token_ids == from_ids.token_ids
+        results = []
+        for text in (long_text, PROMPTS[2]):
+            from_text = await node.generate(text, params)
+            ids = tokenize(node, text)
+            results.append((from_text, await node.generate(ids, params), ids))
+    assert on_trio_thread == [False, True]  # the long text, then the short one
+    for from_text, from_ids, ids in results:
+        assert from_text.prompt_tokens == len(ids)
+        assert from_text.token_ids == from_ids.token_ids
 
 
 async def test_telemetry_counts_a_known_workload(node_config):
