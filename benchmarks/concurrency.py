@@ -169,6 +169,17 @@ async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
             "tokens": tokens, "gaps": gaps, "logprobs": logprobs}
 
 
+async def whole_one(client, url, prompt, n_new, is_dgr=True):
+    """One completion, not streamed (as stream_one asks it): its status and tokens."""
+    body = {"prompt": prompt, "max_tokens": n_new, "temperature": 0, "ignore_eos": True}
+    if not is_dgr:
+        body["cache_prompt"] = False
+    response = await client.post(url + "/v1/completions", json=body)
+    if response.status_code != 200:
+        return {"status": response.status_code}
+    return {"status": 200, "generated": response.json()["usage"]["completion_tokens"]}
+
+
 async def scrape(client, url, stats, stop, interval=0.5):
     """Poll dgr's /metrics for peaks of occupancy, KV pressure and queue depth.
     Rarely: rendering and parsing the metrics costs CPU on the 2 cores the
@@ -196,7 +207,9 @@ def metric_value(text, name):
     return 0.0
 
 
-async def run_level(url, c, n_new, is_dgr):
+async def run_level(url, c, n_new, is_dgr, streamed=True):
+    """c greedy completions of n_new tokens at once (streamed: with each token's time,
+    for TTFT and inter-token latency; else only their tokens a second)."""
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
         results = [None] * c
         stats: dict = {}
@@ -208,8 +221,8 @@ async def run_level(url, c, n_new, is_dgr):
                 nursery.start_soon(scrape, client, url, stats, stop)
 
             async def one(i):
-                results[i] = await stream_one(client, url, PROMPTS[i % len(PROMPTS)], n_new,
-                                              is_dgr=is_dgr)
+                results[i] = await (stream_one if streamed else whole_one)(
+                    client, url, PROMPTS[i % len(PROMPTS)], n_new, is_dgr=is_dgr)
 
             async with trio.open_nursery() as sessions:
                 for i in range(c):
@@ -221,9 +234,9 @@ async def run_level(url, c, n_new, is_dgr):
             nursery.cancel_scope.cancel()
         after = (await client.get(url + "/metrics")).text if is_dgr else ""
     ok = [r for r in results if r["status"] == 200]
-    generated = sum(len(r["stamps"]) for r in ok)
-    ttft = [r["stamps"][0] - r["sent"] for r in ok if r["stamps"]]
-    itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
+    generated = sum(len(r["stamps"]) if streamed else r["generated"] for r in ok)
+    ttft = [r["stamps"][0] - r["sent"] for r in ok if streamed and r["stamps"]]
+    itl = [b - a for r in ok if streamed for a, b in zip(r["stamps"], r["stamps"][1:])]
     out = {"concurrency": c, "gen_tok_s": generated / elapsed, "elapsed_s": elapsed,
            "generated": generated, "rejected": len(results) - len(ok),
            "ttft_p50_ms": 1000 * pct(ttft, 50), "ttft_p99_ms": 1000 * pct(ttft, 99),
