@@ -21,8 +21,8 @@ A model is given as soon as both kinds of step have been seen (a few
 decode-only steps fix a and b, one step that prefilled gives c; e needs a few
 steps at different positions and is 0 until then) and while it is sane (c > 0,
 e >= 0, a decode-only step taking time); until then the scheduler prefills
-`prefill_chunk` rows a step beside decoders. It is solved again every
-REFIT_EVERY steps, sane or not.
+`prefill_chunk` rows a step beside decoders. It is solved again after every
+step that prefilled and every REFIT_EVERY other steps, sane or not.
 
 Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
 step's time is not linear in its rows on a CPU (here two rows cost about two
@@ -50,7 +50,8 @@ FORGET = 0.99
 MIN_DECODE_ONLY = 3 * FORGET ** 3
 MIN_PREFILLING = 0.5
 MIN_FOR_ATTENTION = 4 * FORGET ** 4
-# steps between two fits once there is one (each step weighs about 1 % of the fit)
+# decode-only steps between two fits once there is one (each step weighs about 1 % of
+# the fit); a step that prefilled is followed by a fit at once
 REFIT_EVERY = 16
 # RowTimes: the forgetting-weighted steps a group of rows needs to be given
 MIN_ROW_WEIGHT = 0.5
@@ -100,9 +101,13 @@ class StepTimeModel:
     def observe(self, decode_rows: int, chunks, seconds: float) -> Optional[tuple]:
         """One step: its decode rows, its prefill chunks [(start, end), ...], its
         time. Returns a new fit when one is due, else None: the model is solved as
-        soon as both kinds of step were seen, then every REFIT_EVERY steps, sane
-        or not (a solve each step is work on the Trio thread's step path that a
-        fit moving by ~1 % a step does not need)."""
+        soon as both kinds of step were seen, then after every step that prefilled
+        and every REFIT_EVERY other steps, sane or not. A long prompt's pieces
+        beside decoders follow the attention term as their positions grow (with
+        fits 16 steps apart the worst of its steps took 3.8x a decode-only step
+        where the bound was 3x, 3.3x with a fit after each: evidence/DGR-025,
+        mixed_probe.py); a solve each decode-only step is work on the Trio
+        thread's step path that a fit moving by ~1 % a step does not need."""
         prefill_rows = sum(end - start for start, end in chunks)
         if decode_rows == 0 and prefill_rows == 0:
             return None
@@ -118,7 +123,8 @@ class StepTimeModel:
                 xtx[4 * i + j] += wxi * xj
         self._counts[1 if prefill_rows else 0] += w
         self._since_fit += 1
-        if (self._solved and self._since_fit < REFIT_EVERY) or not self._seen_both():
+        if not self._seen_both() or (self._solved and self._since_fit < REFIT_EVERY
+                                     and not prefill_rows):
             return None
         self._solved, self._since_fit = True, 0
         fit = self.coefficients()

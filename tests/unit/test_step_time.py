@@ -49,7 +49,7 @@ def test_no_model_before_both_kinds_of_step_or_when_it_is_not_sane():
     assert model.coefficients() is None
 
 
-def test_a_fit_is_handed_out_at_once_then_every_refit_steps():
+def test_a_fit_is_handed_out_at_once_then_after_each_prefill_and_every_refit_steps():
     from dgr.step_time import REFIT_EVERY
 
     model = StepTimeModel()
@@ -60,6 +60,10 @@ def test_a_fit_is_handed_out_at_once_then_every_refit_steps():
     assert [i for i, fit in enumerate(got) if fit is not None] == [REFIT_EVERY - 1,
                                                                    2 * REFIT_EVERY - 1]
     assert model.report() == dict(zip("abce", got[-1]))
+    # a long prompt's pieces: each step that prefilled is followed by a fit at once
+    got = [model.observe(4, [(64 * i, 64 * i + 64)], 0.06 + 0.001 * i) for i in range(1, 6)]
+    assert all(fit is not None for fit in got)
+    assert model.observe(4, [], 0.02) is None
 
 
 def test_a_fit_that_is_not_sane_is_tried_again_every_refit_steps():
@@ -70,8 +74,9 @@ def test_a_fit_that_is_not_sane_is_tried_again_every_refit_steps():
         model.observe(4, [], 0.02)
     solves = []
     model.coefficients = lambda: solves.append(1)  # not sane: None
-    for _ in range(2 * REFIT_EVERY + 1):
-        model.observe(4, [(0, 64)], 0.01)
+    model.observe(4, [(0, 64)], 0.01)
+    for _ in range(2 * REFIT_EVERY):
+        model.observe(4, [], 0.02)
     assert len(solves) == 3 and model.fitted is None
 
 
