@@ -10,7 +10,7 @@ over the whole run. Each round starts each server afresh, in this order:
   decoders, the policy before the step-time budget for this case);
 - llama-server: the pinned tree, as the bench runs it (-np 5, -b 512).
 
-    DGR_STALLS=6 python evidence/DGR-025/mixed_ab.py [--rounds 4]
+    DGR_STALLS=6 python evidence/DGR-025/mixed_ab.py [--rounds 4] [--before /tmp/dgr-A]
 
 (DGR_STALLS: more --decode-stall values to try, comma-separated; mixed-ab.txt
 was run with DGR_STALLS=6.)
@@ -31,10 +31,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.concurrency import dgr_server, free_port, llama_server, mixed_load  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
+from snapshot_server import snapshot_server  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rounds", type=int, default=4)
 parser.add_argument("--json", default=None, help="write every round's figures here")
+parser.add_argument("--before", default=None,
+                    help="also dgr-A, a snapshot.sh copy of the package, with dgr's defaults")
 args = parser.parse_args()
 model = resolve_model_path(None)
 threads = os.cpu_count() or 2
@@ -46,6 +49,8 @@ variants = {
     "dgr": lambda port: dgr_server(model, 5, 2048, threads, port),
     **{f"dgr, --decode-stall {x:g}": (lambda x: lambda port: dgr_server(
         model, 5, 2048, threads, port, ["--decode-stall", str(x)]))(x) for x in stalls},
+    **({"dgr-A": lambda port: snapshot_server(args.before, model, 5, threads, 2048)}
+       if args.before else {}),
     "dgr, fixed pieces": lambda port: dgr_server(model, 5, 2048, threads, port,
                                                  ["--decode-stall", "0"]),
     "llama-server": lambda port: llama_server(peers["llama-server"], model, 5, 2048, threads,

@@ -11,8 +11,9 @@ RUN_SNAPSHOT = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path
                 "sys.path.insert(0, {dir!r}); runpy.run_module('dgr', run_name='__main__')")
 
 
-def snapshot_server(snapshot_dir: str, model: str, c: int, threads: int) -> ServerProcess:
-    server = dgr_server(model, c, 512, threads, free_port())
+def snapshot_server(snapshot_dir: str, model: str, c: int, threads: int,
+                    ctx_per_slot: int = 512) -> ServerProcess:
+    server = dgr_server(model, c, ctx_per_slot, threads, free_port())
     assert server.argv[1:3] == ["-m", "dgr"]
     return ServerProcess("dgr-A", [sys.executable, "-c", RUN_SNAPSHOT.format(dir=snapshot_dir),
                                    *server.argv[3:]], server.port)
