@@ -129,15 +129,22 @@ def llama_server(binary, model, c, ctx_per_slot, threads, port, log=None):
                                           *NO_REPACK], port, log)
 
 
-async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
-    """One streaming completion: token timestamps, text pieces, tokens (with logprobs).
-    llama-server is asked not to reuse a cached prompt (its `cache_prompt`; dgr
-    refuses fields it does not implement, and its prefix cache shares what prompts
-    have in common, here no more than their first few tokens)."""
+def completion_body(prompt, n_new, is_dgr, stream):
+    """A greedy completion of n_new tokens (ignore_eos). llama-server is asked not to
+    reuse a cached prompt (its `cache_prompt`; dgr refuses fields it does not
+    implement, and its prefix cache shares what prompts have in common, here no more
+    than their first few tokens)."""
     body = {"prompt": prompt, "max_tokens": n_new, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": stream}
     if not is_dgr:
         body["cache_prompt"] = False
+    return body
+
+
+async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
+    """One streaming completion (completion_body): token timestamps, text pieces,
+    tokens (with logprobs)."""
+    body = completion_body(prompt, n_new, is_dgr, stream=True)
     if logprobs:
         body["logprobs"] = logprobs
     sent = time.perf_counter()
@@ -170,11 +177,9 @@ async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
 
 
 async def whole_one(client, url, prompt, n_new, is_dgr=True):
-    """One completion, not streamed (as stream_one asks it): its status and tokens."""
-    body = {"prompt": prompt, "max_tokens": n_new, "temperature": 0, "ignore_eos": True}
-    if not is_dgr:
-        body["cache_prompt"] = False
-    response = await client.post(url + "/v1/completions", json=body)
+    """One completion, not streamed (completion_body): its status and tokens."""
+    response = await client.post(url + "/v1/completions",
+                                 json=completion_body(prompt, n_new, is_dgr, stream=False))
     if response.status_code != 200:
         return {"status": response.status_code}
     return {"status": 200, "generated": response.json()["usage"]["completion_tokens"]}

@@ -51,7 +51,8 @@ Prompt = Union[str, Sequence[int]]
 _FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
 # Texts up to this many characters are tokenized on the Trio thread: here about 0.2 ms
 # for 256 characters, where a hop to a worker thread took 0.37 ms on an idle node and
-# 0.46 ms of the Trio thread's time under the serving load (evidence/DGR-025, ninth session)
+# 1.4 ms of the Trio thread's time a request under the serving load (evidence/DGR-025,
+# ninth session)
 TOKENIZE_INLINE_CHARS = 256
 
 

@@ -176,30 +176,30 @@ class RowTimes:
         self._rows = [0.0] * ROW_GROUPS
         self._seconds = [0.0] * ROW_GROUPS
         self._sums = Forgetting([self._weight, self._rows, self._seconds])
-        self._probed: list[tuple[float, float]] = []  # (rows, seconds), fewest rows first
+        # the probes, fewest rows first: their rows, seconds and groups
         self._probed_rows: list[float] = []
+        self._probed_s: list[float] = []
         self._probed_groups: list[int] = []
 
     def calibrate(self, probes) -> None:
         """Steps of (rows, seconds) timed on their own (dgr.engine.measure_row_times):
         the shape of the step time for the row counts the node has not run lately."""
-        self._probed = sorted((float(rows), float(seconds)) for rows, seconds in probes)
-        self._probed_rows = [rows for rows, _ in self._probed]
+        probed = sorted((float(rows), float(seconds)) for rows, seconds in probes)
+        self._probed_rows = [rows for rows, _ in probed]
+        self._probed_s = [seconds for _, seconds in probed]
         self._probed_groups = [self._group(int(rows)) for rows in self._probed_rows]
 
     def _probed_seconds(self, rows: float) -> float:
         """The probes' seconds at `rows`: linear between them, in proportion to the
         rows beyond them (plain floats: this runs on the Trio thread after every
         step with drafts)."""
-        probed = self._probed
-        (first_rows, first_s), (last_rows, last_s) = probed[0], probed[-1]
-        if rows <= first_rows:
-            return first_s * rows / first_rows
-        if rows >= last_rows:
-            return last_s * rows / last_rows
-        i = bisect.bisect_right(self._probed_rows, rows)
-        (rows_0, s_0), (rows_1, s_1) = probed[i - 1], probed[i]
-        return s_0 + (s_1 - s_0) * (rows - rows_0) / (rows_1 - rows_0)
+        xs, ys = self._probed_rows, self._probed_s
+        if rows <= xs[0]:
+            return ys[0] * rows / xs[0]
+        if rows >= xs[-1]:
+            return ys[-1] * rows / xs[-1]
+        i = bisect.bisect_right(xs, rows)
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
 
     def observe(self, rows: int, seconds: float) -> None:
         """One decode step (no prefill rows) of `rows` output rows."""
@@ -218,14 +218,14 @@ class RowTimes:
         seen = {g: None for g, w in enumerate(weight) if w >= least}  # ordered, a set
         # mean rows to a millionth of a row: a group of one count gives that count
         out = [(round(rows[g] / weight[g], 6), seconds[g] / weight[g]) for g in seen]
-        if not self._probed:
+        if not self._probed_rows:
             return out
         level = 1.0
         if out:
             level = sum(seconds[g] for g in seen) / sum(
                 weight[g] * self._probed_seconds(rows[g] / weight[g]) for g in seen)
-        out += [(r, s * level) for (r, s), group in zip(self._probed, self._probed_groups)
-                if group not in seen]
+        out += [(r, s * level) for r, s, group in
+                zip(self._probed_rows, self._probed_s, self._probed_groups) if group not in seen]
         return sorted(out)
 
     @staticmethod

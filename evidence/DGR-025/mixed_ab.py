@@ -5,7 +5,7 @@
 between tokens while it prefills (worst and median) against their median gap
 over the whole run. Each round starts each server afresh, in this order:
 
-- dgr: its defaults (prefill by a step-time budget, --decode-stall 2.5);
+- dgr: its defaults (prefill by a step-time budget, --decode-stall 3);
 - dgr, fixed pieces: --decode-stall 0 (prefill_chunk = 256 rows a step beside
   decoders, the policy before the step-time budget for this case);
 - llama-server: the pinned tree, as the bench runs it (-np 5, -b 512).
