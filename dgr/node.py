@@ -227,13 +227,14 @@ class Node:
         params = params or SamplingParams()
         texts, ids, tops, lps = [], [], [], []
         async with self.stream(prompt, params, whole=True) as chunks:
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                if chunk.token_id is not None:
-                    ids.append(chunk.token_id)
-                    if params.logprobs:
-                        tops.append(chunk.top_logprobs)
-                        lps.append(chunk.logprob)
+            while batch := await chunks.next_chunks():
+                for chunk in batch:
+                    texts.append(chunk.text)
+                    if chunk.token_id is not None:
+                        ids.append(chunk.token_id)
+                        if params.logprobs:
+                            tops.append(chunk.top_logprobs)
+                            lps.append(chunk.logprob)
             if chunks.finish_reason is FinishReason.ERROR:
                 raise GenerationFailed(f"generation failed: {chunks.error}")
             return GenerationResult(
@@ -395,10 +396,11 @@ class Node:
                     await self.tiers.prefetch(session.prompt_array, n_pool)
         opened, replies = [], {}
         for session in sessions:
-            # The reader's credits bound the token chunks unread; the final one always fits.
+            # The reader's credits bound the token chunks unread; the final one always fits
+            # (a whole answer's chunks come as one list).
             # (A session that only scores its prompt has max_tokens 0, and a credit.)
             credits = max(session.max_tokens, 1) if whole else self.config.reply_buffer
-            chunk_send, chunk_recv = trio.open_memory_channel(credits + 1)
+            chunk_send, chunk_recv = trio.open_memory_channel(1 if whole else credits + 1)
             replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
                                      functools.partial(self._loop.end, session), credits, whole)
             opened.append((session, chunk_recv))

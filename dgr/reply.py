@@ -8,9 +8,11 @@ token it takes (`SessionStream`), so a session has at most `reply_buffer`
 token chunks unread, and its channel holds them and the final chunk.
 
 A reader of the whole answer (a non-streamed request) takes nothing before the
-end: its reply holds the chunks and hands them over with the final one, so the
-reader wakes once, not once a step, and the session has credits for all its
-tokens (at most max_tokens chunks are held, as the answer holds them anyway).
+end: its reply holds the tokens and hands the chunks over in one piece with the
+final one, so the reader wakes once, not once a step, and the session has
+credits for all its tokens (at most max_tokens are held, as the answer holds
+them anyway). Without stop strings nothing needs a token's text before the end:
+the tokens wait as they came and become chunks there, in one pass.
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ class Reply:
                  token_to_piece: Callable[[int], bytes],
                  stop: Callable[[FinishReason], None], credits: int, whole: bool = False):
         """`credits`: the token chunks the reader may leave unread (its channel holds
-        them and the final one); `whole`: the reader takes the chunks only at the end."""
+        them and the final one); `whole`: the reader takes the chunks only at the end,
+        as one list (its channel holds that list)."""
         self.credits = credits
-        self._held: Optional[list[Chunk]] = [] if whole else None
         self._chunks = chunks
         self._stop = stop
         self._detok = IncrementalDetokenizer(token_to_piece)
         self._stops = StopMatcher(session.params.stop)
+        self._held: Optional[list[Chunk]] = [] if whole else None
+        # a whole answer without stop strings: (token, logprob, top) as sampled
+        self._raw: Optional[list] = [] if whole and not self._stops.active else None
         self._stop_ids = frozenset(session.params.stop_token_ids)
         self._min_tokens = session.params.min_tokens
         self._n = 0
@@ -56,41 +61,56 @@ class Reply:
         self._n += 1
         if token in self._stop_ids:  # the engine bans them below min_tokens
             self._stop(FinishReason.STOP)
-            self._end(Chunk(None, self._tail(), finish_reason=FinishReason.STOP))
+            self._end(self._final(FinishReason.STOP))
+            return
+        if self._raw is not None:
+            self._raw.append((token, logprob, top))
             return
         text = self._detok.push(token)
         if self._n <= self._min_tokens:  # no stop string ends it yet
-            self._send(Chunk(token, text, logprob, top))
+            self._keep(Chunk(token, text, logprob, top))
             return
         text, stopped = self._stops.feed(text)
         if stopped:
             self._stop(FinishReason.STOP)
             self._end(Chunk(token, text, logprob, top, finish_reason=FinishReason.STOP))
             return
-        self._send(Chunk(token, text, logprob, top))
+        self._keep(Chunk(token, text, logprob, top))
+
+    def _keep(self, chunk: Chunk) -> None:
+        """A token's chunk: to the reader now, or held for the end (whole)."""
+        if self._held is None:
+            self._send(chunk)
+        else:
+            self._held.append(chunk)
 
     def finish(self, reason: FinishReason, error: Optional[str]) -> None:
         if not self.closed:
-            self._end(Chunk(None, self._tail(), finish_reason=reason, error=error))
+            self._end(self._final(reason, error))
 
-    def _tail(self) -> str:
+    def _final(self, reason: FinishReason, error: Optional[str] = None) -> Chunk:
+        """The last chunk, with the text held back until the end."""
+        if self._raw:  # their text first (no stop string: nothing to cut)
+            push = self._detok.push
+            self._held.extend([Chunk(token, push(token), logprob, top)
+                               for token, logprob, top in self._raw])
+            self._raw = []
         tail, _ = self._stops.feed(self._detok.flush())
-        return tail + self._stops.flush()
+        return Chunk(None, tail + self._stops.flush(), finish_reason=reason, error=error)
 
-    def _send(self, chunk: Chunk) -> None:
-        if self._held is not None and chunk.finish_reason is None:
-            self._held.append(chunk)
-            return
+    def _send(self, chunk: Chunk | list[Chunk]) -> None:
         try:
             self._chunks.send_nowait(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.closed = True  # the reader left: the node cancels the session
 
     def _end(self, chunk: Chunk) -> None:
-        held, self._held = self._held or [], None
-        for piece in held:
-            self._send(piece)
-        self._send(chunk)
+        if self._held is None:
+            self._send(chunk)
+        else:
+            self._held.append(chunk)
+            self._send(self._held)
+            self._held = None
         self.closed = True
         with contextlib.suppress(trio.ClosedResourceError):
             self._chunks.close()

@@ -180,11 +180,12 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         texts = []
 
         async def collect(_, chunks):
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                if chunk.token_id is not None:
-                    generated.append(chunk.token_id)
-                    request.scope["dgr.tokens"] = len(generated)
+            while batch := await chunks.next_chunks():
+                for chunk in batch:
+                    texts.append(chunk.text)
+                    if chunk.token_id is not None:
+                        generated.append(chunk.token_id)
+                request.scope["dgr.tokens"] = len(generated)
 
         async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
             instead = await read_whole(request, [chunks], collect)

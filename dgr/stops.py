@@ -17,6 +17,11 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._held = ""
 
+    @property
+    def active(self) -> bool:
+        """There is a stop string to match."""
+        return bool(self._stops)
+
     def feed(self, text: str) -> tuple[str, bool]:
         if not self._stops:
             return text, False

@@ -5,6 +5,7 @@ Below the node: the HTTP layer and library users import these without it.
 
 from __future__ import annotations
 
+import collections
 from typing import Callable, Optional
 
 import attrs
@@ -52,6 +53,7 @@ class SessionStream:
         self.session = session
         self._chunks = chunks
         self._took_token = took_token
+        self._pending: collections.deque[Chunk] = collections.deque()  # taken, not yet read
         self.finish_reason: Optional[FinishReason] = None
         self.error: Optional[str] = None
 
@@ -77,38 +79,54 @@ class SessionStream:
         return self
 
     async def __anext__(self) -> Chunk:
+        if self._pending:
+            return self._pending.popleft()
         if self.finish_reason is not None:
             raise StopAsyncIteration
         try:
-            chunk = await self._chunks.receive()
+            batch = self._taken(await self._chunks.receive())
         except (trio.EndOfChannel, trio.ClosedResourceError):
             self._ended()
             raise StopAsyncIteration from None
-        return self._taken(chunk)
+        self._pending.extend(batch[1:])
+        return batch[0]
 
     async def next_chunks(self) -> list[Chunk]:
         """Every chunk there is to take, waiting for the first; [] once the stream
         has ended. A reader writing to a socket makes one write of them: when it
         falls behind the node, its writes grow instead of multiplying."""
+        if self._pending:
+            batch = list(self._pending)
+            self._pending.clear()
+            return batch
+        if self.finish_reason is not None:
+            return []
         try:
-            batch = [await self.__anext__()]
-        except StopAsyncIteration:
+            batch = self._taken(await self._chunks.receive())
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            self._ended()
             return []
         while self.finish_reason is None:
             try:
-                batch.append(self._taken(self._chunks.receive_nowait()))
+                batch += self._taken(self._chunks.receive_nowait())
             except trio.WouldBlock:
                 break
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 self._ended()
         return batch
 
-    def _taken(self, chunk: Chunk) -> Chunk:
-        if chunk.finish_reason is not None:
-            self.finish_reason, self.error = chunk.finish_reason, chunk.error
-        elif chunk.token_id is not None:
+    def _taken(self, item: Chunk | list[Chunk]) -> list[Chunk]:
+        """What came through the channel: a token's chunk, the final one, or a whole
+        answer's chunks (the final one last) in one list."""
+        if type(item) is list:
+            last = item[-1]
+            self.finish_reason, self.error = last.finish_reason, last.error
+            return item
+        if item.finish_reason is not None:
+            self.finish_reason, self.error = item.finish_reason, item.error
+        elif item.token_id is not None:
             self._took_token()
-        return chunk
+        return [item]
 
     def _ended(self) -> None:
         """The channel closed without a final chunk (the node shut down first)."""

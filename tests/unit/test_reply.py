@@ -59,6 +59,13 @@ def test_text_never_splits_a_character_and_the_end_flushes_what_is_held():
     assert got[-1].finish_reason is FinishReason.LENGTH and got[-1].token_id is None
 
 
+def whole_answer(recv):
+    """A whole answer's channel holds one list, its chunks with the final one last."""
+    (got,) = chunks(recv)
+    assert type(got) is list
+    return got
+
+
 def test_a_whole_answer_comes_at_its_end_with_every_chunk_as_streamed():
     streamed, streamed_recv, _ = reply_for(stop=["o wo"])
     whole, whole_recv, stops = reply_for(whole=True, stop=["o wo"])
@@ -68,10 +75,32 @@ def test_a_whole_answer_comes_at_its_end_with_every_chunk_as_streamed():
     for reply in (streamed, whole):
         for token in ((1, 2, 3, 4) if reply is streamed else (3, 4)):
             reply.token(token, -0.25 if token == 1 else None, None)
-    got = chunks(whole_recv)
+    got = whole_answer(whole_recv)
     assert got == chunks(streamed_recv)
     assert [c.token_id for c in got] == [1, 2, 3] and got[0].logprob == -0.25
     assert got[-1].finish_reason is FinishReason.STOP and stops == [FinishReason.STOP]
+
+
+def test_a_whole_answer_without_stop_strings_reads_as_streamed_at_its_end():
+    """Its tokens wait as sampled and get their text at the end: the same chunks,
+    a character split over two tokens included, and a stop id still ends it."""
+    for ending in ("finish", "stop id"):
+        streamed, streamed_recv, _ = reply_for(stop_token_ids=[7])
+        whole, whole_recv, stops = reply_for(whole=True, stop_token_ids=[7])
+        for reply in (streamed, whole):
+            for token in (1, 5, 6, 3, 5):
+                reply.token(token, -0.5, [(token, -0.5)])
+            if ending == "finish":
+                reply.finish(FinishReason.LENGTH, None)
+            else:
+                reply.token(7, None, None)
+        got = whole_answer(whole_recv)
+        assert got == chunks(streamed_recv)
+        assert [c.text for c in got] == ["Hel", "", "€", " wor", "", "\ufffd"]
+        assert got[-1].finish_reason is (FinishReason.LENGTH if ending == "finish"
+                                         else FinishReason.STOP)
+        assert stops == ([] if ending == "finish" else [FinishReason.STOP])
+        assert got[0].top_logprobs == [(1, -0.5)] and whole.closed
 
 
 def test_a_whole_answer_ended_by_the_node_holds_nothing_back():
@@ -79,7 +108,7 @@ def test_a_whole_answer_ended_by_the_node_holds_nothing_back():
     for token in (1, 2):
         reply.token(token, None, None)
     reply.finish(FinishReason.LENGTH, None)
-    got = chunks(recv)
+    got = whole_answer(recv)
     assert [(c.token_id, c.text) for c in got] == [(1, "Hel"), (2, "lo"), (None, "")]
     assert got[-1].finish_reason is FinishReason.LENGTH and reply.closed
 
@@ -109,3 +138,22 @@ async def test_a_reader_takes_every_chunk_there_is_at_once_and_hands_a_credit_pe
     assert [c.token_id for c in last] == [3, None] and last[-1].finish_reason == "length"
     assert len(credits) == 3 and stream.finish_reason == "length"
     assert await stream.next_chunks() == []
+
+
+async def test_a_whole_answer_is_taken_in_one_piece_or_chunk_by_chunk():
+    from dgr.stream import SessionStream
+
+    session = Session(id=1, prompt=[0], params=SamplingParams(), max_tokens=16)
+    for read in ("next_chunks", "async for"):
+        reply, recv, _ = reply_for(whole=True)
+        stream = SessionStream(session, recv, lambda: None)
+        for token in (1, 2):
+            reply.token(token, None, None)
+        reply.finish(FinishReason.LENGTH, None)
+        if read == "next_chunks":
+            got = await stream.next_chunks()
+            assert await stream.next_chunks() == []
+        else:
+            got = [chunk async for chunk in stream]
+        assert [c.token_id for c in got] == [1, 2, None]
+        assert stream.finish_reason == "length"
