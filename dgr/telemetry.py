@@ -8,11 +8,12 @@ the capability report.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import time
 
-import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
@@ -39,12 +40,7 @@ class Telemetry:
         self.healthy.set(1)
         self.queue_sessions = Gauge("dgr_queue_sessions", "Sessions waiting for a slot.", registry=r)
         self.queue_tokens = Gauge("dgr_queue_tokens", "Prompt tokens of the waiting sessions.", registry=r)
-        self.batch_rows = Histogram("dgr_batch_rows", "Rows (tokens) per llama_decode step.",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
-                                    registry=r)
         self.batch_token_budget = Gauge("dgr_batch_token_budget", "Token budget of one step.", registry=r)
-        self.batch_occupancy = Gauge("dgr_batch_occupancy_ratio",
-                                     "Rows of the last step divided by the step token budget.", registry=r)
         self.kv_cells_total = Gauge("dgr_kv_cells_total", "KV cells of the context.", registry=r)
         self.kv_cells_used = Gauge("dgr_kv_cells_used", "KV cells holding tokens, summed over "
                                     "sequences (a shared prefix counts once per holder).", registry=r)
@@ -53,8 +49,6 @@ class Telemetry:
                                        registry=r)
         self.kv_pressure = Gauge("dgr_kv_pressure_ratio", "KV cells reserved divided by cells total.",
                                  registry=r)
-        self.prefill_tokens = Counter("dgr_prefill_tokens", "Prompt tokens decoded (prefill rows).",
-                                      registry=r)
         self.prefix_hits = Counter("dgr_prefix_hits", "Sessions that started with a shared "
                                    "prompt prefix already in the KV pool.", registry=r)
         self.prefix_tokens_reused = Counter("dgr_prefix_tokens_reused", "Prompt tokens not "
@@ -86,11 +80,6 @@ class Telemetry:
                                          "saving prefixes out of the pool.", registry=r)
         self.kv_cells_cached = Gauge("dgr_kv_cells_cached", "KV cells of token prefixes kept "
                                      "by free slots (evictable).", registry=r)
-        self.decode_tokens = Counter("dgr_decode_tokens", "Decode rows: generated tokens fed back.",
-                                     registry=r)
-        self.generated_tokens = Counter("dgr_generated_tokens", "Tokens sampled for sessions.",
-                                        registry=r)
-        self.steps = Counter("dgr_steps", "llama_decode steps run.", registry=r)
         self.step_failures = Counter("dgr_step_failures", "Steps whose llama_decode failed.",
                                      ["code"], registry=r)
         self.rejected = Counter("dgr_admissions_rejected", "Sessions refused by admission.",
@@ -98,15 +87,16 @@ class Telemetry:
         self.admitted = Counter("dgr_admissions", "Sessions accepted by admission.", registry=r)
         self.finished = Counter("dgr_sessions_finished", "Sessions ended, by finish reason.",
                                 ["reason"], registry=r)
-        self.step_duration = Histogram("dgr_step_duration_seconds", "Wall time of one step of the "
-                                       "batch loop, from the end of the previous one (or its "
-                                       "wake-up) to its events being published.",
-                                       buckets=_LATENCY_BUCKETS, registry=r)
-        self.step_phase_seconds = Counter(
-            "dgr_step_phase_seconds", "Time spent per step phase: plan (mailbox, finish requests, "
-            "policy, batch fill), decode (inside llama_decode), sample (sampling and "
-            "log-probabilities), update (post-step update, KV release, publishing). Everything "
-            "but decode is the loop's overhead.", ["phase"], registry=r)
+        self.step_totals = StepTotals()
+        r.register(self.step_totals)
+        self.batch_rows = StepHistogram("dgr_batch_rows", "Rows (tokens) per llama_decode step.",
+                                        (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+        self.step_duration = StepHistogram(
+            "dgr_step_duration_seconds", "Wall time of one step of the batch loop, from the end "
+            "of the previous one (or its wake-up) to its events being published.",
+            _LATENCY_BUCKETS)
+        r.register(self.batch_rows)
+        r.register(self.step_duration)
         self.ttft = StepHistogram("dgr_time_to_first_token_seconds", "From admission to the "
                                   "first sampled token.", _LATENCY_BUCKETS)
         self.itl = StepHistogram("dgr_inter_token_latency_seconds", "Between consecutive "
@@ -122,15 +112,10 @@ class Telemetry:
         self.spec_accepted_at = Counter("dgr_spec_accepted_at_position", "Draft tokens "
                                         "accepted, by their place in the draft (1 = first).",
                                         ["position"], registry=r)
-        self.spec_steps = Counter("dgr_spec_steps", "Steps that verified draft tokens.",
-                                  registry=r)
         self._drafted = {src: self.spec_drafted.labels(name) for src, name in DRAFT_SOURCES.items()}
         self._accepted = {src: self.spec_accepted.labels(name)
                           for src, name in DRAFT_SOURCES.items()}
         self._accepted_at = [self.spec_accepted_at.labels(str(i + 1)) for i in range(MAX_DRAFT)]
-        # labels() looks its child up on every call: once here, not per step
-        self._phase_counters = [(f"{phase}_s", self.step_phase_seconds.labels(phase))
-                                for phase in STEP_PHASES]
         for reason in REASONS:
             self.rejected.labels(reason)
         for reason in FinishReason:
@@ -162,21 +147,10 @@ class Telemetry:
 
     def record_step(self, figures: dict, budget: int) -> None:
         """One step of the batch loop (dgr/_scheduler.pxd, StepFigures)."""
-        for phase, counter in self._phase_counters:
-            counter.inc(figures[phase])
-        prefill_rows, decode_rows = figures["prefill_rows"], figures["decode_rows"]
-        generated, duration_s = figures["generated"], figures["total_s"]
-        self.steps.inc()
-        rows = prefill_rows + decode_rows + figures["draft_rows"]
+        rows = self.step_totals.add(figures, budget)
         self.batch_rows.observe(rows)
-        self.batch_occupancy.set(rows / budget)
-        self.prefill_tokens.inc(prefill_rows)
-        self.decode_tokens.inc(decode_rows)
-        self.generated_tokens.inc(generated)
-        if figures["draft_rows"]:
-            self.spec_steps.inc()
-        self.step_duration.observe(duration_s)
-        self._recent.add(time.monotonic(), prefill_rows, generated)
+        self.step_duration.observe(figures["total_s"])
+        self._recent.add(time.monotonic(), figures["prefill_rows"], figures["generated"])
 
     def record_drafts(self, source: int, drafted: int, accepted: int) -> None:
         """A decode row's drafts: `drafted` verified, the first `accepted` taken."""
@@ -283,34 +257,89 @@ class RateWindow:
 
 
 class StepHistogram:
-    """A Prometheus histogram fed all the observations of a step at once (one numpy
-    pass), for what is observed per token: prometheus_client's Histogram takes a
-    lock per observation, which per token is a measurable share of the Trio thread
-    (evidence/DGR-025). Fed and collected on the Trio thread."""
+    """A Prometheus histogram in plain numbers, fed and collected on the Trio thread,
+    for what is observed per step or per token: prometheus_client's Histogram takes
+    a lock per observation, which per token is a measurable share of the Trio
+    thread (evidence/DGR-025)."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
         self._name, self._documentation = name, documentation
-        self._bounds = np.asarray(buckets, dtype=np.float64)
+        self._bounds = list(buckets)
         self._labels = [floatToGoString(b) for b in buckets] + ["+Inf"]
-        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # per bucket, not cumulative
+        self._counts = [0] * (len(buckets) + 1)  # per bucket, not cumulative
         self._sum = 0.0
 
+    def observe(self, value: float) -> None:
+        # the bucket of value: the first bound >= value (Prometheus' le), else +Inf
+        self._counts[bisect.bisect_left(self._bounds, value)] += 1
+        self._sum += value
+
     def observe_all(self, values: list[float]) -> None:
-        if values:
-            v = np.asarray(values, dtype=np.float64)
-            # the bucket of v: the first bound >= v (Prometheus' le), else +Inf
-            self._counts += np.bincount(np.searchsorted(self._bounds, v, side="left"),
-                                        minlength=len(self._counts))
-            self._sum += float(v.sum())
+        bounds, counts = self._bounds, self._counts
+        for value in values:
+            counts[bisect.bisect_left(bounds, value)] += 1
+        self._sum += sum(values)
 
     def describe(self):
         return []
 
     def collect(self):
         family = HistogramMetricFamily(self._name, self._documentation)
-        family.add_metric([], list(zip(self._labels, np.cumsum(self._counts).tolist())),
+        family.add_metric([], list(zip(self._labels, itertools.accumulate(self._counts))),
                           self._sum)
         yield family
+
+
+class StepTotals:
+    """The counters every step adds to, and the last step's batch occupancy, in plain
+    numbers fed and collected on the Trio thread: as prometheus_client metrics they
+    were a dozen updates a step, each under a lock."""
+
+    def __init__(self):
+        self.steps = 0
+        self.spec_steps = 0
+        self.tokens = {"prefill": 0, "decode": 0, "generated": 0}
+        self.phase_s = dict.fromkeys(STEP_PHASES, 0.0)
+        self.occupancy = 0.0
+
+    def add(self, figures: dict, budget: int) -> int:
+        """One step's figures; returns its rows."""
+        self.steps += 1
+        phase_s = self.phase_s
+        for phase in STEP_PHASES:
+            phase_s[phase] += figures[f"{phase}_s"]
+        prefill, decode = figures["prefill_rows"], figures["decode_rows"]
+        tokens = self.tokens
+        tokens["prefill"] += prefill
+        tokens["decode"] += decode
+        tokens["generated"] += figures["generated"]
+        rows = prefill + decode + figures["draft_rows"]
+        if figures["draft_rows"]:
+            self.spec_steps += 1
+        self.occupancy = rows / budget
+        return rows
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield CounterMetricFamily("dgr_steps", "llama_decode steps run.", self.steps)
+        for name, doc in (("prefill", "Prompt tokens decoded (prefill rows)."),
+                          ("decode", "Decode rows: generated tokens fed back."),
+                          ("generated", "Tokens sampled for sessions.")):
+            yield CounterMetricFamily(f"dgr_{name}_tokens", doc, self.tokens[name])
+        yield CounterMetricFamily("dgr_spec_steps", "Steps that verified draft tokens.",
+                                  self.spec_steps)
+        phases = CounterMetricFamily(
+            "dgr_step_phase_seconds", "Time spent per step phase: plan (mailbox, finish "
+            "requests, policy, batch fill), decode (inside llama_decode), sample (sampling "
+            "and log-probabilities), update (post-step update, KV release, publishing). "
+            "Everything but decode is the loop's overhead.", labels=["phase"])
+        for phase, seconds in self.phase_s.items():
+            phases.add_metric([phase], seconds)
+        yield phases
+        yield GaugeMetricFamily("dgr_batch_occupancy_ratio", "Rows of the last step divided "
+                                "by the step token budget.", self.occupancy)
 
 
 class _RpcCollector:
