@@ -52,6 +52,7 @@ class PrefixCache:
     def __init__(self, min_follow: int):
         self.min_follow = min_follow
         self._held: dict[int, np.ndarray] = {}  # slot -> tokens its sequence holds the KV of
+        self._held_bytes: dict[int, bytes] = {}  # the same tokens' bytes (match's fast path)
         self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
         # slots given a prefix whose BatchLoop start (the KV copy) is not queued yet: they
         # hold nothing another session may copy until then
@@ -61,10 +62,22 @@ class PrefixCache:
         """(slot, tokens): a slot holding the longest prefix of `prompt` (but its last
         token), preferring a cached slot, then the lowest; (None, 0) without one."""
         best, best_n = None, 0
+        # the most a slot can give (all but the last token), as bytes: a slot holding
+        # all of it, or holding only a part of it, is told in C; else numpy finds where
+        # they differ
+        most = len(prompt) - 1
+        wanted = prompt[:most].tobytes()
+        wanted_itemsize = prompt.itemsize
         for slot in sorted(self._held):
             if slot in self._pending:
                 continue
-            n = shareable(prompt, self._held[slot])
+            held = self._held_bytes[slot]
+            if held.startswith(wanted):
+                n = most
+            elif wanted.startswith(held):
+                n = len(held) // wanted_itemsize
+            else:
+                n = shareable(prompt, self._held[slot])
             if n > best_n or (n == best_n and n and slot in self._cached
                               and best not in self._cached):
                 best, best_n = slot, n
@@ -73,9 +86,11 @@ class PrefixCache:
     def hold(self, slot: int, tokens: Sequence[int]) -> None:
         """`slot`'s sequence now holds the KV of `tokens` (and nothing after them)."""
         if len(tokens):
-            self._held[slot] = tokens_array(tokens)
+            held = self._held[slot] = tokens_array(tokens)
+            self._held_bytes[slot] = held.tobytes()
         else:
             self._held.pop(slot, None)
+            self._held_bytes.pop(slot, None)
             self._cached.pop(slot, None)
 
     def assign(self, slot: int, tokens: Sequence[int]) -> None:
@@ -110,6 +125,7 @@ class PrefixCache:
         self._cached.pop(slot, None)
         self._pending.discard(slot)
         self._held.pop(slot, None)
+        self._held_bytes.pop(slot, None)
 
     @property
     def cached_slots(self) -> list[int]:

@@ -182,3 +182,31 @@ def test_without_a_cache_nothing_is_shared():
     adm.submit_group([a, b])
     assert {a.slot, b.slot} == {0, 1} and a.n_reused == b.n_reused == 0
     assert adm.placement.take_ops() == [Start(a), Start(b)]
+
+
+def test_a_match_finds_the_longest_shareable_prefix_whatever_the_lengths():
+    """The cache's fast path (a slot holding all of the prompt but its last token, or
+    only a part of it) agrees with comparing the tokens one by one."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        cache = PrefixCache(min_follow=1)
+        base = rng.integers(0, 4, 12).tolist()
+        held = {}
+        for slot in range(6):
+            tokens = base[:rng.integers(0, 13)] + rng.integers(0, 4, rng.integers(0, 6)).tolist()
+            cache.hold(slot, tokens)
+            if tokens:
+                held[slot] = tokens
+                if rng.random() < 0.5:
+                    cache.keep(slot)
+        prompt = base[:rng.integers(1, 13)] + rng.integers(0, 4, rng.integers(0, 4)).tolist()
+
+        def shared(tokens):
+            n = 0
+            while n < min(len(tokens), len(prompt) - 1) and tokens[n] == prompt[n]:
+                n += 1
+            return n
+
+        slot, n = cache.match(np.asarray(prompt, dtype=np.int32))
+        assert n == max([shared(t) for t in held.values()] + [0])
+        assert (slot is None) == (n == 0) and (slot is None or shared(held[slot]) == n)
