@@ -147,9 +147,12 @@ class Placement:
         if best is not None:
             common = shareable(session.prompt_array, best.prompt_array)
         else:
+            most = len(session.prompt) - 1  # shareable's bound
             for other in running:
                 if other is session or other.leader is not None or other.done:
                     continue
+                if other.n_prefilled >= min(len(other.prompt), most):
+                    continue  # it has prefilled all it could share: none is to wait for
                 n = shareable(session.prompt_array, other.prompt_array)
                 if n > common and other.n_prefilled < n:
                     best, common = other, n
