@@ -1,0 +1,94 @@
+"""The step phases of speculation off and auto at c sessions, in process on the default
+model (the bench's speculation workloads, greedy, 96 tokens each, c at once, off and
+auto alternating on one node): per run, the steps with no prefill and no draft rows
+and every decode row taken (c), their mean plan, llama_decode, sampling and update
+milliseconds, from the step figures (dgr/_scheduler.pxd, StepFigures).
+
+    PYTHONPATH=. python3 evidence/DGR-026/phase_probe.py [--c 8] [--rounds 3] [--workloads ...]
+"""
+
+import argparse
+import statistics
+import time
+
+import trio
+
+import dgr
+import dgr.loop
+from benchmarks.speculation import N_NEW, WORKLOADS
+from dgr.engine import resolve_model_path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--c", type=int, default=8)
+parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--workloads", nargs="*", default=["table to JSON"])
+args = parser.parse_args()
+PHASES = ("plan", "decode", "sample", "update")
+
+figures_seen = []
+on_step_ended = dgr.loop.StepLoop._on_step_ended
+
+
+def recording(self, event, now):
+    figures_seen.append(dict(event.figures))
+    on_step_ended(self, event, now)
+
+
+dgr.loop.StepLoop._on_step_ended = recording
+
+
+async def one_run(node, workload, mode, offset):
+    build = WORKLOADS[workload]
+    stamps = [[] for _ in range(args.c)]
+
+    async def one(i):
+        prompt, extra = build(offset + i)
+        params = dgr.SamplingParams(max_tokens=N_NEW, temperature=0.0, speculation=mode,
+                                    ignore_eos="grammar" not in extra, **extra)
+        async with node.stream(prompt, params) as chunks:
+            async for chunk in chunks:
+                if chunk.token_id is not None:
+                    stamps[i].append(time.perf_counter())
+
+    figures_seen.clear()
+    async with trio.open_nursery() as nursery:
+        for i in range(args.c):
+            nursery.start_soon(one, i)
+    firsts = [s[0] for s in stamps if s]
+    lasts = [s[-1] for s in stamps if s]
+    tokens = sum(max(0, len(s) - 1) for s in stamps)
+    return tokens / (max(lasts) - min(firsts)), list(figures_seen)
+
+
+async def main():
+    config = dgr.NodeConfig(model_path=resolve_model_path(None), max_running=args.c,
+                            max_waiting=4 * args.c, n_ctx=args.c * 1024)
+    means = {"off": [], "auto": []}
+    print(f"c = {args.c}; steps with {args.c} decode rows, no prefill, no drafts: "
+          "mean ms a step")
+    print()
+    print("| round | workload | mode | decode tok/s | steps (all) | such steps | "
+          + " | ".join(PHASES) + " | total |")
+    print("|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 1))
+    async with dgr.open_node(config) as node:
+        for r in range(args.rounds):
+            for workload in args.workloads:
+                order = ("off", "auto") if r % 2 == 0 else ("auto", "off")
+                for k, mode in enumerate(order):
+                    rate, figures = await one_run(node, workload, mode, 1000 * r + 100 * k)
+                    plain = [f for f in figures if f["prefill_rows"] == 0
+                             and f["draft_rows"] == 0 and f["decode_rows"] == args.c]
+                    ms = [1e3 * statistics.fmean(f[f"{p}_s"] for f in plain) for p in PHASES]
+                    total = 1e3 * statistics.fmean(f["total_s"] for f in plain)
+                    means[mode].append(ms + [total])
+                    print(f"| {r} | {workload} | {mode} | {rate:.1f} | {len(figures)} | "
+                          f"{len(plain)} | " + " | ".join(f"{v:.2f}" for v in ms)
+                          + f" | {total:.2f} |", flush=True)
+    print()
+    for mode, rows in means.items():
+        print(f"{mode}: median over runs " + ", ".join(
+            f"{name} {statistics.median(r[i] for r in rows):.2f}"
+            for i, name in enumerate((*PHASES, "total"))) + " ms")
+
+
+trio.run(main)
