@@ -247,7 +247,7 @@ class Node:
         """Model facts, budgets and live load: what a coordinator routes on
         (dgr.capabilities)."""
         links = self._rpc_links.figures() if self._rpc_links is not None else {}
-        steps = int(self.telemetry.registry.get_sample_value("dgr_steps_total") or 0)
+        steps = self.telemetry.step_totals.steps
         devices = capabilities.device_list(self._engine.info["devices"], links,
                                            self._rpc_at_start, self._engine.workers_connected(),
                                            steps)

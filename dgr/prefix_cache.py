@@ -63,8 +63,8 @@ class PrefixCache:
         token), preferring a cached slot, then the lowest; (None, 0) without one."""
         best, best_n = None, 0
         # the most a slot can give (all but the last token), as bytes: a slot holding
-        # all of it, or holding only a part of it, is told in C; else numpy finds where
-        # they differ
+        # all of it, or only a part of it, is told by comparing bytes; else numpy finds
+        # where they differ
         most = len(prompt) - 1
         wanted = prompt[:most].tobytes()
         wanted_itemsize = prompt.itemsize

@@ -117,7 +117,8 @@ class SessionStream:
 
     def _taken(self, item: Chunk | list[Chunk]) -> list[Chunk]:
         """What came through the channel: a token's chunk, the final one, or a whole
-        answer's chunks (the final one last) in one list."""
+        answer's chunks (the final one last) in one list, whose reader hands back no
+        credits (its session has them all)."""
         if type(item) is list:
             last = item[-1]
             self.finish_reason, self.error = last.finish_reason, last.error

@@ -27,6 +27,7 @@ DRAFT_SOURCES = {DraftSource.DRAFT_CONTEXT: "context", DraftSource.DRAFT_NODE: "
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                     1.5, 2.5, 5.0, 10.0, 30.0)
 STEP_PHASES = ("plan", "decode", "sample", "update")
+_PHASE_FIELDS = [(phase, f"{phase}_s") for phase in STEP_PHASES]  # StepFigures' names
 
 
 class Telemetry:
@@ -292,8 +293,8 @@ class StepHistogram:
 
 class StepTotals:
     """The counters every step adds to, and the last step's batch occupancy, in plain
-    numbers fed and collected on the Trio thread: as prometheus_client metrics they
-    were a dozen updates a step, each under a lock."""
+    numbers fed and collected on the Trio thread: prometheus_client's metrics would
+    take a lock for each of the dozen updates a step."""
 
     def __init__(self):
         self.steps = 0
@@ -306,8 +307,8 @@ class StepTotals:
         """One step's figures; returns its rows."""
         self.steps += 1
         phase_s = self.phase_s
-        for phase in STEP_PHASES:
-            phase_s[phase] += figures[f"{phase}_s"]
+        for phase, field in _PHASE_FIELDS:
+            phase_s[phase] += figures[field]
         prefill, decode = figures["prefill_rows"], figures["decode_rows"]
         tokens = self.tokens
         tokens["prefill"] += prefill

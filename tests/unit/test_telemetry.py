@@ -25,8 +25,9 @@ def test_drain_rate_counts_sessions_ended_in_the_last_minute():
 
 
 def test_a_step_histogram_counts_as_prometheus_client_does():
-    """StepHistogram (a step's observations at once) exposes what prometheus_client's
-    Histogram gives for the same values: bounds inclusive, cumulative, sum, count."""
+    """StepHistogram (a step's observations at once, or one) exposes what
+    prometheus_client's Histogram gives for the same values: bounds inclusive,
+    cumulative, sum, count."""
     from prometheus_client import CollectorRegistry, Histogram
 
     from dgr.telemetry import StepHistogram
@@ -39,7 +40,8 @@ def test_a_step_histogram_counts_as_prometheus_client_does():
     reference = Histogram("lat_seconds", "doc", buckets=buckets, registry=theirs)
     batched.observe_all(values[:2])
     batched.observe_all([])
-    batched.observe_all(values[2:])
+    batched.observe_all(values[2:-1])
+    batched.observe(values[-1])
     for v in values:
         reference.observe(v)
     samples = {(s.name, tuple(s.labels.items())): s.value
@@ -47,3 +49,20 @@ def test_a_step_histogram_counts_as_prometheus_client_does():
     expected = {(s.name, tuple(s.labels.items())): s.value
                 for m in theirs.collect() for s in m.samples if not s.name.endswith("_created")}
     assert samples == expected
+
+
+def test_step_figures_are_summed_and_exposed_under_their_metric_names():
+    telemetry = Telemetry()
+    step = {"plan_s": 0.001, "decode_s": 0.02, "sample_s": 0.002, "update_s": 0.0005,
+            "prefill_rows": 30, "decode_rows": 2, "draft_rows": 0, "generated": 3,
+            "total_s": 0.024}
+    telemetry.record_step(step, budget=64)
+    telemetry.record_step(step | {"prefill_rows": 0, "draft_rows": 4, "generated": 5}, budget=64)
+    value = telemetry.registry.get_sample_value
+    assert value("dgr_steps_total") == 2 and value("dgr_spec_steps_total") == 1
+    assert value("dgr_prefill_tokens_total") == 30
+    assert value("dgr_decode_tokens_total") == 4 and value("dgr_generated_tokens_total") == 8
+    assert value("dgr_step_phase_seconds_total", {"phase": "decode"}) == 0.04
+    assert value("dgr_batch_occupancy_ratio") == 6 / 64
+    assert value("dgr_batch_rows_count") == 2 and value("dgr_batch_rows_sum") == 38
+    assert value("dgr_step_duration_seconds_sum") == 0.048
