@@ -9,13 +9,12 @@ milliseconds, from the step figures (dgr/_scheduler.pxd, StepFigures).
 
 import argparse
 import statistics
-import time
 
+import step_gain
 import trio
 
 import dgr
 import dgr.loop
-from benchmarks.speculation import N_NEW, WORKLOADS
 from dgr.engine import resolve_model_path
 
 parser = argparse.ArgumentParser()
@@ -38,26 +37,10 @@ dgr.loop.StepLoop._on_step_ended = recording
 
 
 async def one_run(node, workload, mode, offset):
-    build = WORKLOADS[workload]
-    stamps = [[] for _ in range(args.c)]
-
-    async def one(i):
-        prompt, extra = build(offset + i)
-        params = dgr.SamplingParams(max_tokens=N_NEW, temperature=0.0, speculation=mode,
-                                    ignore_eos="grammar" not in extra, **extra)
-        async with node.stream(prompt, params) as chunks:
-            async for chunk in chunks:
-                if chunk.token_id is not None:
-                    stamps[i].append(time.perf_counter())
-
+    """step_gain's run, with the step figures it published."""
     figures_seen.clear()
-    async with trio.open_nursery() as nursery:
-        for i in range(args.c):
-            nursery.start_soon(one, i)
-    firsts = [s[0] for s in stamps if s]
-    lasts = [s[-1] for s in stamps if s]
-    tokens = sum(max(0, len(s) - 1) for s in stamps)
-    return tokens / (max(lasts) - min(firsts)), list(figures_seen)
+    rate, _, _ = await step_gain.one_run(node, workload, mode, offset, args.c)
+    return rate, list(figures_seen)
 
 
 async def main():

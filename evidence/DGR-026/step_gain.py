@@ -24,16 +24,13 @@ import dgr
 from benchmarks.speculation import N_NEW, WORKLOADS
 from dgr.engine import resolve_model_path
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--c", type=int, default=16)
-parser.add_argument("--rounds", type=int, default=2)
-parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
-args = parser.parse_args()
 
 
-async def one_run(node, workload, mode, offset):
+async def one_run(node, workload, mode, offset, c):
+    """c sessions of `workload` at once: decode tok/s as the bench counts it, the step
+    records of the run, and (first token, last token) times."""
     build = WORKLOADS[workload]
-    stamps = [[] for _ in range(args.c)]
+    stamps = [[] for _ in range(c)]
 
     async def one(i):
         prompt, extra = build(offset + i)
@@ -46,7 +43,7 @@ async def one_run(node, workload, mode, offset):
 
     first_step = node.steps[-1].index if node.steps else -1
     async with trio.open_nursery() as nursery:
-        for i in range(args.c):
+        for i in range(c):
             nursery.start_soon(one, i)
     steps = [s for s in node.steps if s.index > first_step]
     firsts = [s[0] for s in stamps if s]
@@ -77,7 +74,8 @@ async def main():
             for workload in args.workloads:
                 order = ("off", "auto") if r % 2 == 0 else ("auto", "off")
                 for k, mode in enumerate(order):
-                    rate, steps, _ = await one_run(node, workload, mode, 1000 * r + 100 * k)
+                    rate, steps, _ = await one_run(node, workload, mode, 1000 * r + 100 * k,
+                                                   args.c)
                     rates[(workload, mode)].append(rate)
                     step_s = sum(s.duration_s for s in steps)
                     drafted = sum(s.draft_rows for s in steps)
@@ -106,4 +104,10 @@ async def main():
               f"{statistics.median(ratios):.2f} |")
 
 
-trio.run(main)
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--c", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    args = parser.parse_args()
+    trio.run(main)
