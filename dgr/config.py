@@ -112,6 +112,13 @@ class NodeConfig:
         "Needs --kv-unified.", default="auto")
     n_threads: Optional[int] = option("--threads", "CPU threads for llama.cpp.", "all cores",
                                       default=None)
+    sched_batch: bool = option(
+        "--sched-batch", "While the node is open, the thread that runs it (the Trio thread: "
+        "the node's Python, the HTTP server's) is scheduled SCHED_BATCH (Linux), the engine's "
+        "threads normally: a wake-up of the Python thread then waits for a free core instead "
+        "of preempting the engine's threads in a step, which on a machine whose cores all "
+        "compute stalled every step (evidence/DGR-025). --no-sched-batch leaves the "
+        "thread's scheduling as it is.", default=True)
     kv_unified: bool = option(
         "--kv-unified", "One KV pool shared by all sessions, each session's cells kept in "
         "position order so results stay bitwise equal to solo ones; --no-kv-unified gives "

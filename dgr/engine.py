@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import threading
 import time
@@ -26,6 +28,36 @@ DEFAULT_CACHE_RAM = 8 << 30
 ROW_PROBES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
+# Linux scheduling policies of a thread (os.SCHED_OTHER, os.SCHED_BATCH), None elsewhere
+SCHED_NORMAL = getattr(os, "SCHED_OTHER", None)
+SCHED_BATCH = getattr(os, "SCHED_BATCH", None)
+
+
+def set_scheduling(policy: Optional[int]) -> Optional[int]:
+    """Set the calling thread's scheduling policy (static priority 0); returns the one
+    it had (None where the system has no such policies)."""
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        return None
+    before = os.sched_getscheduler(0)
+    os.sched_setscheduler(0, policy, os.sched_param(0))
+    return before
+
+
+@contextlib.contextmanager
+def python_yields(enabled: bool):
+    """While open, the calling thread (the node's Trio thread) is SCHED_BATCH: Linux then
+    does not let its wake-ups preempt a running thread, so the pump woken at a step's
+    end waits for a core the engine's threads leave free rather than stopping one of
+    them at the start of the next step (NodeConfig.sched_batch). Its policy before is
+    restored at the end."""
+    before = set_scheduling(SCHED_BATCH) if enabled else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_scheduling(before)
+
+
 class EngineThread:
     """Runs engine calls on one dedicated thread, joined when the node closes.
 
@@ -39,6 +71,9 @@ class EngineThread:
         self._thread.start()
 
     def _serve(self) -> None:
+        # normal scheduling, whatever the thread that started it has (sched_batch): its
+        # OpenMP workers, started from it, have the same
+        set_scheduling(SCHED_NORMAL)
         while (job := self._jobs.get()) is not None:
             fn, args, kwargs, deliver = job
             deliver(outcome.capture(fn, *args, **kwargs))

@@ -31,7 +31,7 @@ from dgr import _engine, capabilities, tool_formats
 from dgr import tools as tool_calls
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
-from dgr.engine import EngineThread, load_engine
+from dgr.engine import EngineThread, load_engine, python_yields
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
 from dgr.kv_tier import (MIN_RESTORE_TOKENS, BlobError, DiskTier, HostTier, Prefix, kv_layout,
                          llama_libraries, node_key)
@@ -441,29 +441,31 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
 
     Leaving the block ends all sessions (finish_reason "cancelled"), stops the
     batch loop (a step in flight is aborted through llama.cpp's abort
-    callback), joins the engine thread and frees the model."""
+    callback), joins the engine thread and frees the model. While it is open, the
+    calling thread is scheduled SCHED_BATCH (NodeConfig.sched_batch)."""
     engine_thread = EngineThread()
     node = None
     try:
-        engine, budgets, row_probes = await engine_thread.run(load_engine, config)
-        try:
-            async with trio.open_nursery() as nursery:
-                node = Node(config, engine, budgets, nursery, row_probes)
-                if node.tiers is not None and config.cache_dir is not None:
-                    key = await node._kv_key()
-                    node.tiers.disk = await trio.to_thread.run_sync(
-                        DiskTier, config.cache_dir, config.cache_disk_bytes, key)
-                    nursery.start_soon(node.tiers.run)
-                nursery.start_soon(node._loop.run, engine_thread)
-                try:
-                    yield node
-                finally:
-                    node._shutdown()
-        finally:
-            # the batch loop has returned (it ran in the nursery): the engine is idle
-            if node is not None and node.tiers is not None and node.tiers.disk is not None \
-                    and node._loop.stopped:
-                node._persist()
-            engine.close()
+        with python_yields(config.sched_batch):
+            engine, budgets, row_probes = await engine_thread.run(load_engine, config)
+            try:
+                async with trio.open_nursery() as nursery:
+                    node = Node(config, engine, budgets, nursery, row_probes)
+                    if node.tiers is not None and config.cache_dir is not None:
+                        key = await node._kv_key()
+                        node.tiers.disk = await trio.to_thread.run_sync(
+                            DiskTier, config.cache_dir, config.cache_disk_bytes, key)
+                        nursery.start_soon(node.tiers.run)
+                    nursery.start_soon(node._loop.run, engine_thread)
+                    try:
+                        yield node
+                    finally:
+                        node._shutdown()
+            finally:
+                # the batch loop has returned (it ran in the nursery): the engine is idle
+                if node is not None and node.tiers is not None and node.tiers.disk is not None \
+                        and node._loop.stopped:
+                    node._persist()
+                engine.close()
     finally:
         engine_thread.join()

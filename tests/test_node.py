@@ -3,6 +3,7 @@ cancellation, shutdown and telemetry."""
 
 import ctypes
 import math
+import os
 import threading
 
 import attrs
@@ -903,3 +904,20 @@ async def test_a_sampled_grammar_session_draws_from_the_constrained_distribution
     total = sum(p for _, p in allowed.values())
     for token, (text, p) in allowed.items():
         assert abs(counts[token] / n - p / total) < 0.05, (text, p / total, counts)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+async def test_the_nodes_thread_is_sched_batch_while_it_is_open_and_the_engines_is_not(
+        node_config):
+    """The Trio thread's wake-ups must not preempt the engine's threads (sched_batch):
+    SCHED_BATCH while the node is open, its policy before restored after; the engine
+    thread, started from it, normal; --no-sched-batch leaves the thread as it is."""
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    async with dgr.open_node(node_config()) as node:
+        assert os.sched_getscheduler(0) == os.SCHED_BATCH
+        (engine_tid,) = [t.native_id for t in threading.enumerate() if t.name == "dgr-engine"]
+        assert os.sched_getscheduler(engine_tid) == os.SCHED_OTHER
+        await node.generate("Hello", dgr.SamplingParams(max_tokens=3))
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    async with dgr.open_node(node_config(sched_batch=False)):
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
