@@ -35,11 +35,15 @@ SCHED_BATCH = getattr(os, "SCHED_BATCH", None)
 
 def set_scheduling(policy: Optional[int]) -> Optional[int]:
     """Set the calling thread's scheduling policy (static priority 0); returns the one
-    it had (None where the system has no such policies)."""
+    it had, or None where the system has no such policies or refuses the change (the
+    thread keeps its own: a matter of speed, not of results)."""
     if policy is None or not hasattr(os, "sched_setscheduler"):
         return None
-    before = os.sched_getscheduler(0)
-    os.sched_setscheduler(0, policy, os.sched_param(0))
+    try:
+        before = os.sched_getscheduler(0)
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        return None
     return before
 
 

@@ -921,3 +921,12 @@ async def test_the_nodes_thread_is_sched_batch_while_it_is_open_and_the_engines_
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
     async with dgr.open_node(node_config(sched_batch=False)):
         assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+async def test_a_system_that_refuses_the_policy_still_opens_the_node(node_config, monkeypatch):
+    def refuse(*_):
+        raise PermissionError("not allowed here")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    async with dgr.open_node(node_config()) as node:
+        assert (await node.generate("Hello", dgr.SamplingParams(max_tokens=2))).completion_tokens
