@@ -12,21 +12,11 @@ import argparse
 import trio
 
 import dgr
-import dgr.loop
 from benchmarks.concurrency import PROMPTS
 from dgr.engine import resolve_model_path
+from step_figures import seen as figures_seen
 
 PHASES = ("plan", "decode", "sample", "update")
-figures_seen = []
-on_step_ended = dgr.loop.StepLoop._on_step_ended
-
-
-def recording(self, event, now):
-    figures_seen.append(dict(event.figures))
-    on_step_ended(self, event, now)
-
-
-dgr.loop.StepLoop._on_step_ended = recording
 
 
 async def run(sched_batch: bool) -> str:

@@ -9,13 +9,17 @@ milliseconds, from the step figures (dgr/_scheduler.pxd, StepFigures).
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 import step_gain
 import trio
 
 import dgr
-import dgr.loop
 from dgr.engine import resolve_model_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "DGR-025"))
+from step_figures import seen as figures_seen  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--c", type=int, default=8)
@@ -23,17 +27,6 @@ parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--workloads", nargs="*", default=["table to JSON"])
 args = parser.parse_args()
 PHASES = ("plan", "decode", "sample", "update")
-
-figures_seen = []
-on_step_ended = dgr.loop.StepLoop._on_step_ended
-
-
-def recording(self, event, now):
-    figures_seen.append(dict(event.figures))
-    on_step_ended(self, event, now)
-
-
-dgr.loop.StepLoop._on_step_ended = recording
 
 
 async def one_run(node, workload, mode, offset):
