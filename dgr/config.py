@@ -117,7 +117,8 @@ class NodeConfig:
         "the node's Python, the HTTP server's) is scheduled SCHED_BATCH (Linux), the engine's "
         "threads normally: a wake-up of the Python thread then waits for a free core instead "
         "of preempting the engine's threads in a step, which on a machine whose cores all "
-        "compute stalled every step (evidence/DGR-025). --no-sched-batch leaves the "
+        "compute delayed the step's llama.cpp calls (evidence/DGR-025). --no-sched-batch "
+        "leaves the "
         "thread's scheduling as it is.", default=True)
     kv_unified: bool = option(
         "--kv-unified", "One KV pool shared by all sessions, each session's cells kept in "

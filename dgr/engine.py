@@ -50,10 +50,10 @@ def set_scheduling(policy: Optional[int]) -> Optional[int]:
 @contextlib.contextmanager
 def python_yields(enabled: bool):
     """While open, the calling thread (the node's Trio thread) is SCHED_BATCH: Linux then
-    does not let its wake-ups preempt a running thread, so the pump woken at a step's
-    end waits for a core the engine's threads leave free rather than stopping one of
-    them at the start of the next step (NodeConfig.sched_batch). Its policy before is
-    restored at the end."""
+    does not let its wake-ups preempt a running thread, so the pump, woken as a step
+    begins, waits for a core rather than stopping the engine thread before its
+    llama.cpp calls (NodeConfig.sched_batch). Its policy before is restored at the
+    end."""
     before = set_scheduling(SCHED_BATCH) if enabled else None
     try:
         yield
