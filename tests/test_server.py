@@ -238,10 +238,12 @@ async def test_api_key(start_server):
 
 async def test_graceful_shutdown_lets_a_request_in_flight_finish(start_server):
     """Draining refuses new requests (503) and lets a running one finish. The running
-    one is streamed and read only after the checks, so it is still in flight then
-    (its unread tokens hold its session: backpressure), however fast the model is."""
+    one is streamed and read only after the checks; it asks for 3,000 tokens, a step
+    each, so it is still in flight then (its events fit the socket's buffers, which
+    hold nothing back: with 300 tokens the late request often found no listener, the
+    session and so the server having ended)."""
     server = await start_server(grace_s=30)
-    body = {"prompt": "finish me", "max_tokens": 300, "temperature": 0, "ignore_eos": True,
+    body = {"prompt": "finish me", "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     async with server.client() as client:
         async with client.stream("POST", "/v1/completions", json=body) as in_flight:
@@ -254,7 +256,7 @@ async def test_graceful_shutdown_lets_a_request_in_flight_finish(start_server):
             text = "".join([line + "\n" async for line in in_flight.aiter_lines()])
     events = sse_events(text)
     assert events[-2]["choices"][0]["finish_reason"] == "length"
-    assert events[-1]["usage"]["completion_tokens"] == 300
+    assert events[-1]["usage"]["completion_tokens"] == 3000
 
 
 async def test_every_field_is_honoured_or_refused(start_server):
