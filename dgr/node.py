@@ -225,23 +225,17 @@ class Node:
                        ) -> GenerationResult:
         """Run a session to its end and return the whole result."""
         params = params or SamplingParams()
-        texts, ids, tops, lps = [], [], [], []
         async with self.stream(prompt, params, whole=True) as chunks:
-            while batch := await chunks.next_chunks():
-                for chunk in batch:
-                    texts.append(chunk.text)
-                    if chunk.token_id is not None:
-                        ids.append(chunk.token_id)
-                        if params.logprobs:
-                            tops.append(chunk.top_logprobs)
-                            lps.append(chunk.logprob)
+            got = await chunks.read_all()
             if chunks.finish_reason is FinishReason.ERROR:
                 raise GenerationFailed(f"generation failed: {chunks.error}")
+            tokens = [chunk for chunk in got if chunk.token_id is not None]
             return GenerationResult(
-                text="".join(texts), token_ids=ids, finish_reason=chunks.finish_reason,
-                prompt_tokens=chunks.prompt_tokens,
-                logprobs=tops if params.logprobs else None,
-                token_logprobs=lps if params.logprobs else None)
+                text="".join(chunk.text for chunk in got),
+                token_ids=[chunk.token_id for chunk in tokens],
+                finish_reason=chunks.finish_reason, prompt_tokens=chunks.prompt_tokens,
+                logprobs=[c.top_logprobs for c in tokens] if params.logprobs else None,
+                token_logprobs=[c.logprob for c in tokens] if params.logprobs else None)
 
     def capabilities(self) -> dict:
         """Model facts, budgets and live load: what a coordinator routes on

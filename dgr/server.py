@@ -111,12 +111,10 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         rows: list[list[Chunk]] = [[] for _ in texts]
 
         async def collect(i, chunks):
-            while batch := await chunks.next_chunks():
-                for chunk in batch:
-                    texts[i].append(chunk.text)
-                    if chunk.token_id is not None:
-                        rows[i].append(chunk)
-                request.scope["dgr.tokens"] = sum(map(len, rows))
+            got = await chunks.read_all()
+            texts[i] += [chunk.text for chunk in got]
+            rows[i] = [chunk for chunk in got if chunk.token_id is not None]
+            request.scope["dgr.tokens"] = sum(map(len, rows))
 
         async with node.stream_group(prompts, parsed.params, parsed.n, whole=True) as streams:
             instead = await read_whole(request, streams, collect)
@@ -180,12 +178,10 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         texts = []
 
         async def collect(_, chunks):
-            while batch := await chunks.next_chunks():
-                for chunk in batch:
-                    texts.append(chunk.text)
-                    if chunk.token_id is not None:
-                        generated.append(chunk.token_id)
-                request.scope["dgr.tokens"] = len(generated)
+            got = await chunks.read_all()
+            texts.extend(chunk.text for chunk in got)
+            generated.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
+            request.scope["dgr.tokens"] = len(generated)
 
         async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
             instead = await read_whole(request, [chunks], collect)

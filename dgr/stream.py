@@ -115,6 +115,14 @@ class SessionStream:
                 self._ended()
         return batch
 
+    async def read_all(self) -> list[Chunk]:
+        """Every chunk to the stream's end, the final one last (a whole answer's come
+        in one piece)."""
+        chunks = []
+        while batch := await self.next_chunks():
+            chunks += batch
+        return chunks
+
     def _taken(self, item: Chunk | list[Chunk]) -> list[Chunk]:
         """What came through the channel: a token's chunk, the final one, or a whole
         answer's chunks (the final one last) in one list, whose reader hands back no
