@@ -16,10 +16,14 @@ from dgr.sequence import FinishReason, Session
 TopLogprobs = list[tuple[int, float]]
 
 
-@attrs.frozen
+@attrs.define(slots=True)
 class Chunk:
     """One streamed piece. `text` holds only whole UTF-8 characters. The last
-    chunk of a stream has finish_reason set (and may carry text or a token)."""
+    chunk of a stream has finish_reason set (and may carry text or a token).
+
+    Slotted and not frozen, as the batch loop's events (dgr.events): the pump
+    makes one a token, and a frozen class's __init__ costs 5x more (0.70 against
+    0.13 us here); nobody changes a chunk once made."""
 
     token_id: Optional[int]
     text: str
