@@ -6,6 +6,7 @@ import pytest
 
 from dgr._codes import MAX_LOGPROBS
 from dgr.config import MAX_STOP_STRINGS
+from dgr.http_sessions import TextEvents, sse_event
 from dgr.openai import BadRequest, ResponseBuilder, parse_chat, parse_completion
 from dgr.stream import Chunk
 from dgr.tools import GENERIC
@@ -128,6 +129,23 @@ def test_response_shapes():
     assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
                                   "finish_reason": "stop"}
     assert chat.usage_chunk(3, 2)["choices"] == []
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_text_delta_from_its_template_is_the_whole_events_bytes(chat):
+    builder = ResponseBuilder("m\u00e9 \"quoted\" \\ \x01", chat, str)
+    events = TextEvents(builder)
+    texts = ["a", " hello", "\u00e9\u4e2d\U0001f600", "\"\\/\n\t\r", "\x00", "\x00\x00",
+             "\u2028\u2029", "data: x\n\n", "{}[],:"]
+    for index in (0, 2, 0):
+        for text in texts:
+            assert events(text, index) == sse_event(builder.delta(text, [], index=index))
+
+
+def test_text_deltas_without_a_template_are_encoded_whole():
+    """A model name holding the template's mark: no template, the same event."""
+    builder = ResponseBuilder("m\x00", False, str)
+    assert TextEvents(builder)("hi", 1) == sse_event(builder.delta("hi", [], index=1))
 
 
 def test_message_roles_are_openais_and_developer_is_system():
