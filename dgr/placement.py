@@ -111,16 +111,16 @@ class Placement:
             stored, n_stored = self.tier.match(session.prompt_array)
             if n_stored >= n_reused + self.min_restore:
                 holder, n_reused, restore = None, n_stored, stored
-        empty = [s for s in free_slots if not cache.cells(s)]
+        empty = next((s for s in reversed(free_slots) if not cache.holds(s)), None)
         if holder in free_slots and (cache.cells(holder) <= n_reused
-                                     or (not empty and holder == cache.cached_slots[0])):
+                                     or (empty is None and holder == cache.oldest_cached)):
             # the session goes on from its prefix in place: it cuts nothing, or only
             # the entry that would leave first anyway
             slot = holder
         else:
             # a free slot holding nothing, else the least recently used cache entry; a
             # cache entry it only partly shares survives (its cells are shared, not cut)
-            slot = empty[-1] if empty else cache.cached_slots[0]
+            slot = empty if empty is not None else cache.oldest_cached
         if cache.cells(slot) > (n_reused if slot == holder else 0):
             # the entry it takes is cut (going on in place) or replaced (a copy or a
             # restore from elsewhere, however long)

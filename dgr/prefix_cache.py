@@ -54,6 +54,7 @@ class PrefixCache:
         self._held: dict[int, np.ndarray] = {}  # slot -> tokens its sequence holds the KV of
         self._held_bytes: dict[int, bytes] = {}  # the same tokens' bytes (match's fast path)
         self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
+        self._cached_cells = 0  # the cached slots' tokens: admission asks at every placement
         # slots given a prefix whose BatchLoop start (the KV copy) is not queued yet: they
         # hold nothing another session may copy until then
         self._pending: set[int] = set()
@@ -85,6 +86,8 @@ class PrefixCache:
 
     def hold(self, slot: int, tokens: Sequence[int]) -> None:
         """`slot`'s sequence now holds the KV of `tokens` (and nothing after them)."""
+        if slot in self._cached:
+            self._cached_cells += len(tokens) - self.cells(slot)
         if len(tokens):
             held = self._held[slot] = tokens_array(tokens)
             self._held_bytes[slot] = held.tobytes()
@@ -114,15 +117,21 @@ class PrefixCache:
         held = self._held.get(slot)
         return 0 if held is None else len(held)
 
+    def holds(self, slot: int) -> bool:
+        return slot in self._held
+
     def keep(self, slot: int) -> None:
         """The slot's session ended: what it holds becomes a cache entry (most recent)."""
         if slot in self._held:
+            if slot not in self._cached:
+                self._cached_cells += self.cells(slot)
             self._cached[slot] = None
             self._cached.move_to_end(slot)
 
     def drop(self, slot: int) -> None:
         """The slot's sequence holds nothing any more (evicted, or given to a new session)."""
-        self._cached.pop(slot, None)
+        if self._cached.pop(slot, False) is None:
+            self._cached_cells -= self.cells(slot)
         self._pending.discard(slot)
         self._held.pop(slot, None)
         self._held_bytes.pop(slot, None)
@@ -133,5 +142,10 @@ class PrefixCache:
         return list(self._cached)
 
     @property
+    def oldest_cached(self) -> int | None:
+        """The cached slot that leaves first (least recently used), if any."""
+        return next(iter(self._cached), None)
+
+    @property
     def cached_cells(self) -> int:
-        return sum(self.cells(s) for s in self._cached)
+        return self._cached_cells

@@ -210,3 +210,24 @@ def test_a_match_finds_the_longest_shareable_prefix_whatever_the_lengths():
         slot, n = cache.match(np.asarray(prompt, dtype=np.int32))
         assert n == max([shared(t) for t in held.values()] + [0])
         assert (slot is None) == (n == 0) and (slot is None or shared(held[slot]) == n)
+
+
+def test_the_cached_cells_are_the_cached_slots_tokens_after_any_calls():
+    """The count admission reads at every placement is kept as entries come and go,
+    not summed: it equals the sum over the cached slots whatever the calls."""
+    rng = np.random.default_rng(11)
+    cache = PrefixCache(min_follow=1)
+    for _ in range(2000):
+        slot, call = int(rng.integers(0, 8)), rng.integers(0, 4)
+        tokens = rng.integers(0, 50, rng.integers(0, 20)).tolist()
+        if call == 0:
+            cache.hold(slot, tokens)
+        elif call == 1:
+            cache.keep(slot)
+        elif call == 2:
+            cache.drop(slot)
+        else:
+            cache.assign(slot, tokens)
+        assert cache.cached_cells == sum(cache.cells(s) for s in cache.cached_slots)
+        assert cache.oldest_cached == (cache.cached_slots or [None])[0]
+        assert all(cache.holds(s) == (cache.cells(s) > 0) for s in range(8))
