@@ -10,8 +10,9 @@ never which.
 - `context_draft` (prompt lookup, as llama.cpp's ngram-simple): the most
   recent earlier place where the session's last tokens occurred in its own
   prompt and output, the longest match of CONTEXT_MATCH_MIN..CONTEXT_MATCH_MAX
-  tokens, and what followed there. Work that quotes its input (an edited
-  file, a summary that cites, JSON extracted from a table) drafts here.
+  tokens, and what followed there, as far as an older place matching as long
+  agrees with it. Work that quotes its input (an edited file, a summary that
+  cites, JSON extracted from a table) drafts here.
 - `NgramStore`: the node's recent sessions' outputs (each with the prompt tokens
   just before it), so sessions that write the same structure (the same JSON
   shape, a templated answer) draft from each other, as suffix decoding does.
@@ -36,10 +37,14 @@ cdef enum:
 
 
 cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
-    """The max_draft tokens that followed the longest (then most recent) earlier
-    occurrence of tokens[n - L:n], CONTEXT_MATCH_MIN <= L <= CONTEXT_MATCH_MAX,
-    into out; returns how many (0: no such occurrence)."""
-    cdef int j, length, best_end = -1, best_length = 0, i
+    """The tokens that followed the longest (then most recent) earlier occurrence of
+    tokens[n - L:n], CONTEXT_MATCH_MIN <= L <= CONTEXT_MATCH_MAX, up to max_draft of
+    them, into out; returns how many (0: no such occurrence). Where an earlier
+    occurrence of that length was followed otherwise, only as many as the two
+    agree on: past that point the context does not tell which one the session
+    follows (rows of a table, items of a list: the same words, then each its own)."""
+    cdef int j, length, best_end = -1, best_length = 0, other_end = -1, i, p
+    cdef int32_t other
     if n <= CONTEXT_MATCH_MIN or max_draft <= 0:
         return 0
     cdef int32_t last = tokens[n - 1]
@@ -51,7 +56,9 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
                    and tokens[j - length] == tokens[n - 1 - length]):
                 length += 1
             if length > best_length:
-                best_length, best_end = length, j
+                best_length, best_end, other_end = length, j, -1
+            elif length == best_length and other_end < 0:
+                other_end = j
                 if length == CONTEXT_MATCH_MAX:
                     break
         j -= 1
@@ -60,7 +67,13 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
     # what followed there; where that reaches the context's end, the draft itself
     # (a repeating run drafts its next period)
     for i in range(max_draft):
-        out[i] = tokens[best_end + 1 + i] if best_end + 1 + i < n else out[best_end + 1 + i - n]
+        p = best_end + 1 + i
+        out[i] = tokens[p] if p < n else out[p - n]
+        if other_end >= 0:
+            p = other_end + 1 + i
+            other = tokens[p] if p < n else out[p - n]
+            if other != out[i]:
+                return i
     return max_draft
 
 

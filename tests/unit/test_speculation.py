@@ -16,9 +16,17 @@ ALWAYS, AUTO, OFF = (Speculation.SPECULATE_ALWAYS, Speculation.SPECULATE_AUTO,
 
 
 def test_context_draft_continues_the_longest_latest_match():
-    # "1 2 3" occurred twice; after the later one came 9 8, after the earlier 4 5
+    # "1 2 3" occurred twice; after the later one came 9 8 7, after the earlier 9 8 5:
+    # the draft is what the two agree on, as the context does not tell them apart
+    tokens = [1, 2, 3, 9, 8, 5, 6, 1, 2, 3, 9, 8, 7, 0, 1, 2, 3]
+    assert _drafts.context_draft_for(tokens, 3) == [9, 8]
     tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 8, 0, 1, 2, 3]
-    assert _drafts.context_draft_for(tokens, 2) == [9, 8]
+    assert _drafts.context_draft_for(tokens, 2) == []
+    # rows of a table written as JSON: `}, {"city": "` before each row's own value; the
+    # keys are drafted, the value is not
+    key = [45, 40, 41, 42, 47]
+    assert _drafts.context_draft_for([*key, 70, *key, 72, *key[:3]], 4) == [42, 47]
+    assert _drafts.context_draft_for([*key, 70, *key, 72, *key], 4) == []
     # a longer match wins over a more recent one: "0 1 2 3" only before the 9
     tokens = [0, 1, 2, 3, 4, 5, 1, 2, 3, 9, 0, 1, 2, 3]
     assert _drafts.context_draft_for(tokens, 3) == [4, 5, 1]
