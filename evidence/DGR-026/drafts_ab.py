@@ -4,7 +4,7 @@ alternating, each run on a fresh node: per workload, auto first (so the node's
 store holds no answer of that workload yet), then off. Decode tok/s as the bench
 counts it (step_gain.one_run), auto's steps and draft rows.
 
-    sh evidence/DGR-025/snapshot.sh /tmp/dgr-A REV   (a copy whose compiled modules are REV's)
+    sh evidence/DGR-025/snapshot.sh /tmp/dgr-A REV   (while this checkout's compiled modules are REV's)
     python evidence/DGR-026/drafts_ab.py --before /tmp/dgr-A [--c 1] [--rounds 4] [--workloads ...]
 """
 
