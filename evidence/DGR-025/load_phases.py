@@ -66,7 +66,7 @@ def sampled_load(srv) -> tuple[float, float, float, list]:
     return started, ended, rate, samples
 
 
-def busy_threads(pid: int, samples: list) -> list[int]:
+def busy_threads(samples: list) -> list[int]:
     first, last = samples[0][1], samples[-1][1]
     return [t for t in sorted(last) if last[t] - first.get(t, 0) > 2]
 
@@ -85,7 +85,7 @@ def cores(samples: list, tid: int, a: float, b: float) -> float:
 
 
 def print_bins(pid: int, started: float, samples: list) -> None:
-    tids = busy_threads(pid, samples)
+    tids = busy_threads(samples)
     print("  bin (s from the load's start) | " + " | ".join(thread_name(pid, t) for t in tids))
     for (ta, a), (tb, b) in zip(samples, samples[1:]):
         print(f"  {ta - started:5.2f} | " + " | ".join(
@@ -99,7 +99,7 @@ def dgr_phases(pid, started, ended, samples, trace) -> None:
     bounds = [("clients arriving", started, max(admitted)),
               ("all decoding", max(admitted), min(retired)),
               ("sessions ending", min(retired), ended)]
-    tids = busy_threads(pid, samples)
+    tids = busy_threads(samples)
     print("  | phase | s | steps | mean step ms | mean rows | "
           + " | ".join(f"{thread_name(pid, t)} cores" for t in tids) + " |")
     print("  |---|---|---|---|---|" + "---|" * len(tids))
