@@ -118,8 +118,7 @@ class NodeConfig:
         "threads normally: a wake-up of the Python thread then waits for a free core instead "
         "of preempting the engine's threads in a step, which on a machine whose cores all "
         "compute delayed the step's llama.cpp calls (evidence/DGR-025). --no-sched-batch "
-        "leaves the "
-        "thread's scheduling as it is.", default=True)
+        "leaves the thread's scheduling as it is.", default=True)
     kv_unified: bool = option(
         "--kv-unified", "One KV pool shared by all sessions, each session's cells kept in "
         "position order so results stay bitwise equal to solo ones; --no-kv-unified gives "
