@@ -14,7 +14,7 @@ from typing import Optional
 import attrs
 import cattrs
 
-from dgr._codes import MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS, Speculation
+from dgr._codes import MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS, Speculation
 from dgr.errors import InvalidRequest
 
 MAX_STOP_STRINGS = 8        # stop strings per session
@@ -148,7 +148,10 @@ class NodeConfig:
         "--reply-buffer", "Unread tokens a streaming client may hold; a session whose client "
         "holds that many gets no row until it reads (backpressure). A step gives a session at "
         "most this many tokens, its drafts included. A non-streamed answer is sent whole at "
-        "its end: its session is never held for its client.", default=64)
+        "its end: its session is never held for its client. The default is two steps of a "
+        "session's most tokens (a decode row and its drafts): the next step is planned while "
+        "the reader takes the last one's, and fewer credits would cut its drafts.",
+        default=2 * (MAX_DRAFT + 1))
     memory_budget_bytes: Optional[int] = option(
         "--memory-budget", "Bytes that weights + KV + scratch may take; the node refuses to "
         "start beyond it.", "80% of RAM", default=None)
