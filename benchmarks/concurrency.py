@@ -120,6 +120,9 @@ def dgr_server(model, c, ctx_per_slot, threads, port, extra=(), log=None):
 # with AMX the pinned build's AMX repacked matmul crashes (SIGSEGV seen here in
 # ggml_backend_amx_mul_mat), and elsewhere repacking makes 1-row and n-row steps differ.
 NO_REPACK = ["--no-repack"]
+# llama-server's batch in the speculation case: 16 slots, each its sampled token and up
+# to 64 drafts (ngram-mod's most)
+SPEC_PEER_BATCH = 2048
 
 
 def llama_server(binary, model, c, ctx_per_slot, threads, port, log=None):
@@ -754,7 +757,11 @@ def main(argv=None) -> int:
                 def start(log):
                     server = llama_server(peers["llama-server"], model, 16, 2048, args.threads,
                                           free_port(), log=out / f"spec-{log}.log")
-                    server.argv += list(extra)
+                    # its batch holds 16 slots' drafts (at -b 512 the n-gram modes abort
+                    # at c = 16: "batch must be large enough to hold the sampled and
+                    # draft tokens"); its ubatches stay 512 (the later -b is the one
+                    # llama-server takes)
+                    server.argv += ["-b", str(SPEC_PEER_BATCH), *extra]
                     return server
                 return start, False
             servers = {"dgr": (lambda log: dgr_server(model, 16, 2048, args.threads, free_port(),

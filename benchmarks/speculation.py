@@ -141,23 +141,30 @@ def run(servers: dict, levels: list[int], rounds: int) -> dict:
     rows, bitwise, acceptance, failures = [], [], {}, []
     for r in range(rounds):
         for name, (start, is_dgr) in servers.items():
-            srv = start(f"{name.replace(' ', '-')}-round{r}").__enter__()
+            log = f"{name.replace(' ', '-')}-round{r}"
+            srv = start(log).__enter__()
+
+            def attempt(workload, c, call):
+                """call(); a failure is recorded, and a server that died is replaced by a
+                fresh one that goes on."""
+                nonlocal srv
+                try:
+                    call()
+                except Exception as exc:
+                    failures.append({"server": name, "workload": workload, "c": c, "round": r,
+                                     "exit_code": srv.proc.poll(),
+                                     "error": f"{type(exc).__name__}: {exc}"[:300]})
+                    if srv.proc.poll() is not None:
+                        srv.__exit__(None, None, None)
+                        srv = start(f"{log}-restart{len(failures)}").__enter__()
+
             try:
-                _warm_up(srv, is_dgr, max(levels))
+                attempt("warm-up", max(levels), lambda: _warm_up(srv, is_dgr, max(levels)))
                 for workload in WORKLOADS:
                     for c in levels:
                         offset = 100 * r + 1000 * c  # every request's prompt its own
-                        try:
-                            _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise,
-                                     acceptance)
-                        except Exception as exc:
-                            failures.append({"server": name, "workload": workload, "c": c,
-                                             "round": r, "exit_code": srv.proc.poll(),
-                                             "error": f"{type(exc).__name__}: {exc}"[:300]})
-                            if srv.proc.poll() is not None:  # it died: a fresh one goes on
-                                srv.__exit__(None, None, None)
-                                srv = start(f"{name.replace(' ', '-')}-round{r}-restart"
-                                            f"{len(failures)}").__enter__()
+                        attempt(workload, c, lambda: _run_one(srv, name, is_dgr, workload, c, r,
+                                                              offset, rows, bitwise, acceptance))
             finally:
                 srv.__exit__(None, None, None)
     return {"rows": rows, "bitwise": bitwise, "failures": failures,
