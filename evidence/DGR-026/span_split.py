@@ -1,12 +1,14 @@
 """Where the bench's decode span goes at c > 1: the speculation workloads
 (benchmarks/speculation.py: greedy, 96 tokens, c sessions at once) in process on
-the default model, auto and off, from the node's step records. The bench's decode
-tok/s counts the tokens after each session's first over the span from the first
-session's first token to the last session's last; this splits that span into the
-steps that also prefilled a prompt and those that only decoded, and says when the
-last session's first token came.
+the default model, two speculation modes (off and auto unless told), from the
+node's step records. The bench's decode tok/s counts the tokens after each
+session's first over the span from the first session's first token to the last
+session's last; this splits that span into the steps that also prefilled a prompt
+and those that only decoded, says when the last session's first token came, and
+gives the time of all the run's steps (the prompts' whole prefill too).
 
-    PYTHONPATH=. python3 evidence/DGR-026/span_split.py [--c 4] [--rounds 2] [--workloads ...]
+    PYTHONPATH=. python3 evidence/DGR-026/span_split.py [--c 4] [--rounds 2] \
+        [--workloads ...] [--modes off auto]
 """
 
 import argparse
@@ -25,6 +27,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--c", type=int, default=4)
 parser.add_argument("--rounds", type=int, default=2)
 parser.add_argument("--workloads", nargs="*", default=["quoting summary", "code edit"])
+parser.add_argument("--modes", nargs=2, default=["off", "auto"],
+                    help="two speculation modes, alternating which goes first by round")
 args = parser.parse_args()
 
 
@@ -34,14 +38,15 @@ async def main():
     print(f"c = {args.c}; span: first session's first token to the last one's last")
     print()
     print("| round | workload | mode | decode tok/s | span s | steps with prefill in it: "
-          "n, s | decode-only steps: n, s, draft rows | last first token at (s into span) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "n, s | decode-only steps: n, s, draft rows | last first token at (s into span) "
+          "| all steps s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     async with dgr.open_node(config) as node:
         for k, workload in enumerate(args.workloads):  # untimed: the step times measured
             await one_run(node, workload, "auto", 9000 + 100 * k, args.c)
         for r in range(args.rounds):
             for k, workload in enumerate(args.workloads):
-                for j, mode in enumerate(("off", "auto") if r % 2 == 0 else ("auto", "off")):
+                for j, mode in enumerate(args.modes if r % 2 == 0 else args.modes[::-1]):
                     rate, steps, (first, last) = await one_run(
                         node, workload, mode, 1000 * r + 100 * k + 50 * j, args.c)
                     # the span opens as the first step that gave a token ends, and
@@ -55,7 +60,8 @@ async def main():
                     print(f"| {r} | {workload} | {mode} | {rate:.1f} | {last - first:.2f} | "
                           f"{len(pre)}, {sum(s.duration_s for s in pre):.2f} | {len(dec)}, "
                           f"{sum(s.duration_s for s in dec):.2f}, "
-                          f"{sum(s.draft_rows for s in dec)} | {last_first:.2f} |", flush=True)
+                          f"{sum(s.draft_rows for s in dec)} | {last_first:.2f} | "
+                          f"{sum(s.duration_s for s in steps):.2f} |", flush=True)
 
 
 trio.run(main)
