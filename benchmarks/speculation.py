@@ -5,9 +5,12 @@ change, a summary that quotes its document, a table extracted into JSON under
 a grammar, a many-user burst of one templated request) and plain continuation
 of natural text, at each concurrency c: c sessions at once, greedy, 96 tokens
 each (end-of-generation ignored, so every server generates as many; the JSON
-grammar's answer is longer than that), streamed
-over HTTP. Every prompt starts with its request's own number, so that no
-server reuses another request's prompt beyond its first tokens.
+grammar's answer is longer than that), streamed over HTTP. The burst's c
+sessions come after one more user's request, untimed: a burst is many users, so
+at c = 1 too a timed request follows another user's answer, which a server may
+draft from (dgr's node-wide store, llama-server's ngram-mod). Every prompt starts
+with its request's own number, so that no server reuses another request's prompt
+beyond its first tokens.
 
 Servers, from the same pin, in one run, one at a time, the whole matrix per
 round (each server warmed by an untimed run first): dgr with speculation off
@@ -71,6 +74,10 @@ WORKLOADS = {
                                f"every evening, and as the lamp warmed he thought about", {}),
 }
 QUOTING = ["code edit", "quoting summary", "table to JSON", "templated burst"]
+# the workload whose c sessions come after an earlier user's request (its number:
+# the run's first plus EARLIER_USER, past the c <= 16 of every run)
+BURST = "templated burst"
+EARLIER_USER = 40
 
 
 async def _one(client, url, prompt, extra, is_dgr):
@@ -96,13 +103,17 @@ async def _one(client, url, prompt, extra, is_dgr):
 
 
 async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
-    """c sessions of `workload` at once: decode tokens/s, each session's text, and when
-    the sessions' first and last tokens came (seconds from the requests being sent,
-    earliest first)."""
+    """c sessions of `workload` at once (the burst's after its earlier user's request):
+    decode tokens/s, each session's text, and when the sessions' first and last
+    tokens came (seconds from the requests being sent, earliest first)."""
     build = WORKLOADS[workload]
     results = [None] * c
-    started = time.perf_counter()
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as client:
+        if workload == BURST:
+            prompt, body = build(offset + EARLIER_USER)
+            await _one(client, url, prompt, body | (extra or {}), is_dgr)
+        started = time.perf_counter()
+
         async def one(i):
             prompt, body = build(offset + i)
             results[i] = await _one(client, url, prompt, body | (extra or {}), is_dgr)
