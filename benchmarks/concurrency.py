@@ -658,6 +658,8 @@ def main(argv=None) -> int:
                         help="rounds of the speculation case (each runs every server)")
     parser.add_argument("--spec-servers", default="dgr,llama-server,llama-server ngram-mod,"
                         "llama-server ngram-simple", help="servers of the speculation case")
+    parser.add_argument("--spec-workloads", default=",".join(speculation_case.WORKLOADS),
+                        help="workloads of the speculation case")
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds of dgr and llama-server at each c (levels and "
                              "serving cases): each round's ratio, their median, min and max")
@@ -772,7 +774,8 @@ def main(argv=None) -> int:
             chosen = args.spec_servers.split(",")
             report["speculation"] = speculation_case.run(
                 {name: servers[name] for name in chosen},
-                [int(x) for x in args.spec_levels.split(",")], args.spec_rounds)
+                [int(x) for x in args.spec_levels.split(",")], args.spec_rounds,
+                args.spec_workloads.split(","))
             bar.update()
         if "kv_tier" in cases:
             report["kv_tier"] = run_kv_tier(peers, model, args)

@@ -108,12 +108,14 @@ async def run_level(url, workload, c, is_dgr, extra=None, offset=0):
     tokens came (seconds from the requests being sent, earliest first)."""
     build = WORKLOADS[workload]
     results = [None] * c
-    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as client:
-        if workload == BURST:
+    if workload == BURST:
+        # a client of its own: llama-server closes a connection after a streamed reply,
+        # and a pooled one reused for the next request fails ("Server disconnected")
+        async with httpx.AsyncClient(timeout=900) as client:
             prompt, body = build(offset + EARLIER_USER)
             await _one(client, url, prompt, body | (extra or {}), is_dgr)
-        started = time.perf_counter()
-
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as client:
         async def one(i):
             prompt, body = build(offset + i)
             results[i] = await _one(client, url, prompt, body | (extra or {}), is_dgr)
@@ -144,11 +146,15 @@ def _spec_counts(url):
     return drafted, accepted
 
 
-def run(servers: dict, levels: list[int], rounds: int) -> dict:
-    """servers: name -> (a function of a log path starting it, is_dgr). Returns rows
+def run(servers: dict, levels: list[int], rounds: int, workloads: list[str]) -> dict:
+    """servers: name -> (a function of a log path starting it, is_dgr); workloads: names
+    in WORKLOADS. Returns rows
     of (round, workload, c, server, decode tok/s), acceptance, the bitwise checks,
     and the runs that failed (a server that fails is reported and restarted, not
     hidden)."""
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown workloads {unknown}: the case has {list(WORKLOADS)}")
     rows, bitwise, acceptance, failures = [], [], {}, []
     for r in range(rounds):
         for name, (start, is_dgr) in servers.items():
@@ -171,7 +177,7 @@ def run(servers: dict, levels: list[int], rounds: int) -> dict:
 
             try:
                 attempt("warm-up", max(levels), lambda: _warm_up(srv, is_dgr, max(levels)))
-                for workload in WORKLOADS:
+                for workload in workloads:
                     for c in levels:
                         offset = 100 * r + 1000 * c  # every request's prompt its own
                         attempt(workload, c, lambda: _run_one(srv, name, is_dgr, workload, c, r,
