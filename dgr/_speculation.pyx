@@ -47,11 +47,10 @@ p is estimated from the session's record beside its source's node-wide one
 (optimistic before there is any): tokens accepted over tokens accepted plus
 drafts broken (a draft's tokens after the one rejected were never tried),
 recent steps weighing more. A step where a draft was found but not verified
-records, in the session's record and its source's, whether the token the
-session sampled was the draft's first (a shadow check, free), so a session
-learns its chance while it does not draft: one that starts quoting its context
-drafts, longer as its drafts are taken whole, and one whose drafts would fail
-pays for none.
+records whether the token the session sampled was the draft's first (a shadow
+check, free), so a session learns its chance while it does not draft: one that
+starts quoting its context drafts, longer as its drafts are taken whole, and
+one whose drafts would fail pays for none.
 
 A session drafts at most MAX_DRAFT tokens, no more than its credits and
 max_tokens leave room for (so drafts never take KV beyond its reservation); a
@@ -135,8 +134,7 @@ cdef class Speculation:
         free(self.rate)
 
     def acceptance(self):
-        """Per draft source ("context", "node"): (accepted, tried), forgetting-weighted:
-        verified drafts' tokens and shadow checks' first tokens."""
+        """Per draft source ("context", "node"): (accepted, tried), forgetting-weighted."""
         cdef Acceptance a
         out = {}
         for name, src in (("context", <int> DRAFT_CONTEXT), ("node", <int> DRAFT_NODE)):
@@ -325,12 +323,9 @@ cdef class Speculation:
         """The session's row was not followed by the draft found for it; its token
         was (taken) or was not that draft's first. A draft not verified costs
         nothing and tells as much of the session's chance as a verified one's
-        first token: its record and its source's learn from it. (With its own
-        record alone, about ten steps, a session's chance stays below what a long
-        draft beside other sessions needs to repay them; from its source's, the
-        next session quoting the same way starts where this one left off.)"""
+        first token: its record learns from it (its source's, kept of verified
+        drafts, does not)."""
         _record(&d.record, 1, taken, SLOT_FORGET)
-        _record(&self.by_source[d.source], 1, taken, SOURCE_FORGET)
 
     cdef void finished(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil:
         """A session ended with `n` tokens, its prompt's first: its output joins the store."""

@@ -212,22 +212,6 @@ def test_auto_drafts_long_or_not_at_all_where_a_second_row_costs_a_whole_step():
     assert len(sched.planned_draft(0)) < lengths[2]
 
 
-def test_a_draft_found_but_not_verified_counts_toward_its_sources_record():
-    """A shadow check (a draft found, not verified: was the session's token its
-    first?) goes into its source's record as well as the session's, so the next
-    session drafting from that source starts from it, not from the prior."""
-    prompt = [1, 2, 3, 4, 5, 6, 1, 2]  # context lookup: 4 5 6 1 2 3 ... (a cycle of 6)
-    sched = scheduler(n_slots=2, token_budget=256)
-    decoding(sched, 0, prompt, speculate=AUTO, first=3)
-    sched.set_step_time(0.010, 0.010, 0.001, 0.0)
-    sched.set_row_times([(1, 0.016), (2, 0.031), (5, 0.059), (9, 0.089), (17, 0.140),
-                         (33, 0.240)])  # at the prior, no draft pays
-    sched.plan_step()
-    assert sched.planned_draft(0) == []
-    sched.apply([4])  # the draft found, 4 5 6 ..., would have been taken
-    assert sched.speculation.acceptance() == {"context": (1.0, 1.0), "node": (0.0, 0.0)}
-
-
 def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
     """A draft lengthens the step every other session waits for; its accepted tokens
     repay that later, as its session's decode rows leave the steps to come. Where
