@@ -670,6 +670,10 @@ def main(argv=None) -> int:
     parser.add_argument("--render-only", action="store_true",
                         help="re-render bench.md and bench.png from OUT/bench.json, run nothing")
     args = parser.parse_args(argv)
+    unknown = set(args.spec_workloads.split(",")) - set(speculation_case.WORKLOADS)
+    if unknown:
+        parser.error(f"--spec-workloads: unknown {sorted(unknown)}; the speculation case has "
+                     f"{', '.join(speculation_case.WORKLOADS)}")
     if args.render_only:
         out = Path(args.out)
         report = json.loads((out / "bench.json").read_text())

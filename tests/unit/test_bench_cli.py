@@ -1,0 +1,19 @@
+"""The bench's command line (benchmarks/concurrency.py) refuses what it cannot run
+before it builds or starts anything."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from benchmarks.concurrency import main  # noqa: E402
+
+
+def test_an_unknown_speculation_workload_is_refused_with_the_case_s_workloads(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["--cases", "speculation", "--spec-workloads", "templated burst,nope"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2
+    assert "unknown ['nope']" in err and "templated burst" in err and "code edit" in err
