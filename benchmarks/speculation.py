@@ -58,6 +58,12 @@ ws ::= [ \n]*'''
 NAMES = ["Avery", "Blake", "Casey", "Devon", "Emery", "Finley", "Gray", "Harper", "Indy", "Jordan",
          "Kendall", "Logan", "Morgan", "Noel", "Oakley", "Parker"]
 
+# the workload whose c sessions come after an earlier user's request, numbered the
+# run's first plus EARLIER_USER: past its c sessions (c <= 16 in the bench), before
+# the 50 where the other dgr mode's prompts start (_run_one)
+BURST = "templated burst"
+EARLIER_USER = 40
+
 WORKLOADS = {
     "code edit": lambda i: (f"# request {i}\n{CODE}\n\n# The same module with parse_record_3 "
                             f"renamed to read_record_3, nothing else changed:\n\n"
@@ -66,18 +72,14 @@ WORKLOADS = {
                                   f"sentences word for word:\n\"In 1900, the river town", {}),
     "table to JSON": lambda i: (f"Table {i} (name | city | age):\n{TABLE}\n\nThe same table as "
                                 f"JSON:\n", {"grammar": JSON_GRAMMAR}),
-    "templated burst": lambda i: (f"Ticket {1000 + i} from {NAMES[i % len(NAMES)]}: my order has "
-                                  f"not arrived.\nReply using the standard template:\nDear "
-                                  f"{NAMES[i % len(NAMES)]}, thank you for contacting us about "
-                                  f"ticket {1000 + i}.", {}),
+    BURST: lambda i: (f"Ticket {1000 + i} from {NAMES[i % len(NAMES)]}: my order has not "
+                      f"arrived.\nReply using the standard template:\nDear "
+                      f"{NAMES[i % len(NAMES)]}, thank you for contacting us about ticket "
+                      f"{1000 + i}.", {}),
     "natural text": lambda i: (f"Chapter {i}. The old lighthouse keeper climbed the stairs "
                                f"every evening, and as the lamp warmed he thought about", {}),
 }
-QUOTING = ["code edit", "quoting summary", "table to JSON", "templated burst"]
-# the workload whose c sessions come after an earlier user's request (its number:
-# the run's first plus EARLIER_USER, past the c <= 16 of every run)
-BURST = "templated burst"
-EARLIER_USER = 40
+QUOTING = ["code edit", "quoting summary", "table to JSON", BURST]
 
 
 async def _one(client, url, prompt, extra, is_dgr):

@@ -11,9 +11,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from benchmarks.concurrency import main  # noqa: E402
 
 
-def test_an_unknown_speculation_workload_is_refused_with_the_case_s_workloads(capsys):
+def test_an_unknown_speculation_workload_is_refused_with_the_case_s_workloads(capsys, tmp_path):
+    # --render-only on an empty folder: without the check, main fails at once on the
+    # missing bench.json instead of building peers
     with pytest.raises(SystemExit) as refused:
-        main(["--cases", "speculation", "--spec-workloads", "templated burst,nope"])
+        main(["--render-only", "--out", str(tmp_path), "--cases", "speculation",
+              "--spec-workloads", "templated burst,nope"])
     err = capsys.readouterr().err
     assert refused.value.code == 2
     assert "unknown ['nope']" in err and "templated burst" in err and "code edit" in err
