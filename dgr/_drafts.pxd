@@ -1,7 +1,7 @@
 # Draft tokens for exact speculative decoding, without a second model
 # (dgr/_drafts.pyx). Pure C: no llama.cpp, no GIL, no Python objects.
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from dgr._codes cimport MAX_DRAFT
 
@@ -10,10 +10,13 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
 
 cdef class NgramStore:
     cdef int32_t * ring             # recent sessions' tokens, -1 between two sessions
+    cdef uint32_t * chain           # per ring token: how far back its n-gram's bucket
+                                    # was followed before (0: not since the ring held it)
     cdef int64_t * table            # per bucket: absolute ring index after an n-gram, or -1
     cdef int64_t written            # tokens appended so far
     cdef readonly int ring_size
     cdef readonly int table_size
 
     cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil
+    cdef int match(self, int64_t at, const int32_t * tokens, int n) noexcept nogil
     cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil

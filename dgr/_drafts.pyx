@@ -9,20 +9,27 @@ never which.
 
 - `context_draft` (prompt lookup, as llama.cpp's ngram-simple): the most
   recent earlier place where the session's last tokens occurred in its own
-  prompt and output, the longest match of CONTEXT_MATCH_MIN..CONTEXT_MATCH_MAX
+  prompt and output, the longest match of CONTEXT_MATCH_MIN..MATCH_MAX
   tokens, and what followed there, as far as an older place matching as long
   agrees with it. Work that quotes its input (an edited file, a summary that
   cites, JSON extracted from a table) drafts here.
 - `NgramStore`: the node's recent sessions' outputs (each with the prompt tokens
   just before it), so sessions that write the same structure (the same JSON
-  shape, a templated answer) draft from each other, as suffix decoding does.
-  A ring of RING_TOKENS tokens and a hash table of TABLE_BUCKETS entries from
-  each NODE_NGRAM tokens to where they were last followed: 4 MiB + 2 MiB, the
-  oldest overwritten first; a bucket whose n-gram was overwritten or
-  collided is checked against the ring and ignored.
+  shape, a templated answer) draft from each other, as suffix decoding does,
+  by the same rule: the longest match of NODE_NGRAM..MATCH_MAX tokens, the most
+  recent among equals, as far as the next as long agrees. A ring of RING_TOKENS
+  tokens; a hash table of TABLE_BUCKETS entries from each NODE_NGRAM tokens to
+  where they were last followed, and per ring token how far back its bucket
+  was followed before (a hash chain, as LZ77 compressors keep), walked for at
+  most CHAIN_MAX places: 4 MiB + 2 MiB + 4 MiB, the oldest overwritten first; a
+  place whose n-gram was overwritten or collided is checked against the ring
+  and ignored. Where the store holds many answers of one template, the place
+  most recently followed is often another user's words where this one's
+  differ; the longest match, cut where answers disagree, drafts fewer tokens
+  that fail (evidence/DGR-026, store-match).
 """
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 cdef enum:
@@ -30,47 +37,71 @@ cdef enum:
     # text repeats its phrases (a module's functions, a report's sentences): a match of
     # a few tokens is often in the wrong place, the longest one in the place being
     # quoted (llama.cpp's ngram-simple looks up the last 12 tokens)
-    CONTEXT_MATCH_MAX = 32
+    MATCH_MAX = 32
     NODE_NGRAM = 4
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18
+    CHAIN_MAX = 64
+
+
+cdef struct Places:
+    # the places where the session's last tokens occurred before, met most recent first
+    int length          # how many tokens the best one matches
+    int64_t best        # the longest, the most recent of those as long
+    int64_t other       # the next one as long as the best, or -1
+
+
+cdef inline void _no_places(Places * places) noexcept nogil:
+    places.length = 0
+    places.best = places.other = -1
+
+
+cdef inline bint _meet(Places * places, int length, int64_t at) noexcept nogil:
+    """The place `at` matches `length` tokens: it is the best if longer than the best
+    so far, the other if as long and there is none yet. Returns whether the search
+    is done (a best and an other of MATCH_MAX tokens: no older place changes the
+    draft)."""
+    if length > places.length:
+        places.length, places.best, places.other = length, at, -1
+    elif length == places.length and places.other < 0:
+        places.other = at
+        return length == MATCH_MAX
+    return False
 
 
 cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
     """The tokens that followed the longest (then most recent) earlier occurrence of
-    tokens[n - L:n], CONTEXT_MATCH_MIN <= L <= CONTEXT_MATCH_MAX, up to max_draft of
+    tokens[n - L:n], CONTEXT_MATCH_MIN <= L <= MATCH_MAX, up to max_draft of
     them, into out; returns how many (0: no such occurrence). Where an earlier
     occurrence of that length was followed otherwise, only as many as the two
     agree on: past that point the context does not tell which one the session
     follows (rows of a table, items of a list: the same words, then each its own)."""
-    cdef int j, length, best_end = -1, best_length = 0, other_end = -1, i, p
+    cdef int j, length, i, p
     cdef int32_t other
+    cdef Places places
     if n <= CONTEXT_MATCH_MIN or max_draft <= 0:
         return 0
+    _no_places(&places)
     cdef int32_t last = tokens[n - 1]
     j = n - 2
     while j >= CONTEXT_MATCH_MIN - 1:
         if tokens[j] == last:
             length = 1
-            while (length < CONTEXT_MATCH_MAX and length <= j
+            while (length < MATCH_MAX and length <= j
                    and tokens[j - length] == tokens[n - 1 - length]):
                 length += 1
-            if length > best_length:
-                best_length, best_end, other_end = length, j, -1
-            elif length == best_length and other_end < 0:
-                other_end = j
-                if length == CONTEXT_MATCH_MAX:
-                    break
+            if _meet(&places, length, j):
+                break
         j -= 1
-    if best_length < CONTEXT_MATCH_MIN:
+    if places.length < CONTEXT_MATCH_MIN:
         return 0
     # what followed there; where that reaches the context's end, the draft itself
     # (a repeating run drafts its next period)
     for i in range(max_draft):
-        p = best_end + 1 + i
+        p = <int> places.best + 1 + i
         out[i] = tokens[p] if p < n else out[p - n]
-        if other_end >= 0:
-            p = other_end + 1 + i
+        if places.other >= 0:
+            p = <int> places.other + 1 + i
             other = tokens[p] if p < n else out[p - n]
             if other != out[i]:
                 return i
@@ -86,15 +117,16 @@ cdef inline uint64_t _key(const int32_t * gram) noexcept nogil:
 
 
 cdef class NgramStore:
-    """Recent sessions' tokens and where each NODE_NGRAM of them was last
-    followed (module doc); bounded: RING_TOKENS tokens, TABLE_BUCKETS buckets."""
+    """Recent sessions' tokens and where each NODE_NGRAM of them was followed
+    (module doc); bounded: RING_TOKENS tokens, TABLE_BUCKETS buckets."""
 
     def __cinit__(self):
         self.ring_size = RING_TOKENS
         self.table_size = TABLE_BUCKETS
         self.ring = <int32_t *> malloc(RING_TOKENS * sizeof(int32_t))
+        self.chain = <uint32_t *> malloc(RING_TOKENS * sizeof(uint32_t))
         self.table = <int64_t *> malloc(TABLE_BUCKETS * sizeof(int64_t))
-        if self.ring == NULL or self.table == NULL:
+        if self.ring == NULL or self.chain == NULL or self.table == NULL:
             raise MemoryError()
         cdef int i
         for i in range(TABLE_BUCKETS):
@@ -103,6 +135,7 @@ cdef class NgramStore:
 
     def __dealloc__(self):
         free(self.ring)
+        free(self.chain)
         free(self.table)
 
     cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil:
@@ -110,37 +143,68 @@ cdef class NgramStore:
         tokens before it (then a separator), each NODE_NGRAM of them noted as
         followed by the next."""
         cdef int i
+        cdef int64_t * bucket
+        cdef int64_t before
         if n <= n_prompt:
             return
         if n_prompt > NODE_NGRAM:
             tokens += n_prompt - NODE_NGRAM
             n -= n_prompt - NODE_NGRAM
         for i in range(n):
+            self.chain[self.written & (RING_TOKENS - 1)] = 0
             if i >= NODE_NGRAM:
-                self.table[_key(tokens + i - NODE_NGRAM) & (TABLE_BUCKETS - 1)] = self.written
+                bucket = &self.table[_key(tokens + i - NODE_NGRAM) & (TABLE_BUCKETS - 1)]
+                before = self.written - bucket[0]
+                if bucket[0] >= 0 and before < RING_TOKENS:
+                    self.chain[self.written & (RING_TOKENS - 1)] = <uint32_t> before
+                bucket[0] = self.written
             self.ring[self.written & (RING_TOKENS - 1)] = tokens[i]
             self.written += 1
+        self.chain[self.written & (RING_TOKENS - 1)] = 0
         self.ring[self.written & (RING_TOKENS - 1)] = -1
         self.written += 1
 
+    cdef int match(self, int64_t at, const int32_t * tokens, int n) noexcept nogil:
+        """How many tokens before ring index `at` (still in the ring) equal the last
+        of tokens[:n], up to MATCH_MAX."""
+        cdef int length = 0
+        cdef int64_t oldest = self.written - RING_TOKENS + MAX_DRAFT
+        while (length < MATCH_MAX and length < n and at - 1 - length >= oldest
+               and self.ring[(at - 1 - length) & (RING_TOKENS - 1)] == tokens[n - 1 - length]):
+            length += 1
+        return length
+
     cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
-        """Up to max_draft tokens that last followed tokens[n - NODE_NGRAM:n] in the
-        store, into out; returns how many."""
-        cdef int i, count = 0
+        """Up to max_draft tokens that followed the longest (then most recent) match
+        of tokens[n - L:n] in the store, NODE_NGRAM <= L <= MATCH_MAX, into out, as
+        far as the next match as long agrees; returns how many."""
+        cdef int count = 0, steps = 0
         cdef int64_t at
+        cdef uint32_t before
+        cdef int32_t token
+        cdef Places places
         if n < NODE_NGRAM or max_draft <= 0:
             return 0
+        _no_places(&places)
         at = self.table[_key(tokens + n - NODE_NGRAM) & (TABLE_BUCKETS - 1)]
-        # the n-gram and its continuation must still be in the ring
-        if at < NODE_NGRAM or self.written - (at - NODE_NGRAM) > RING_TOKENS - MAX_DRAFT:
-            return 0
-        for i in range(NODE_NGRAM):
-            if self.ring[(at - NODE_NGRAM + i) & (RING_TOKENS - 1)] != tokens[n - NODE_NGRAM + i]:
-                return 0
-        while count < max_draft and at + count < self.written:
-            if self.ring[(at + count) & (RING_TOKENS - 1)] < 0:
+        # each place further back is older: stop at one the ring no longer holds whole
+        while (at >= NODE_NGRAM and steps < CHAIN_MAX
+               and self.written - (at - NODE_NGRAM) <= RING_TOKENS - MAX_DRAFT):
+            if _meet(&places, self.match(at, tokens, n), at):
                 break
-            out[count] = self.ring[(at + count) & (RING_TOKENS - 1)]
+            before = self.chain[at & (RING_TOKENS - 1)]
+            if before == 0:
+                break
+            at -= before
+            steps += 1
+        if places.length < NODE_NGRAM:
+            return 0
+        while count < max_draft and places.best + count < self.written:
+            token = self.ring[(places.best + count) & (RING_TOKENS - 1)]
+            if token < 0 or (places.other >= 0 and token != self.ring[
+                    (places.other + count) & (RING_TOKENS - 1)]):
+                break
+            out[count] = token
             count += 1
         return count
 

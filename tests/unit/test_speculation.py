@@ -55,6 +55,20 @@ def test_node_store_drafts_from_other_sessions_outputs():
     assert store.draft_for([21, 22, 23, 24]) == []
 
 
+def test_node_store_drafts_from_the_longest_match_as_far_as_answers_agree():
+    store = _drafts.NgramStore()
+    store.add_output([0, 7, 1, 2, 3, 4, 50, 51, 52], n_prompt=1)
+    store.add_output([0, 8, 1, 2, 3, 4, 60, 61], n_prompt=1)
+    # the older answer matches 5 tokens, the newer 4: the older one's continuation
+    assert store.draft_for([7, 1, 2, 3, 4]) == [50, 51, 52]
+    assert store.draft_for([8, 1, 2, 3, 4]) == [60, 61]
+    # both match 4 and go on differently: nothing to tell which this session follows
+    assert store.draft_for([9, 1, 2, 3, 4]) == []
+    store.add_output([0, 9, 1, 2, 3, 4, 60, 70], n_prompt=1)
+    # the two most recent as long (9's answer and 8's) agree on one token
+    assert store.draft_for([5, 1, 2, 3, 4]) == [60]
+
+
 def test_node_store_forgets_what_its_ring_overwrote():
     store = _drafts.NgramStore()
     store.add_output([1, 2, 3, 4, 5, 6, 7], n_prompt=4)
