@@ -656,8 +656,8 @@ def main(argv=None) -> int:
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
                         help="rounds of the speculation case (each runs every server)")
-    parser.add_argument("--spec-servers", default="dgr,llama-server,llama-server ngram-mod,"
-                        "llama-server ngram-simple", help="servers of the speculation case")
+    parser.add_argument("--spec-servers", default=",".join(speculation_case.SERVERS),
+                        help="servers of the speculation case")
     parser.add_argument("--spec-workloads", default=",".join(speculation_case.WORKLOADS),
                         help="workloads of the speculation case")
     parser.add_argument("--rounds", type=int, default=4,
@@ -670,10 +670,13 @@ def main(argv=None) -> int:
     parser.add_argument("--render-only", action="store_true",
                         help="re-render bench.md and bench.png from OUT/bench.json, run nothing")
     args = parser.parse_args(argv)
-    unknown = set(args.spec_workloads.split(",")) - set(speculation_case.WORKLOADS)
-    if unknown:
-        parser.error(f"--spec-workloads: unknown {sorted(unknown)}; the speculation case has "
-                     f"{', '.join(speculation_case.WORKLOADS)}")
+    for option, chosen, known in (
+            ("--spec-workloads", args.spec_workloads, speculation_case.WORKLOADS),
+            ("--spec-servers", args.spec_servers, speculation_case.SERVERS)):
+        unknown = set(chosen.split(",")) - set(known)
+        if unknown:
+            parser.error(f"{option}: unknown {sorted(unknown)}; the speculation case has "
+                         f"{', '.join(known)}")
     if args.render_only:
         out = Path(args.out)
         report = json.loads((out / "bench.json").read_text())
@@ -770,8 +773,12 @@ def main(argv=None) -> int:
                     server.argv += ["-b", str(SPEC_PEER_BATCH), *extra]
                     return server
                 return start, False
-            servers = {"dgr": (lambda log: dgr_server(model, 16, 2048, args.threads, free_port(),
-                                                      log=out / f"spec-{log}.log"), True),
+
+            def dgr(mode):
+                return (lambda log: dgr_server(model, 16, 2048, args.threads, free_port(),
+                                               ["--speculation", mode],
+                                               log=out / f"spec-{log}.log"), True)
+            servers = {speculation_case.OFF: dgr("off"), speculation_case.AUTO: dgr("auto"),
                        "llama-server": ls(),
                        "llama-server ngram-mod": ls("--spec-type", "ngram-mod"),
                        "llama-server ngram-simple": ls("--spec-type", "ngram-simple")}

@@ -13,18 +13,20 @@ with its request's own number, so that no server reuses another request's prompt
 beyond its first tokens.
 
 Servers, from the same pin, in one run, one at a time, the whole matrix per
-round (each server warmed by an untimed run first): dgr with speculation off
-and auto (the same process, the request's `speculation` alternating, which goes
-first alternating by round, each on prompts of its own so that neither takes
-the other's from the prefix cache), llama-server without speculation and with
-`--spec-type ngram-mod` and `ngram-simple`. Reported per server: decode
-tokens/s (tokens after each session's first, over the time from the first
-session's first token to the last session's last: what speculation changes,
-prefill left out; at c > 1 it also counts against dgr the decode steps it runs
-while other prompts still prefill beside them, where llama-server prefills them
-all first), wall tokens/s (every token, from the requests being sent), dgr's
+round, the order reversed every other round (each server warmed by an untimed
+run first): dgr with speculation off and with auto (two nodes, so that each
+has served the same requests before every run as each llama-server has, and
+dgr auto drafts from no answers but its own: on one node, auto after off
+drafted from off's answers of the same workload, which no peer had), llama-server
+without speculation and with `--spec-type ngram-mod` and `ngram-simple`; every
+server gets the same prompts. Reported per server: decode tokens/s (tokens
+after each session's first, over the time from the first session's first
+token to the last session's last: what speculation changes, prefill left out;
+at c > 1 it also counts against dgr the decode steps it runs while other
+prompts still prefill beside them, where llama-server prefills them all
+first), wall tokens/s (every token, from the requests being sent), dgr auto's
 acceptance (from its metrics), and a bitwise column: dgr auto's text equal to
-dgr off's for every session (auto run once more on off's prompts, untimed).
+dgr off's for every session.
 """
 
 from __future__ import annotations
@@ -59,10 +61,14 @@ NAMES = ["Avery", "Blake", "Casey", "Devon", "Emery", "Finley", "Gray", "Harper"
          "Kendall", "Logan", "Morgan", "Noel", "Oakley", "Parker"]
 
 # the workload whose c sessions come after an earlier user's request, numbered the
-# run's first plus EARLIER_USER: past its c sessions (c <= 16 in the bench), before
-# the 50 where the other dgr mode's prompts start (_run_one)
+# run's first plus EARLIER_USER: past its c sessions (c <= 16 in the bench), within
+# the 100 numbers of its run (run's offset)
 BURST = "templated burst"
 EARLIER_USER = 40
+
+# the dgr nodes (--speculation off, auto) and the peers, as the tables name them
+OFF, AUTO = "dgr off", "dgr auto"
+SERVERS = (OFF, AUTO, "llama-server", "llama-server ngram-mod", "llama-server ngram-simple")
 
 WORKLOADS = {
     "code edit": lambda i: (f"# request {i}\n{CODE}\n\n# The same module with parse_record_3 "
@@ -149,13 +155,16 @@ def _spec_counts(url):
 
 
 def run(servers: dict, levels: list[int], rounds: int, workloads: list[str]) -> dict:
-    """servers: name -> (a function of a log path starting it, is_dgr); workloads:
-    names in WORKLOADS. Returns rows of (round, workload, c, server, decode tok/s),
-    acceptance, the bitwise checks, and the runs that failed (a server that fails is
-    reported and restarted, not hidden)."""
-    rows, bitwise, acceptance, failures = [], [], {}, []
+    """servers: name (of SERVERS) -> (a function of a log path starting it, is_dgr);
+    workloads: names in WORKLOADS. Returns rows of (round, workload, c, server, decode
+    tok/s), dgr auto's acceptance, the bitwise checks, and the runs that failed (a
+    server that fails is reported and restarted, not hidden)."""
+    rows, texts, acceptance, failures = [], {}, {}, []
     for r in range(rounds):
-        for name, (start, is_dgr) in servers.items():
+        # reversed every other round: the machine's drift within a round weighs on
+        # each pair of servers both ways
+        order = list(servers.items()) if r % 2 == 0 else list(servers.items())[::-1]
+        for name, (start, is_dgr) in order:
             log = f"{name.replace(' ', '-')}-round{r}"
             srv = start(log).__enter__()
 
@@ -179,9 +188,12 @@ def run(servers: dict, levels: list[int], rounds: int, workloads: list[str]) -> 
                     for c in levels:
                         offset = 100 * r + 1000 * c  # every request's prompt its own
                         attempt(workload, c, lambda: _run_one(srv, name, is_dgr, workload, c, r,
-                                                              offset, rows, bitwise, acceptance))
+                                                              offset, rows, texts, acceptance))
             finally:
                 srv.__exit__(None, None, None)
+    bitwise = [{"workload": w, "c": c, "round": r, "equal": texts[(OFF, w, c, r)] == auto}
+               for (name, w, c, r), auto in texts.items()
+               if name == AUTO and (OFF, w, c, r) in texts]
     return {"rows": rows, "bitwise": bitwise, "failures": failures,
             "acceptance": [{"workload": w, "c": c, "round": r, "drafted": d, "accepted": a}
                            for (w, c, r), (d, a) in acceptance.items()]}
@@ -196,30 +208,16 @@ def _warm_up(srv, is_dgr, c):
              {"speculation": "off"} if is_dgr else None, 90_000)
 
 
-def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, bitwise, acceptance):
-    if not is_dgr:
-        out = trio.run(run_level, srv.url, workload, c, False, None, offset)
-        rows.append({"round": r, "workload": workload, "c": c, "server": name,
-                     "decode_tok_s": out["decode_tok_s"], "wall_tok_s": out["wall_tok_s"]})
-        return
-    runs = {}
-    # timed: each mode on prompts of its own (the other's would come from dgr's prefix
-    # cache), which goes first alternating by round; then auto again on off's
-    # prompts, untimed, for the bitwise column
-    modes = (("off", offset), ("auto", offset + 50))
-    for mode, prompts in modes if r % 2 == 0 else modes[::-1]:
-        before = _spec_counts(srv.url)
-        runs[mode] = trio.run(run_level, srv.url, workload, c, True, {"speculation": mode},
-                              prompts)
+def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, texts, acceptance):
+    before = _spec_counts(srv.url) if name == AUTO else None
+    out = trio.run(run_level, srv.url, workload, c, is_dgr, None, offset)
+    rows.append({"round": r, "workload": workload, "c": c, "server": name,
+                 "decode_tok_s": out["decode_tok_s"], "wall_tok_s": out["wall_tok_s"]})
+    if is_dgr:
+        texts[(name, workload, c, r)] = out["texts"]
+    if before is not None:
         after = _spec_counts(srv.url)
-        rows.append({"round": r, "workload": workload, "c": c, "server": f"{name} {mode}",
-                     "decode_tok_s": runs[mode]["decode_tok_s"],
-                     "wall_tok_s": runs[mode]["wall_tok_s"]})
-        if mode == "auto":
-            acceptance[(workload, c, r)] = (after[0] - before[0], after[1] - before[1])
-    again = trio.run(run_level, srv.url, workload, c, True, {"speculation": "auto"}, offset)
-    bitwise.append({"workload": workload, "c": c, "round": r,
-                    "equal": runs["off"]["texts"] == again["texts"]})
+        acceptance[(workload, c, r)] = (after[0] - before[0], after[1] - before[1])
 
 
 def markdown(result: dict) -> list[str]:

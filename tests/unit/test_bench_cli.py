@@ -20,3 +20,12 @@ def test_an_unknown_speculation_workload_is_refused_with_the_case_s_workloads(ca
     err = capsys.readouterr().err
     assert refused.value.code == 2
     assert "unknown ['nope']" in err and "templated burst" in err and "code edit" in err
+
+
+def test_an_unknown_speculation_server_is_refused_with_the_case_s_servers(capsys, tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        main(["--render-only", "--out", str(tmp_path), "--cases", "speculation",
+              "--spec-servers", "dgr auto,dgr"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2
+    assert "unknown ['dgr']" in err and "dgr off" in err and "llama-server ngram-mod" in err
