@@ -677,6 +677,10 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"{option}: unknown {sorted(unknown)}; the speculation case has "
                          f"{', '.join(known)}")
+    if (speculation_case.BURST in args.spec_workloads.split(",")
+            and max(map(int, args.spec_levels.split(","))) >= speculation_case.EARLIER_USER):
+        parser.error(f"--spec-levels: the {speculation_case.BURST}'s levels stay below "
+                     f"{speculation_case.EARLIER_USER}, its earlier user's number")
     if args.render_only:
         out = Path(args.out)
         report = json.loads((out / "bench.json").read_text())

@@ -61,8 +61,8 @@ NAMES = ["Avery", "Blake", "Casey", "Devon", "Emery", "Finley", "Gray", "Harper"
          "Kendall", "Logan", "Morgan", "Noel", "Oakley", "Parker"]
 
 # the workload whose c sessions come after an earlier user's request, numbered the
-# run's first plus EARLIER_USER: past its c sessions (c <= 16 in the bench), within
-# the 100 numbers of its run (run's offset)
+# run's first plus EARLIER_USER: past its c sessions (c < EARLIER_USER, which the
+# bench's command line holds to), within the 100 numbers of its run (run's offset)
 BURST = "templated burst"
 EARLIER_USER = 40
 

@@ -29,3 +29,12 @@ def test_an_unknown_speculation_server_is_refused_with_the_case_s_servers(capsys
     err = capsys.readouterr().err
     assert refused.value.code == 2
     assert "unknown ['dgr']" in err and "dgr off" in err and "llama-server ngram-mod" in err
+
+
+def test_a_burst_level_reaching_its_earlier_user_s_number_is_refused(capsys, tmp_path):
+    # the earlier user's prompt would be one of the burst's own
+    with pytest.raises(SystemExit) as refused:
+        main(["--render-only", "--out", str(tmp_path), "--cases", "speculation",
+              "--spec-levels", "1,64", "--spec-workloads", "templated burst"])
+    assert refused.value.code == 2
+    assert "below 40" in capsys.readouterr().err
