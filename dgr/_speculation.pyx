@@ -25,16 +25,23 @@ overestimated, and their drafts give less than expected (evidence/DGR-026,
 step_gain.py, at c = 16); the trust takes that back into the next plans.
 
 A draft that speeds its own session makes every other session of the step wait
-for a longer step; its accepted tokens repay that later, as the decode rows its
-session no longer needs leave the steps to come. So beside other sessions a plan's
-drafts are kept only while the time they add to the step is at most what their
-expected accepted tokens (at the trust) will save the others, each a decode row's
-cost (the mean cost of a row from one decoder to the step's): no session's next
-tokens are expected later for another's drafts. A plan that fails it loses drafts,
-those that give least for their rows first, until it holds. (Throughput alone is
-not enough: in a burst of sessions started together, those that drafted finished
-early and the rest later than with no drafts at all, evidence/DGR-026
-burst-trace-before.txt and burst-ab.txt.)
+for a longer step. A session that drafts too is repaid at once where its own
+expected tokens (at the trust) come no later than from as many steps without
+drafts; one that does not draft is repaid later, as the decode rows the drafting
+sessions no longer need leave the steps to come. So beside other sessions a
+plan's drafts are kept only while each drafting session's step is at most its
+1 + expected tokens times the step without drafts, and, where some session does
+not draft, the time the drafts add to the step is at most what their expected
+tokens will save it, each a decode row's cost (the mean cost of a row from one
+decoder to the step's): no session's next tokens are expected later for
+another's drafts. A plan that fails it loses drafts, a drafting session's that
+are not repaid at once (the fewest expected first), else those that give least
+for their rows, until it holds. (Throughput alone is not enough: in a burst of
+sessions started together, those that drafted finished early and the rest later
+than with no drafts at all, evidence/DGR-026 burst-trace-before.txt and
+burst-ab.txt. Nor is the later repayment alone: two sessions quoting their
+prompts drafted nothing beside each other where a second decode row costs
+little, evidence/DGR-026 run 34.)
 
 Compute-bound steps (many decoders: the step's time grows by its one-row share
 with each row) thus draft nothing (a row costs
@@ -280,11 +287,14 @@ cdef class Speculation:
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
                          int n_always_rows, double trust, double decode_only,
                          double row_s) noexcept nogil:
-        """The plan's "auto" drafts, less those that give least for their rows, until
-        the time they add to the step is at most what their expected tokens will save
-        the other sessions (the module doc). Returns the step's draft rows left."""
-        cdef int i, fewest
-        cdef double base_s, row_cost, saved, value, fewest_value
+        """The plan's "auto" drafts, less those not repaid (the module doc): a drafting
+        session's whose step exceeds its 1 + expected tokens' steps without drafts,
+        the fewest expected first, else, where some session does not draft and the
+        time the drafts add exceeds what their expected tokens will save it, those
+        that give least for their rows. Returns the step's draft rows left."""
+        cdef int i, fewest, unrepaid
+        cdef double base_s, plan_s, row_cost, saved, value, fewest_value
+        cdef bint waiting
         cdef Drafting * d
         if n_rows < 2:
             return n_draft_rows
@@ -292,18 +302,26 @@ cdef class Speculation:
         row_cost = (self.step_seconds(n_rows, n_rows, decode_only, row_s)
                     - self.step_seconds(1, n_rows, decode_only, row_s)) / (n_rows - 1)
         while n_draft_rows > n_always_rows:
+            plan_s = self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
             saved = 0.0
-            fewest = -1
+            waiting = False
+            fewest = unrepaid = -1
             fewest_value = 0.0
             for i in range(n_rows):
                 d = rows[i].drafting
-                if d.expected > 0.0:
-                    saved += trust * d.expected * row_cost
-                    value = d.expected / d.n_draft
-                    if fewest < 0 or value < fewest_value:
-                        fewest, fewest_value = i, value
-            if fewest < 0 or self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only,
-                                               row_s) - base_s <= saved:
+                if d.expected <= 0.0:
+                    waiting = True
+                    continue
+                saved += trust * d.expected * row_cost
+                value = d.expected / d.n_draft
+                if fewest < 0 or value < fewest_value:
+                    fewest, fewest_value = i, value
+                if plan_s > (1.0 + trust * d.expected) * base_s and (
+                        unrepaid < 0 or d.expected < rows[unrepaid].drafting.expected):
+                    unrepaid = i
+            if unrepaid >= 0:
+                fewest = unrepaid
+            elif not waiting or plan_s - base_s <= saved:
                 break
             d = rows[fewest].drafting
             n_draft_rows -= d.n_draft

@@ -231,8 +231,10 @@ def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
     repay that later, as its session's decode rows leave the steps to come. Where
     each row costs the same (5 ms beside a fixed 40), drafts never repay it: a
     session drafts alone, and nothing beside 7 others, though its draft would raise
-    the step's tokens per second. Where rows past 8 cost little, 8 such sessions
-    draft the step's whole bound of draft rows."""
+    the step's tokens per second. Beside another session that drafts as well, each
+    draft gives its session more tokens than the steps without drafts in the same
+    time: both draft. Where rows past 8 cost little, 8 such sessions draft the
+    step's whole bound of draft rows."""
     quoting = [1, 2, 3, 4, 5, 6, 1, 2]  # context lookup: 4 5 6 1 2 3 ... (a cycle of 6)
     others = [[40 + 10 * k + j for j in range(8)] for k in range(7)]  # nothing to draft
     linear = [(rows, 0.040 + 0.005 * rows) for rows in (1, 8, 16, 24, 32, 72)]
@@ -252,6 +254,7 @@ def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
 
     assert planned([quoting], linear)[0] > 0
     assert planned([quoting] + others, linear) == [0] * 8
+    assert all(planned([quoting] * 2, linear))
     assert sum(planned([quoting] * 8, concave)) == MAX_STEP_DRAFTS
 
 
