@@ -321,7 +321,7 @@ cdef class Speculation:
                     unrepaid = i
             if unrepaid >= 0:
                 fewest = unrepaid
-            elif not waiting or plan_s - base_s <= saved:
+            elif fewest < 0 or not waiting or plan_s - base_s <= saved:
                 break
             d = rows[fewest].drafting
             n_draft_rows -= d.n_draft
