@@ -10,6 +10,6 @@ for r in 1 2 3; do
     echo "=== round $r $v $(date +%T)"
     python -m dgr bench --cases speculation --spec-levels 1,2,4 --spec-rounds 2 --spec-servers dgr \
       --spec-workloads "templated burst,table to JSON" --out $OUT/ab-$v-$r > $OUT/ab-$v-$r.log 2>&1
-    python3 /work/main/evidence/DGR-026/per_round.py $OUT/ab-$v-$r/bench.json | cut -d'|' -f2-4
+    python3 /work/main/evidence/DGR-026/per_round.py $OUT/ab-$v-$r/bench.json | cut -d'|' -f2-4 | sed 's/ *$//'
   done
 done
