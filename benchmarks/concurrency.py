@@ -688,7 +688,8 @@ def main(argv=None) -> int:
                                 for key in ("dgr", "llama_server") if key in report}
         (out / "bench.json").write_text(json.dumps(report, indent=2))
         (out / "bench.md").write_text(markdown(report))
-        plot(report, out / "bench.png")
+        if report["dgr"]:  # the levels case's figures, as a run plots them
+            plot(report, out / "bench.png")
         print(markdown(report))
         return 0
     from tqdm import tqdm

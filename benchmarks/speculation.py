@@ -246,7 +246,7 @@ def _table(result: dict, key: str, label: str) -> list[str]:
              "|---|---|" + "---|" * (len(servers) + 6)]
     for workload, c in dict.fromkeys((row["workload"], row["c"]) for row in rows):
         v = {s: med.get((workload, c, s)) for s in servers}
-        auto, off = v.get("dgr auto"), v.get("dgr off")
+        auto, off = v.get(AUTO), v.get(OFF)
         plain = v.get("llama-server")
         ngram = max((v[s] for s in servers if s.startswith("llama-server ") and v[s]), default=None)
 
