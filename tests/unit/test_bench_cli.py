@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from benchmarks.concurrency import main  # noqa: E402
+from benchmarks.speculation import EARLIER_USER  # noqa: E402
 
 
 @pytest.mark.parametrize("arguments, said", [
@@ -17,7 +18,8 @@ from benchmarks.concurrency import main  # noqa: E402
      ["unknown ['nope']", "templated burst", "code edit"]),
     (["--spec-servers", "dgr auto,dgr"], ["unknown ['dgr']", "dgr off", "llama-server ngram-mod"]),
     # a burst level reaching its earlier user's number: that prompt would be one of its own
-    (["--spec-levels", "1,64", "--spec-workloads", "templated burst"], ["below 40"]),
+    (["--spec-levels", f"1,{EARLIER_USER}", "--spec-workloads", "templated burst"],
+     [f"below {EARLIER_USER}"]),
 ])
 def test_the_speculation_case_refuses_what_it_cannot_run(capsys, tmp_path, arguments, said):
     # --render-only on an empty folder: without the checks, main fails at once on the
