@@ -24,6 +24,7 @@ cpdef enum DraftSource:
     DRAFT_NONE = 0
     DRAFT_CONTEXT = 1          # the session's own prompt and generated tokens
     DRAFT_NODE = 2             # recent sessions' outputs (the node's NgramStore)
+    DRAFT_STRUCTURE = 3        # the session's own words around its values (structure_draft)
 
 # Whether a session's decode rows carry drafts (SamplingParams.speculation).
 cpdef enum Speculation:

@@ -6,6 +6,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from dgr._codes cimport MAX_DRAFT
 
 cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil
+cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil
 
 
 cdef class NgramStore:

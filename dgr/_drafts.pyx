@@ -27,6 +27,16 @@ never which.
   most recently followed is often another user's words where this one's
   differ; the longest match, cut where answers disagree, drafts fewer tokens
   that fail (evidence/DGR-026, store-match).
+- `structure_draft`: where neither has a match, the session's own context
+  again, matched around a value: its last tokens follow a value of its own
+  (a name, a number) that no earlier place has, after words an earlier place
+  has around another value (`{"name": "` Ana `", "city": "` and `{"name": "`
+  Ben `", `: JSON objects of a list, a table's rows, a form's fields). What
+  followed the earlier value, by the same rule (the best matched, the most
+  recent among equals, as far as the next as well matched agrees), is the
+  draft: the words that close this value and open the next. Where the
+  session's own last tokens are the value, the matches above find nothing
+  until three tokens past it.
 """
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
@@ -39,6 +49,10 @@ cdef enum:
     # quoted (llama.cpp's ngram-simple looks up the last 12 tokens)
     MATCH_MAX = 32
     NODE_NGRAM = 4
+    # structure_draft: the words around a value that a match spans, and a value's most
+    # tokens (a name, a number, a short phrase)
+    STRUCTURE_MIN = 4
+    VALUE_MAX = 4
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18
     CHAIN_MAX = 64
@@ -76,8 +90,7 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
     occurrence of that length was followed otherwise, only as many as the two
     agree on: past that point the context does not tell which one the session
     follows (rows of a table, items of a list: the same words, then each its own)."""
-    cdef int j, length, i, p
-    cdef int32_t other
+    cdef int j, length
     cdef Places places
     if n <= CONTEXT_MATCH_MIN or max_draft <= 0:
         return 0
@@ -95,8 +108,17 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
         j -= 1
     if places.length < CONTEXT_MATCH_MIN:
         return 0
-    # what followed there; where that reaches the context's end, the draft itself
-    # (a repeating run drafts its next period)
+    return _follow(tokens, n, &places, max_draft, out)
+
+
+cdef int _follow(const int32_t * tokens, int n, Places * places, int max_draft,
+                 int32_t * out) noexcept nogil:
+    """Up to max_draft of the context's tokens after its place places.best into out,
+    as far as those after places.other (where there is one) agree; returns how
+    many. Where they reach the context's end, the draft itself (a repeating run
+    drafts its next period)."""
+    cdef int i, p
+    cdef int32_t other
     for i in range(max_draft):
         p = <int> places.best + 1 + i
         out[i] = tokens[p] if p < n else out[p - n]
@@ -106,6 +128,68 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
             if other != out[i]:
                 return i
     return max_draft
+
+
+cdef inline int _agree_before(const int32_t * tokens, int a, int b, int most) noexcept nogil:
+    """How many tokens up to and including tokens[a] and tokens[b], going back, are
+    equal (at most `most`)."""
+    cdef int length = 0
+    while length < most and a - length >= 0 and tokens[a - length] == tokens[b - length]:
+        length += 1
+    return length
+
+
+cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
+    """Where the context repeats a structure around values of its own (a JSON list's
+    objects, a table's rows, a form's fields): the session's last tokens are
+    [words][value][m tokens], an earlier place [words][value'][the same m
+    tokens], the words STRUCTURE_MIN - m or more tokens alike, the values 1 to
+    VALUE_MAX tokens that differ (of equal length where m is 0: the session's
+    value may have just ended). Drafts what followed the earlier place, the
+    best-matched (m + the words' length), most recent among equals, as far as
+    the next as well matched agrees, into out; returns how many. Asked where
+    context_draft finds no match of its own: after a value, the words that close
+    it and open the next (`", "city": "`), which the last tokens, the value
+    among them, match nowhere. The session's words end before the earlier
+    place begins: words matched against themselves a few tokens on would draft
+    a period the text does not have."""
+    cdef int at, m, g, g_old, here, there, length
+    cdef int32_t last
+    cdef Places places
+    if n < STRUCTURE_MIN + 2 or max_draft <= 0:
+        return 0
+    _no_places(&places)
+    last = tokens[n - 1]
+    for at in range(n - 2, STRUCTURE_MIN - 1, -1):
+        # m >= 1: tokens[at - m + 1 .. at] are the session's last m; before them the
+        # values, of any lengths 1..VALUE_MAX, then the words
+        m = _agree_before(tokens, at, n - 1, MATCH_MAX) if tokens[at] == last else 0
+        if m > 0:
+            for g in range(1, VALUE_MAX + 1):
+                here = n - 1 - m - g
+                if here < 0:
+                    break
+                for g_old in range(1, VALUE_MAX + 1):
+                    there = at - m - g_old
+                    if there < 0:
+                        break
+                    length = m + _agree_before(tokens, there, here,
+                                               min(MATCH_MAX - m, here - at))
+                    if length > m and length >= STRUCTURE_MIN and _meet(&places, length, at):
+                        return _follow(tokens, n, &places, max_draft, out)
+        else:
+            # m = 0: the session's last g tokens a value, as long as the one ending at `at`
+            for g in range(1, VALUE_MAX + 1):
+                here = n - 1 - g
+                there = at - g
+                if there < 0:
+                    break
+                length = _agree_before(tokens, there, here, min(MATCH_MAX, here - at))
+                if length >= STRUCTURE_MIN and _meet(&places, length, at):
+                    return _follow(tokens, n, &places, max_draft, out)
+    if places.length < STRUCTURE_MIN:
+        return 0
+    return _follow(tokens, n, &places, max_draft, out)
 
 
 cdef inline uint64_t _key(const int32_t * gram) noexcept nogil:
@@ -232,6 +316,16 @@ def context_draft_for(tokens, int max_draft=MAX_DRAFT):
     if not len(tokens):
         return []
     cdef int n = context_draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
+    return [out[i] for i in range(n)]
+
+
+def structure_draft_for(tokens, int max_draft=MAX_DRAFT):
+    """structure_draft over a list of token ids, for tests."""
+    cdef int32_t out[MAX_DRAFT]
+    cdef int32_t[:] view = _int32(tokens)
+    if not len(tokens):
+        return []
+    cdef int n = structure_draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
     return [out[i] for i in range(n)]
 
 

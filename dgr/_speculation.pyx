@@ -50,8 +50,10 @@ drafts tell a from b, a fit of one-decoder steps may not), and no step drafts
 while sessions wait to prefill: a draft row would take compute their prompts
 need first.
 
-p is estimated from the session's record beside its source's node-wide one
-(optimistic before there is any): tokens accepted over tokens accepted plus
+p is estimated from the session's record of the draft's source beside the
+source's node-wide one (optimistic before there is any; a session's sources
+differ: a JSON list's keys follow its earlier objects, its values seldom its
+prompt): tokens accepted over tokens accepted plus
 drafts broken (a draft's tokens after the one rejected were never tried),
 recent steps weighing more. A step where a draft was found but not verified
 records whether the token the session sampled was the draft's first (a shadow
@@ -74,9 +76,10 @@ from libc.stdint cimport int32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
-from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, MAX_STEP_DRAFTS, ROW_GROUPS,
-                         SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF)
-from dgr._drafts cimport NgramStore, context_draft
+from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_STRUCTURE, MAX_STEP_DRAFTS,
+                         ROW_GROUPS, SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF)
+from dgr._codes import DraftSource
+from dgr._drafts cimport NgramStore, context_draft, structure_draft
 
 cdef enum:
     PRIOR_WEIGHT = 2           # verified tokens a prior chance counts as (a source's for
@@ -141,13 +144,10 @@ cdef class Speculation:
         free(self.rate)
 
     def acceptance(self):
-        """Per draft source ("context", "node"): (accepted, tried), forgetting-weighted."""
-        cdef Acceptance a
-        out = {}
-        for name, src in (("context", <int> DRAFT_CONTEXT), ("node", <int> DRAFT_NODE)):
-            a = self.by_source[src]
-            out[name] = (a.accepted, a.drafted)
-        return out
+        """Per DraftSource: (accepted, tried), forgetting-weighted."""
+        cdef int src
+        return {DraftSource(src): (self.by_source[src].accepted, self.by_source[src].drafted)
+                for src in range(DRAFT_CONTEXT, DRAFT_STRUCTURE + 1)}
 
     def trust(self):
         """The share of an "auto" draft's expected tokens the next plan counts (the
@@ -233,8 +233,12 @@ cdef class Speculation:
             if self.found[i] == 0:
                 d.source = DRAFT_NODE
                 self.found[i] = self.store.draft(rows[i].context, rows[i].n_context, k, d.draft)
+            if self.found[i] == 0:
+                d.source = DRAFT_STRUCTURE
+                self.found[i] = structure_draft(rows[i].context, rows[i].n_context, k, d.draft)
             d.n_found = self.found[i]
-            self.rate[i] = _rate(d.record, _rate(self.by_source[d.source], SOURCE_PRIOR))
+            self.rate[i] = _rate(d.record[d.source],
+                                 _rate(self.by_source[d.source], SOURCE_PRIOR))
         room = min(room, MAX_STEP_DRAFTS)
         for i in range(n_rows):
             d = rows[i].drafting
@@ -331,7 +335,7 @@ cdef class Speculation:
 
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil:
         """The step verified the session's d.n_draft drafts: the first `accepted` were."""
-        _record(&d.record, d.n_draft, accepted, SLOT_FORGET)
+        _record(&d.record[d.source], d.n_draft, accepted, SLOT_FORGET)
         _record(&self.by_source[d.source], d.n_draft, accepted, SOURCE_FORGET)
         if d.expected > 0.0:
             self.trust_accepted += accepted
@@ -343,7 +347,7 @@ cdef class Speculation:
         nothing and tells as much of the session's chance as a verified one's
         first token: its record learns from it (its source's, kept of verified
         drafts, does not)."""
-        _record(&d.record, 1, taken, SLOT_FORGET)
+        _record(&d.record[d.source], 1, taken, SLOT_FORGET)
 
     cdef void finished(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil:
         """A session ended with `n` tokens, its prompt's first: its output joins the store."""

@@ -42,6 +42,37 @@ def test_context_draft_continues_the_longest_latest_match():
     assert _drafts.context_draft_for(tokens, 2) == [50, 51]
 
 
+def test_structure_draft_follows_the_words_around_a_value_of_the_sessions_own():
+    # JSON objects of a list, `{"name": "` value `", "city": "` value `"},`: the words
+    # as tokens 1-6, each object's values its own
+    def obj(name, city, end=6):
+        return [1, 2, 2, 3, *name, 4, 5, 5, 3, *city, end]
+    first = [90, 91, *obj([100], [101, 102])]
+    # after the session's value and the `", ` that closes it: the next key, up to the
+    # earlier object's value, where its own begins (the context's last three tokens,
+    # the value among them, occur nowhere before, so context_draft has nothing)
+    tokens = [*first, 1, 2, 2, 3, 110, 4]
+    assert _drafts.context_draft_for(tokens) == []
+    assert _drafts.structure_draft_for(tokens, 5) == [5, 5, 3, 101, 102]
+    # the value just sampled, as long as the earlier one: what followed that one
+    assert _drafts.structure_draft_for([*first, 1, 2, 2, 3, 110], 4) == [4, 5, 5, 3]
+    # values of other lengths on the two sides, the words after them alike
+    tokens = [*first, *obj([110], [111]), 1, 2, 2, 3, 120, 121, 4]
+    assert _drafts.structure_draft_for(tokens, 4) == [5, 5, 3, 111]
+    # two earlier objects as well matched: the later one's words, as far as the
+    # earlier one's agree
+    first = [90, 91, *obj([100], [101])]
+    tokens = [*first, *obj([110], [111]), 1, 2, 2, 3, 120, 4, 5, 5, 3, 121]
+    assert _drafts.structure_draft_for(tokens, 4) == [6, 1, 2, 2]
+    tokens = [*first, *obj([110], [111], end=8), 1, 2, 2, 3, 120, 4, 5, 5, 3, 121]
+    assert _drafts.structure_draft_for(tokens, 4) == []
+    # the words of a run matched against themselves a token on are no earlier place
+    assert _drafts.structure_draft_for([9, 4, 4, 4, 4, 4, 7]) == []
+    # words around the value that match fewer than 4 tokens draft nothing
+    assert _drafts.structure_draft_for([*first, 9, 2, 3, 110, 4]) == []
+    assert _drafts.structure_draft_for([*first, 9, 2, 2, 3, 110]) == []
+
+
 def test_node_store_drafts_from_other_sessions_outputs():
     store = _drafts.NgramStore()
     prompt = [10, 11, 12, 13, 14]
@@ -106,7 +137,7 @@ def test_a_verified_draft_yields_tokens_up_to_the_first_the_sampler_did_not_pick
     assert [e.token for e in events if isinstance(e, Sampled)] == [4, 5, 8]
     # phase, prefilled, generated, credits: three tokens reported
     assert sched.slot_state(0) == (2, len(prompt), 4, 96)
-    assert sched.speculation.acceptance()["context"] == (2.0, float(MAX_DRAFT))
+    assert sched.speculation.acceptance()[DraftSource.DRAFT_CONTEXT] == (2.0, float(MAX_DRAFT))
 
 
 def test_drafts_stop_at_an_end_and_never_pass_max_tokens_or_credits():
@@ -185,12 +216,12 @@ def test_auto_sizes_a_draft_by_how_much_of_the_sessions_drafts_was_taken():
         lengths.append(len(draft))
         sched.apply(draft + [(draft[-1] % 6) + 1 if draft else 4])
     assert 0 < lengths[0] < MAX_DRAFT and lengths == sorted(lengths) and lengths[-1] > lengths[0]
-    for _ in range(6):  # every draft rejected at its first token
+    for i in range(6):  # every draft rejected at its first token
         sched.plan_step()
         draft = sched.planned_draft(0)
         if not draft:
             break
-        sched.apply([0] + [-2] * len(draft))  # the decode row sampled 0, not the draft
+        sched.apply([50 + i] + [-2] * len(draft))  # the decode row sampled a new token
     assert sched.planned_draft(0) == []
 
 
