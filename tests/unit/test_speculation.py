@@ -66,6 +66,10 @@ def test_structure_draft_follows_the_words_around_a_value_of_the_sessions_own():
     assert _drafts.structure_draft_for(tokens, 4) == [6, 1, 2, 2]
     tokens = [*first, *obj([110], [111], end=8), 1, 2, 2, 3, 120, 4, 5, 5, 3, 121]
     assert _drafts.structure_draft_for(tokens, 4) == []
+    # an earlier object more than 4,096 tokens back is out of reach
+    filler = list(range(1000, 1000 + 4096))
+    assert _drafts.structure_draft_for([*first, *filler[:4000], 1, 2, 2, 3, 110], 4) == [4, 5, 5, 3]
+    assert _drafts.structure_draft_for([*first, *filler, 1, 2, 2, 3, 110], 4) == []
     # the words of a run matched against themselves a token on are no earlier place
     assert _drafts.structure_draft_for([9, 4, 4, 4, 4, 4, 7]) == []
     # words around the value that match fewer than 4 tokens draft nothing
