@@ -312,24 +312,27 @@ cdef class NgramStore:
         return [out[i] for i in range(n)]
 
 
-def context_draft_for(tokens, int max_draft=MAX_DRAFT):
-    """context_draft over a list of token ids, for tests."""
+ctypedef int (*DraftFunction)(const int32_t * tokens, int n, int max_draft,
+                              int32_t * out) noexcept nogil
+
+
+cdef list _draft_for(DraftFunction draft, tokens, int max_draft):
     cdef int32_t out[MAX_DRAFT]
     cdef int32_t[:] view = _int32(tokens)
     if not len(tokens):
         return []
-    cdef int n = context_draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
+    cdef int n = draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
     return [out[i] for i in range(n)]
+
+
+def context_draft_for(tokens, int max_draft=MAX_DRAFT):
+    """context_draft over a list of token ids, for tests."""
+    return _draft_for(context_draft, tokens, max_draft)
 
 
 def structure_draft_for(tokens, int max_draft=MAX_DRAFT):
     """structure_draft over a list of token ids, for tests."""
-    cdef int32_t out[MAX_DRAFT]
-    cdef int32_t[:] view = _int32(tokens)
-    if not len(tokens):
-        return []
-    cdef int n = structure_draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
-    return [out[i] for i in range(n)]
+    return _draft_for(structure_draft, tokens, max_draft)
 
 
 def _int32(tokens):
