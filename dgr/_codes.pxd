@@ -26,6 +26,9 @@ cpdef enum DraftSource:
     DRAFT_NODE = 2             # recent sessions' outputs (the node's NgramStore)
     DRAFT_STRUCTURE = 3        # the session's own words around its values (structure_draft)
 
+cdef enum:
+    DRAFT_SOURCES_END = DRAFT_STRUCTURE + 1    # past the last DraftSource: records' size
+
 # Whether a session's decode rows carry drafts (SamplingParams.speculation).
 cpdef enum Speculation:
     SPECULATE_OFF = 0

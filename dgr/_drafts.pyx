@@ -55,6 +55,7 @@ cdef enum:
     VALUE_MAX = 4
     # ... and how far back it looks: a structure repeats close by (a list's objects),
     # and the search (4 to 20 comparisons a token back) stays near 0.1 ms a row here
+    # (evidence/DGR-026/structure/draft-cost.txt)
     STRUCTURE_REACH = 4096
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18

@@ -3,7 +3,7 @@
 
 from libc.stdint cimport int32_t
 
-from dgr._codes cimport DRAFT_STRUCTURE, MAX_DRAFT, ROW_GROUPS
+from dgr._codes cimport DRAFT_SOURCES_END, MAX_DRAFT, ROW_GROUPS
 from dgr._drafts cimport NgramStore
 
 cdef struct Acceptance:
@@ -22,7 +22,7 @@ cdef struct Drafting:
     double expected            # "auto": the tokens its planned drafts are expected to
                                # give (at its chance, before the node's trust), else 0
     int32_t draft[MAX_DRAFT]
-    Acceptance record[DRAFT_STRUCTURE + 1]  # its drafts' record, per DraftSource
+    Acceptance record[DRAFT_SOURCES_END]  # its drafts' record, per DraftSource
 
 cdef struct DraftRow:
     # a decode row, as the policy sees it
@@ -33,7 +33,7 @@ cdef struct DraftRow:
 
 cdef class Speculation:
     cdef readonly NgramStore store      # recent sessions' outputs, a draft source
-    cdef Acceptance by_source[DRAFT_STRUCTURE + 1]  # per DraftSource: the node's record
+    cdef Acceptance by_source[DRAFT_SOURCES_END]  # per DraftSource: the node's record
     cdef int * found                    # per row of the current plan: draft tokens found
     cdef double * rate                  # per row: a draft token's chance to be accepted
                                         # once the ones before it were

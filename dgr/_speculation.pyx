@@ -53,9 +53,8 @@ need first.
 p is estimated from the session's record of the draft's source beside the
 source's node-wide one (optimistic before there is any; a session's sources
 differ: a JSON list's keys follow its earlier objects, its values seldom its
-prompt): tokens accepted over tokens accepted plus
-drafts broken (a draft's tokens after the one rejected were never tried),
-recent steps weighing more. A step where a draft was found but not verified
+prompt): tokens accepted over tokens accepted plus drafts broken (a draft's
+tokens after the one rejected were never tried), recent steps weighing more. A step where a draft was found but not verified
 records whether the token the session sampled was the draft's first (a shadow
 check, free), so a session learns its chance while it does not draft: one that
 starts quoting its context drafts, longer as its drafts are taken whole, and
@@ -76,8 +75,9 @@ from libc.stdint cimport int32_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
-from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_STRUCTURE, MAX_STEP_DRAFTS,
-                         ROW_GROUPS, SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF)
+from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_SOURCES_END, DRAFT_STRUCTURE,
+                         MAX_STEP_DRAFTS, ROW_GROUPS, SPECULATE_ALWAYS, SPECULATE_AUTO,
+                         SPECULATE_OFF)
 from dgr._codes import DraftSource
 from dgr._drafts cimport NgramStore, context_draft, structure_draft
 
@@ -147,7 +147,7 @@ cdef class Speculation:
         """Per DraftSource: (accepted, tried), forgetting-weighted."""
         cdef int src
         return {DraftSource(src): (self.by_source[src].accepted, self.by_source[src].drafted)
-                for src in range(DRAFT_CONTEXT, DRAFT_STRUCTURE + 1)}
+                for src in range(DRAFT_CONTEXT, DRAFT_SOURCES_END)}
 
     def trust(self):
         """The share of an "auto" draft's expected tokens the next plan counts (the
