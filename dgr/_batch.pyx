@@ -12,7 +12,8 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        MAX_LOGPROBS, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
+                        MAX_LOGPROBS, SPECULATE_OFF, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE,
+                        WANT_SCORE)
 from dgr._engine cimport Engine
 from dgr._scheduler cimport (SLOT_DECODE, SLOT_PREFILL, Event, Scheduler, Slot, StepFigures,
                              event_record)
@@ -228,6 +229,8 @@ cdef class BatchLoop:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
         self.engine.sampling.configure(slot, params)
+        if speculate != SPECULATE_OFF:
+            self.engine.learn_words(prompt)  # the values draft source's twins
         pthread_mutex_lock(&self.lock)
         try:
             self.scheduler.start(slot, prompt, max_tokens, params.logprobs, params.ignore_eos,

@@ -25,9 +25,26 @@ cpdef enum DraftSource:
     DRAFT_CONTEXT = 1          # the session's own prompt and generated tokens
     DRAFT_NODE = 2             # recent sessions' outputs (the node's NgramStore)
     DRAFT_STRUCTURE = 3        # the session's own words around its values (structure_draft)
+    DRAFT_VALUES = 4           # the prompt's next values in the session's own words around
+                               # its values (values_draft)
 
 cdef enum:
-    DRAFT_SOURCES_END = DRAFT_STRUCTURE + 1    # past the last DraftSource: records' size
+    DRAFT_SOURCES_END = DRAFT_VALUES + 1       # past the last DraftSource: records' size
+
+# What a token's text is, as the values draft source reads it (dgr/_drafts.pyx;
+# Vocabulary.word_forms). Letters: ASCII letters and digits, and any byte of a
+# multi-byte UTF-8 character.
+cpdef enum WordKind:
+    WORD_OTHER = 0             # punctuation, whitespace runs, anything else
+    WORD_SPACED = 1            # one space, then letters (" Ana")
+    WORD_PART = 2              # letters only ("Ana", "ku", "3")
+    WORD_SPACE = 3             # one space alone (as before a number: " ", "3", "1")
+
+cdef enum:
+    # Vocabulary.word_forms' twins: per token a row of 1 + TWIN_TOKENS: how many tokens
+    # its text without the leading space is (-1 not yet learnt, 0 none or too many),
+    # then those tokens
+    TWIN_TOKENS = 3
 
 # Whether a session's decode rows carry drafts (SamplingParams.speculation).
 cpdef enum Speculation:

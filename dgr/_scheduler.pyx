@@ -232,6 +232,12 @@ cdef class Scheduler:
         self.time_a, self.time_b, self.time_c, self.time_e = a, b, c, e
         self.time_known = True
 
+    def set_word_forms(self, kinds, bare):
+        """The vocabulary's word forms, for the values draft source
+        (Speculation.set_word_forms)."""
+        if self.speculation is not None:
+            self.speculation.set_word_forms(kinds, bare)
+
     def set_row_times(self, points):
         """Decode steps' seconds by output rows, for the speculation policy
         (Speculation.set_row_times); without one, nothing to do."""
@@ -338,6 +344,7 @@ cdef class Scheduler:
                 self.draft_rows[i].drafting = &sl.drafting
                 self.draft_rows[i].context = sl.tokens
                 self.draft_rows[i].n_context = sl.n_prompt + sl.n_generated
+                self.draft_rows[i].n_prompt = sl.n_prompt
                 self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,

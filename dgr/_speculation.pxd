@@ -1,10 +1,10 @@
 # The speculation policy: which decode rows carry drafts, and the acceptance records
 # it learns from (dgr/_speculation.pyx). Pure C: no llama.cpp, no GIL.
 
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint8_t
 
 from dgr._codes cimport DRAFT_SOURCES_END, MAX_DRAFT, ROW_GROUPS
-from dgr._drafts cimport NgramStore
+from dgr._drafts cimport NgramStore, ValueScratch
 
 cdef struct Acceptance:
     # verified drafts, recent verifications weighing more: their tokens accepted, their
@@ -29,6 +29,7 @@ cdef struct DraftRow:
     Drafting * drafting
     const int32_t * context    # the session's tokens so far (prompt, then generated)
     int n_context
+    int n_prompt               # the prompt's tokens, the first of them
     int limit                  # drafts its credits and max_tokens leave room for
 
 cdef class Speculation:
@@ -37,6 +38,13 @@ cdef class Speculation:
     cdef int * found                    # per row of the current plan: draft tokens found
     cdef double * rate                  # per row: a draft token's chance to be accepted
                                         # once the ones before it were
+    # the values source's vocabulary (Vocabulary.word_forms, held in word_forms; NULL
+    # before set_word_forms), working memory, and draft
+    cdef object word_forms
+    cdef const uint8_t * kinds
+    cdef const int32_t * twins
+    cdef ValueScratch * values
+    cdef int32_t values_out[MAX_DRAFT]
     # decode steps' seconds by output rows, measured (dgr.step_time.RowTimes)
     cdef int n_points
     cdef double point_rows[ROW_GROUPS]

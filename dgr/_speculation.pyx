@@ -71,15 +71,17 @@ session's start, `begin`) and the records; the scheduler reads the drafts to fil
 and verify the rows.
 """
 
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_SOURCES_END, DRAFT_STRUCTURE,
-                         MAX_STEP_DRAFTS, ROW_GROUPS, SPECULATE_ALWAYS, SPECULATE_AUTO,
-                         SPECULATE_OFF)
+                         DRAFT_VALUES, MAX_STEP_DRAFTS, ROW_GROUPS, SPECULATE_ALWAYS,
+                         SPECULATE_AUTO, SPECULATE_OFF, TWIN_TOKENS)
 from dgr._codes import DraftSource
-from dgr._drafts cimport NgramStore, context_draft, structure_draft
+from dgr._drafts cimport NgramStore, ValueScratch, context_draft, structure_draft, values_draft
+
+import numpy as np
 
 cdef enum:
     PRIOR_WEIGHT = 2           # verified tokens a prior chance counts as (a source's for
@@ -131,17 +133,37 @@ cdef class Speculation:
     def __cinit__(self):
         self.found = NULL
         self.rate = NULL
+        self.values = NULL
+        self.kinds = NULL
+        self.twins = NULL
 
     def __init__(self, int n_rows_max):
         self.found = <int *> calloc(n_rows_max, sizeof(int))
         self.rate = <double *> calloc(n_rows_max, sizeof(double))
-        if self.found == NULL or self.rate == NULL:
+        self.values = <ValueScratch *> calloc(1, sizeof(ValueScratch))
+        if self.found == NULL or self.rate == NULL or self.values == NULL:
             raise MemoryError()
         self.store = NgramStore()
 
     def __dealloc__(self):
         free(self.found)
         free(self.rate)
+        free(self.values)
+
+    def set_word_forms(self, kinds, twins):
+        """The vocabulary's word forms (Vocabulary.word_forms: the arrays themselves,
+        whose twins learn_words fills in place), which the values source reads;
+        without them it drafts nothing."""
+        if not (isinstance(kinds, np.ndarray) and kinds.dtype == np.uint8 and kinds.ndim == 1
+                and isinstance(twins, np.ndarray) and twins.dtype == np.int32
+                and twins.shape == (kinds.shape[0], 1 + TWIN_TOKENS)
+                and kinds.flags.c_contiguous and twins.flags.c_contiguous):
+            raise ValueError("word forms are Vocabulary.word_forms' arrays")
+        cdef const uint8_t[::1] kinds_view = kinds
+        cdef const int32_t[:, ::1] twins_view = twins
+        self.word_forms = (kinds, twins)
+        self.kinds = &kinds_view[0]
+        self.twins = &twins_view[0, 0]
 
     def acceptance(self):
         """Per DraftSource: (accepted, tried), forgetting-weighted."""
@@ -208,7 +230,7 @@ cdef class Speculation:
         rows in all; the step-time model a + b decode rows once `time_known`; none
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
         first). Returns the draft rows given."""
-        cdef int i, j, k, n_draft_rows = 0, n_always_rows
+        cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, context_matched, values_matched
         cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best
         cdef Drafting * d
         cdef double trust
@@ -229,7 +251,16 @@ cdef class Speculation:
             if k <= 0:
                 continue
             d.source = DRAFT_CONTEXT
-            self.found[i] = context_draft(rows[i].context, rows[i].n_context, k, d.draft)
+            self.found[i] = context_draft(rows[i].context, rows[i].n_context, k, d.draft,
+                                          &context_matched)
+            if self.kinds != NULL:
+                found = values_draft(rows[i].context, rows[i].n_context, rows[i].n_prompt,
+                                     self.kinds, self.twins, self.values, k, self.values_out,
+                                     &values_matched)
+                if found > 0 and values_matched >= context_matched:
+                    d.source = DRAFT_VALUES
+                    memcpy(d.draft, self.values_out, found * sizeof(int32_t))
+                    self.found[i] = found
             if self.found[i] == 0:
                 d.source = DRAFT_NODE
                 self.found[i] = self.store.draft(rows[i].context, rows[i].n_context, k, d.draft)

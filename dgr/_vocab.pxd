@@ -8,5 +8,7 @@ cdef class Vocabulary:
     cdef const llama_vocab * vocab
     cdef int vocab_size
     cdef int tokenizing             # tokenize calls running without the GIL (close waits)
+    cdef object word_kinds          # word_forms' arrays (None before its first call)
+    cdef object word_twins
 
     cdef void check_open(self) except *

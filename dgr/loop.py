@@ -158,6 +158,7 @@ class StepLoop:
                                          engine.n_vocab, engine.eog_tokens,
                                          one_call=engine.info["kv_unified"],
                                          decode_stall=settings.decode_stall)
+        scheduler.set_word_forms(*engine.word_forms())
         batch = _batch.BatchLoop(engine, scheduler, wake_fd)
         if tiers is not None:
             batch.set_save_bound(tiers.host.max_bytes)

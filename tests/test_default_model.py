@@ -36,6 +36,22 @@ def test_default_model_facts(gemma):
     assert info["output_bytes"] >= info["n_seq_max"] * info["logits_bytes_per_output"]
 
 
+def test_word_forms_read_the_vocabulary_as_the_values_drafts_need(gemma):
+    """A token's kind, and its twin (its text without the leading space) once learnt."""
+    kinds, twins = gemma.word_forms()
+    one = lambda text: int(gemma.tokenize(text, add_special=False)[0])  # noqa: E731
+    assert kinds[one(" Ana")] == _codes.WordKind.WORD_SPACED
+    assert kinds[one("Ana")] == kinds[one("3")] == _codes.WordKind.WORD_PART
+    assert kinds[one(" ")] == _codes.WordKind.WORD_SPACE
+    assert kinds[one(" |")] == _codes.WordKind.WORD_OTHER
+    assert twins[one(" Ana"), 0] == -1  # not learnt yet
+    gemma.learn_words([one(" Ana"), one(" Xian"), one(" |")])
+    assert list(twins[one(" Ana")][:2]) == [1, one("Ana")]
+    assert list(twins[one(" Xian")][:3]) == [2, *gemma.tokenize("Xian", add_special=False)]
+    assert twins[one(" |"), 0] == -1  # no word: never learnt
+    assert gemma.word_forms()[1] is twins
+
+
 def test_greedy_batch_matches_solo_over_8_prompts(gemma):
     """The raw engine: each prompt prefilled in its own step, then all eight
     decoding in one llama_decode per step: the same tokens as alone."""

@@ -102,6 +102,27 @@ async def test_speculation_past_2048_tokens_and_in_auto(default_model):
             assert _accepted(spec) > 0
 
 
+async def test_speculation_drafts_a_tables_values_into_its_json(default_model):
+    """A table turned into JSON under a grammar: from the second object on, the values
+    source drafts the table's next values in the answer's words; bitwise the plain
+    node's, drafts always and as the policy decides."""
+    people = [("Ana", "Lisbon", 31), ("Ben", "Leeds", 45), ("Chen", "Xian", 28),
+              ("Dara", "Cork", 39), ("Eli", "Haifa", 52), ("Fay", "Perth", 24)]
+    table = "\n".join(f"| {name} | {city} | {age} |" for name, city, age in people)
+    prompt = f"Table (name | city | age):\n{table}\n\nThe same table as JSON:\n"
+    grammar = (r'root ::= "[" ws obj ("," ws obj)* ws "]"' "\n"
+               r'obj ::= "{\"name\": \"" [A-Za-z]+ "\", \"city\": \"" [A-Za-z]+ "\", '
+               r'\"age\": " [0-9]+ "}"' "\n" r"ws ::= [ \n]*")
+    params = [dgr.SamplingParams(max_tokens=80, logprobs=2, grammar=grammar)]
+    config = dgr.NodeConfig(model_path=default_model, n_ctx=4096, max_running=4)
+    plain, _ = await _run(attrs.evolve(config, speculation="off"), [prompt], params)
+    for mode in ("always", "auto"):
+        got, spec = await _run(attrs.evolve(config, speculation=mode), [prompt], params)
+        _assert_same(plain, got)
+        if mode == "always":
+            assert spec["sources"]["values"]["accepted"] > 0
+
+
 async def test_speculation_with_n_samples_and_a_shared_prefix(default_model):
     """n = 3 seeded samples of one quoting prompt (the others take its prefix), and
     a second request sharing it from the cache: bitwise the plain node's."""

@@ -4,7 +4,8 @@ scheduler's drafts, their verification and what a step with them reports."""
 import pytest
 
 from dgr import _drafts, _scheduler
-from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource, Speculation
+from dgr._codes import (MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource, Speculation,
+                        WordKind)
 from dgr.events import Decoded, Finished, Sampled
 
 EOG = 99
@@ -75,6 +76,64 @@ def test_structure_draft_follows_the_words_around_a_value_of_the_sessions_own():
     # words around the value that match fewer than 4 tokens draft nothing
     assert _drafts.structure_draft_for([*first, 9, 2, 3, 110, 4]) == []
     assert _drafts.structure_draft_for([*first, 9, 2, 2, 3, 110]) == []
+
+
+def _word_forms():
+    """A vocabulary of 300 tokens: 1-9 punctuation, 50 a lone space, 60-79 letters
+    (digits 60-69), 100-119 a space and letters, whose twins (their text without
+    the space) are 200-219; ` Xian` (110) is two, `X` `ian` (210, 211)."""
+    kinds = bytearray(300)
+    twins = [[-1, -1, -1, -1] for _ in range(300)]
+    kinds[50] = WordKind.WORD_SPACE
+    for t in [*range(60, 80), *range(200, 220)]:
+        kinds[t] = WordKind.WORD_PART
+    for t in range(100, 120):
+        kinds[t] = WordKind.WORD_SPACED
+        twins[t] = [1, t + 100, -1, -1]
+    twins[110] = [2, 210, 211, -1]
+    return kinds, twins
+
+
+def test_values_draft_writes_the_prompts_next_values_in_the_sessions_words():
+    kinds, twins = _word_forms()
+    flat = lambda: [t for row in twins for t in row]  # noqa: E731
+    # a table: `| Ana | Tur ku | 31 |` / `| Ben | Leeds | 45 |` / `| Xian | Cork | 31 |`
+    # / `| Dara | ...`, as 5 (`|`), 6 (newline), the words and the numbers (50, digits)
+    prompt = [9, 5, 100, 5, 101, 70, 5, 50, 63, 61, 5, 6, 5, 102, 5, 103, 5, 50, 64, 65, 5, 6,
+              5, 110, 5, 104, 5, 50, 63, 61, 5, 6, 5, 105, 5, 6]
+    # the answer: `[` 7, then objects `{"name": "` 1 2, value, `", "city": "` 3, value,
+    # `", "age":` 8, ` ` 50, number, `},` 4; the first written from the first row
+    first = [7, 1, 2, 200, 3, 201, 70, 8, 50, 63, 61, 4]
+    # the second object's name written: what followed the first's name, each value
+    # the prompt's next (Leeds, 45, then Xian, in its two tokens)
+    tokens = [*prompt, *first, 1, 2, 202]
+    assert _drafts.context_draft_for(tokens) == []
+    assert _drafts.values_draft_for(tokens, len(prompt), kinds, flat(), 10) == (
+        [3, 203, 8, 50, 64, 65, 4, 1, 2, 210], 3)
+    # a value written twice in the prompt (31) is the cell after the last one: then
+    # Dara; a draft that reaches no value is none (the other sources' to give)
+    second = [1, 2, 202, 3, 203, 8, 50, 64, 65, 4]
+    tokens = [*prompt, *first, *second, 1, 2, 210, 211, 3, 204, 8, 50, 63, 61]
+    assert _drafts.values_draft_for(tokens, len(prompt), kinds, flat(), 4) == ([4, 1, 2, 205], 17)
+    assert _drafts.values_draft_for(tokens, len(prompt), kinds, flat(), 3) == ([], 0)
+    # no value written yet, or the only match holds none: nothing
+    assert _drafts.values_draft_for([*prompt, 7, 1, 2], len(prompt), kinds, flat()) == ([], 0)
+    assert _drafts.values_draft_for([*prompt, *first, 9, 9, 8, 50], len(prompt), kinds,
+                                    flat(), 3) == ([], 0)
+    # a spaced word whose twin is not learnt is no cell: Ben's row then starts at Leeds
+    twins[102] = [-1, -1, -1, -1]
+    assert _drafts.values_draft_for([*prompt, *first, 1, 2, 203], len(prompt), kinds,
+                                    flat(), 3)[0] == [3, 64, 65]
+    twins[102] = [1, 202, -1, -1]
+    # the prompt's cells more than 8,192 tokens back, the session's words more than
+    # 1,024, are out of reach
+    filler = [9] * 8192
+    assert _drafts.values_draft_for([*prompt, *filler, *first, 1, 2, 202], len(prompt) + 8192,
+                                    kinds, flat()) == ([], 0)
+    assert _drafts.values_draft_for([*prompt, *first, *filler[:1000], 1, 2, 202], len(prompt),
+                                    kinds, flat(), 2) == ([3, 203], 3)
+    assert _drafts.values_draft_for([*prompt, *first, *filler[:1024], 1, 2, 202], len(prompt),
+                                    kinds, flat()) == ([], 0)
 
 
 def test_node_store_drafts_from_other_sessions_outputs():
