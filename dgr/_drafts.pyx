@@ -37,6 +37,19 @@ never which.
   draft: the words that close this value and open the next. Where the
   session's own last tokens are the value, the matches above find nothing
   until three tokens past it.
+- `values_draft`: where the session writes its prompt's values in words of its
+  own (a table's cells as a JSON list, a form's fields in a letter). The
+  prompt's values are its words, each a space and letters (` Ana`; ` Tur`
+  `ku`) or the letters after a lone space (` ` `31`), which the session writes
+  without the space (`Ana`, `Tur` `ku`, `31`: a word's twin, learnt from the
+  vocabulary, Vocabulary.learn_words). Each value the session wrote, the
+  prompt's first after the one it wrote before, is read as "a value"; the
+  session's last tokens so read are matched in its earlier ones so read, by
+  the context's rule, and what followed is the draft, each value in it the
+  prompt's next one: `Ana` `Lisbon` `31` written, `Ben` next, `", "city": "`
+  `Leeds` `", "age": ` `45` `},` follow. Asked beside the context, its draft
+  goes first where it holds a value and its match is at least as long as the
+  context's (a quote of the prompt itself is the context's).
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t

@@ -254,6 +254,7 @@ cdef class Speculation:
             self.found[i] = context_draft(rows[i].context, rows[i].n_context, k, d.draft,
                                           &context_matched)
             if self.kinds != NULL:
+                # the prompt's values in the session's words, where as well matched
                 found = values_draft(rows[i].context, rows[i].n_context, rows[i].n_prompt,
                                      self.kinds, self.twins, self.values, k, self.values_out,
                                      &values_matched)
