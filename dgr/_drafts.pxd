@@ -17,7 +17,7 @@ cdef enum:
     VALUE = -1                 # "a value", in the session's tokens as read
 
 cdef struct ValueScratch:
-    # values_draft's working memory (~150 KiB), one per caller
+    # values_draft's working memory (~260 KiB), one per caller
     int n_cells
     int form_start[VALUE_PROMPT_REACH]   # per cell: where its form starts in forms
     int form_length[VALUE_PROMPT_REACH]  # its form's tokens

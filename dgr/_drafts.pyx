@@ -226,6 +226,19 @@ cdef inline uint32_t _cell_key(int32_t first, int32_t second) noexcept nogil:
     return ((<uint32_t> first * 2654435761U) ^ (<uint32_t> (second + 1) * 2246822519U)) >> 7
 
 
+cdef inline bint _twin_learnt(const int32_t * twins, int32_t t) noexcept nogil:
+    """Whether t's twin is learnt: its row's count, then as many tokens (a row that
+    learn_words is writing beside this may show its count first)."""
+    cdef const int32_t * twin = twins + <size_t> t * (1 + TWIN_TOKENS)
+    cdef int i
+    if twin[0] <= 0 or twin[0] > TWIN_TOKENS:
+        return False
+    for i in range(twin[0]):
+        if twin[1 + i] < 0:
+            return False
+    return True
+
+
 cdef inline int _form(const int32_t * prompt, int start, int length, const uint8_t * kinds,
                       const int32_t * twins, int32_t * form) noexcept nogil:
     """A cell as the session writes it, into form: a WORD_SPACED first token's twin,
@@ -296,7 +309,7 @@ cdef int values_draft(const int32_t * tokens, int n, int n_prompt, const uint8_t
     while i < n_prompt - lo:
         t = prompt[i]
         j = -1
-        if kinds[t] == WORD_SPACED and twins[<size_t> t * (1 + TWIN_TOKENS)] > 0:
+        if kinds[t] == WORD_SPACED and _twin_learnt(twins, t):
             j = i
         elif kinds[t] == WORD_SPACE and i + 1 < n_prompt - lo and kinds[prompt[i + 1]] == WORD_PART:
             j = i + 1
@@ -317,7 +330,8 @@ cdef int values_draft(const int32_t * tokens, int n, int n_prompt, const uint8_t
     memset(v.bucket, 0xff, sizeof(v.bucket))
     for c in range(v.n_cells - 1, -1, -1):
         i = v.form_start[c]
-        i = _cell_key(v.forms[i], v.forms[i + 1] if v.form_length[c] > 1 else -1) & (VALUE_BUCKETS - 1)
+        i = _cell_key(v.forms[i], v.forms[i + 1] if v.form_length[c] > 1 else -1)
+        i &= VALUE_BUCKETS - 1
         v.chain[c] = v.bucket[i]
         v.bucket[i] = c
     # the session's tokens read: each value (the prompt's first cell after the last
@@ -525,6 +539,8 @@ def values_draft_for(tokens, int n_prompt, kinds, twins, int max_draft=MAX_DRAFT
     cdef int32_t[:] twins_view = _int32(twins)
     if len(twins_view) != len(kinds_view) * (1 + TWIN_TOKENS):
         raise ValueError("twins needs a row of 1 + TWIN_TOKENS per token")
+    if len(tokens) and (min(tokens) < 0 or max(max(tokens), max(twins)) >= len(kinds_view)):
+        raise ValueError("token ids lie in the vocabulary (one kind each)")
     cdef int matched = 0, n = 0
     cdef ValueScratch * scratch = <ValueScratch *> malloc(sizeof(ValueScratch))
     if scratch == NULL:
