@@ -232,11 +232,11 @@ cdef class Scheduler:
         self.time_a, self.time_b, self.time_c, self.time_e = a, b, c, e
         self.time_known = True
 
-    def set_word_forms(self, kinds, bare):
+    def set_word_forms(self, kinds, twins):
         """The vocabulary's word forms, for the values draft source
         (Speculation.set_word_forms)."""
         if self.speculation is not None:
-            self.speculation.set_word_forms(kinds, bare)
+            self.speculation.set_word_forms(kinds, twins)
 
     def set_row_times(self, points):
         """Decode steps' seconds by output rows, for the speculation policy

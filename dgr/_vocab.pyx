@@ -174,8 +174,8 @@ cdef class Vocabulary:
 
     def learn_words(self, tokens):
         """Learn the twins of `tokens`' WORD_SPACED tokens not learnt yet: the tokens
-        of its text without the space (a tokenize call each, ~13 us here; the drafts
-        read the twins beside it, at worst a twin half written: a draft, verified)."""
+        of its text without the space (a tokenize call each, ~13 us here). The drafts
+        read the twins beside it, each row only once whole (dgr/_drafts.pyx)."""
         if self.word_kinds is None:
             return
         self.check_open()
@@ -188,7 +188,9 @@ cdef class Vocabulary:
             if not 0 <= t < self.vocab_size or kinds[t] != WORD_SPACED or twins[t, 0] != -1:
                 continue
             n = llama_token_to_piece(self.vocab, t, piece, sizeof(piece), 0, False)
-            m = llama_tokenize(self.vocab, piece + 1, n - 1, ids, TWIN_TOKENS, False, False) if n > 1 else 0
+            m = 0
+            if n > 1:
+                m = llama_tokenize(self.vocab, piece + 1, n - 1, ids, TWIN_TOKENS, False, False)
             if m < 1 or ids[0] == t:
                 m = 0
             for i in range(m):
