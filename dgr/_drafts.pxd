@@ -3,7 +3,7 @@
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
-from dgr._codes cimport MAX_DRAFT
+from dgr._codes cimport MAX_DRAFT, TWIN_TOKENS
 
 cdef enum:
     # values_draft: the prompt's last tokens whose words it knows, a word's most tokens,
@@ -12,7 +12,7 @@ cdef enum:
     VALUE_TOKENS_MAX = 8
     VALUE_REACH = 1024
     VALUE_BUCKETS = 16384      # a power of two, twice VALUE_PROMPT_REACH
-    VALUE_FORMS = 3 * VALUE_PROMPT_REACH   # a cell's form: its tokens, a twin up to 3
+    VALUE_FORMS = TWIN_TOKENS * VALUE_PROMPT_REACH   # a cell's form: its tokens, a twin's
     VALUE_CHAIN_MAX = 64       # cells of one bucket tried for a value
     VALUE = -1                 # "a value", in the session's tokens as read
 

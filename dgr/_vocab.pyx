@@ -145,7 +145,7 @@ cdef class Vocabulary:
         """The vocabulary's word forms, for the values draft source (dgr/_drafts.pyx):
         per token its WordKind (dgr._codes), and its twin row (TWIN_TOKENS), -1 until
         learn_words learns it. The same arrays on every call; learn_words fills the
-        twins in place. One pass over the vocabulary's pieces (~10 ms for 262,144
+        twins in place. One pass over the vocabulary's pieces (~15 ms for 262,144
         tokens here)."""
         self.check_open()
         if self.word_kinds is not None:
@@ -174,7 +174,7 @@ cdef class Vocabulary:
 
     def learn_words(self, tokens):
         """Learn the twins of `tokens`' WORD_SPACED tokens not learnt yet: the tokens
-        of its text without the space (a tokenize call each, ~13 us here). The drafts
+        of its text without the space (a tokenize call each). The drafts
         read the twins beside it, each row only once whole (dgr/_drafts.pyx)."""
         if self.word_kinds is None:
             return
