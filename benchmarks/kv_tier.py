@@ -19,12 +19,16 @@
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 
 import trio
 
-from benchmarks.shared_prefix import http_client, pct, prefill_counter, stream
+from benchmarks.completions import pct
+from benchmarks.servers import dgr_server, free_port, llama_server
+from benchmarks.shared_prefix import http_client, prefill_counter, stream
 
+SERVERS = ("dgr no tier", "dgr host", "dgr disk restart", "llama-server")
 TOPICS = ["rivers", "mountains", "trains", "bread", "clocks", "bees", "ships", "glass"]
 
 
@@ -97,6 +101,31 @@ def run_rotate(servers: dict, n_conv: int, words: int, turns: int, n_new: int) -
                     report[name] = trio.run(conversations.rotate, srv.url, is_dgr, turns, n_new)
         except Exception as exc:  # a server that fails is reported, not hidden
             report[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return report
+
+
+
+def run(peers, model, threads, out, conversations: int, words: int, turns: int,
+        server_names: list[str], restore_sizes: list[int]) -> dict:
+    """The case: 16 slots and a 32,768-cell pool for dgr, llama-server with -np 16 and
+    4,096 cells a slot and its --cache-ram default; each server's log in `out`."""
+    cache_dir = tempfile.mkdtemp(prefix="dgr-kv-bench-")
+
+    def dgr(*extra):
+        return lambda log: dgr_server(model, 16, 2048, threads, free_port(), list(extra),
+                                      log=out / f"kv-{log.replace(' ', '-')}.log")
+
+    servers = {"dgr no tier": (dgr("--cache-ram", "0"), True, False),
+               "dgr host": (dgr(), True, False),
+               "dgr disk restart": (dgr("--cache-dir", cache_dir), True, True),
+               "llama-server": (lambda log: llama_server(
+                   peers["llama-server"], model, 16, 4096, threads, free_port(),
+                   log=out / f"kv-{log.replace(' ', '-')}.log"), False, False)}
+    report = {"conversations": conversations, "words": words, "turns": turns,
+              "rotate": run_rotate({name: servers[name] for name in server_names},
+                                   conversations, words, turns, 16)}
+    if restore_sizes:
+        report["restore"] = trio.run(restore_vs_recompute, model, restore_sizes, threads)
     return report
 
 

@@ -26,6 +26,9 @@ import time
 import httpx
 import trio
 
+from benchmarks.completions import pct
+from benchmarks.servers import dgr_server, free_port, llama_server
+
 TOPICS = ["rivers", "mountains", "trains", "bread", "clocks", "bees", "ships", "glass",
           "maps", "salt", "kites", "tea", "bridges", "owls", "paper", "wool"]
 
@@ -43,11 +46,6 @@ def http_client() -> httpx.AsyncClient:
     disconnected without sending a response": the chat's 8th turn in DGR-020; in DGR-022
     one of two kept-alive chats and 3 of 4 rounds of a kept-alive c=1 client)."""
     return httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
-
-
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
 async def prefill_counter(client, url, is_dgr) -> float | None:
@@ -136,3 +134,69 @@ async def chat(url, is_dgr, turns=8, n_new=48):
     return {"turns": turns, "ttft_ms_per_turn": per_turn,
             "ttft_p50_ms": statistics.median(per_turn),
             "prompt_tokens_computed": computed}
+
+
+def run(peers, model, threads, out, bar) -> dict:
+    """{server: {workload: result}} for dgr with and without its prefix cache and
+    llama-server, 4,096 cells per session (the chat reaches ~2,100 tokens of history);
+    each server's log in `out`. A server that fails is reported, not hidden."""
+    servers = [("dgr, prefix cache", lambda log: dgr_server(
+                    model, 16, 4096, threads, free_port(), log=log)),
+               ("dgr, no prefix cache", lambda log: dgr_server(
+                    model, 16, 4096, threads, free_port(), ["--no-prefix-cache"], log)),
+               ("llama-server", lambda log: llama_server(
+                    peers["llama-server"], model, 16, 4096, threads, free_port(), log))]
+    # the cold burst first: nothing of the system prompt is cached yet
+    workloads = [("cold_burst", lambda url, is_dgr: burst(url, is_dgr, warm=False)),
+                 ("burst", burst), ("chat", chat)]
+    report = {}
+    for name, start in servers:
+        log = out / f"prefix-{name.replace(', ', '-').replace(' ', '-')}.log"
+        report[name] = {}
+        with start(log) as srv:
+            is_dgr = name.startswith("dgr")
+            for workload, run_workload in workloads:
+                try:
+                    result = trio.run(run_workload, srv.url, is_dgr)
+                except Exception as exc:
+                    result = {"error": f"{type(exc).__name__}: {exc}"[:300],
+                              "exit_code": srv.proc.poll(), "log": str(log)}
+                report[name][workload] = result
+        bar.update()
+    return report
+
+
+def _prefix_row(name, row, base) -> str:
+    if "error" in row:
+        return f"| {name} | failed: {row['error']} (exit code {row['exit_code']}, log {row['log']}) | | | | |"
+    ratio = (f"{row['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}" if "ttft_p50_ms" in base else "–")
+    computed = row["prompt_tokens_computed"]
+    return (f"| {name} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | {ratio} | "
+            f"{row['gen_tok_s']:.1f} | {computed if computed is not None else 'not reported'} |")
+
+
+def markdown(p) -> list[str]:
+    base = p["llama-server"]
+    lines = ["", "Shared prefix, burst: a ~1,500-token system prompt seen once, then 16 sessions "
+             "at once with their own questions (32 new tokens each).", "",
+             "| server | TTFT p50 ms | TTFT p99 ms | TTFT p50 / llama-server | gen tok/s | "
+             "prompt tokens computed |", "|---|---|---|---|---|---|"]
+    for name, row in p.items():
+        lines.append(_prefix_row(name, row["burst"], base["burst"]))
+    lines += ["", "Shared prefix, cold burst: the same 16 sessions with nothing cached (the "
+              "system prompt arrives with them).", "",
+              "| server | TTFT p50 ms | TTFT p99 ms | TTFT p50 / llama-server | gen tok/s | "
+              "prompt tokens computed |", "|---|---|---|---|---|---|"]
+    for name, row in p.items():
+        lines.append(_prefix_row(name, row["cold_burst"], base["cold_burst"]))
+    lines += ["", "Shared prefix, 8-turn chat resending its history (48 new tokens per turn).", "",
+              "| server | TTFT p50 ms | TTFT per turn ms | prompt tokens computed |", "|---|---|---|---|"]
+    for name, row in p.items():
+        c = row["chat"]
+        if "error" in c:
+            lines.append(f"| {name} | failed: {c['error']} | | |")
+            continue
+        lines.append(f"| {name} | {c['ttft_p50_ms']:.0f} | "
+                     + ", ".join(f"{t:.0f}" for t in c["ttft_ms_per_turn"])
+                     + f" | {c['prompt_tokens_computed'] if c['prompt_tokens_computed'] is not None else 'not reported'} |")
+    return lines

@@ -38,6 +38,8 @@ import time
 import httpx
 import trio
 
+from benchmarks.servers import dgr_server, free_port, llama_server
+
 N_NEW = 96
 
 _CODE_LINES = []
@@ -69,6 +71,9 @@ EARLIER_USER = 40
 # the dgr nodes (--speculation off, auto) and the peers, as the tables name them
 OFF, AUTO = "dgr off", "dgr auto"
 SERVERS = (OFF, AUTO, "llama-server", "llama-server ngram-mod", "llama-server ngram-simple")
+# llama-server's batch here: 16 slots, each its sampled token and up to 64 drafts
+# (ngram-mod's most)
+PEER_BATCH = 2048
 
 WORKLOADS = {
     "code edit": lambda i: (f"# request {i}\n{CODE}\n\n# The same module with parse_record_3 "
@@ -152,6 +157,31 @@ def _spec_counts(url):
         elif line.startswith("dgr_spec_accepted_tokens_total{"):
             accepted += float(line.rsplit(" ", 1)[1])
     return drafted, accepted
+
+
+def server_starts(peers, model, threads, out, names: list[str]) -> dict:
+    """The servers `run` takes, by name (of SERVERS): 16 slots of 2,048 cells each,
+    each server's log in `out`."""
+    def llama(*extra):
+        def start(log):
+            server = llama_server(peers["llama-server"], model, 16, 2048, threads, free_port(),
+                                  log=out / f"spec-{log}.log")
+            # its batch holds 16 slots' drafts (at -b 512 the n-gram modes abort at
+            # c = 16: "batch must be large enough to hold the sampled and draft
+            # tokens"); its ubatches stay 512 (the later -b is the one llama-server takes)
+            server.argv += ["-b", str(PEER_BATCH), *extra]
+            return server
+        return start, False
+
+    def dgr(mode):
+        return (lambda log: dgr_server(model, 16, 2048, threads, free_port(),
+                                       ["--speculation", mode], log=out / f"spec-{log}.log"),
+                True)
+
+    every = {OFF: dgr("off"), AUTO: dgr("auto"), "llama-server": llama(),
+             "llama-server ngram-mod": llama("--spec-type", "ngram-mod"),
+             "llama-server ngram-simple": llama("--spec-type", "ngram-simple")}
+    return {name: every[name] for name in names}
 
 
 def run(servers: dict, levels: list[int], rounds: int, workloads: list[str]) -> dict:

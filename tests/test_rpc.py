@@ -19,7 +19,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dgr  # noqa: E402
-from benchmarks.rpc import free_port, worker, worker_process  # noqa: E402
+from benchmarks.rpc import worker, worker_process  # noqa: E402
+from benchmarks.servers import free_port  # noqa: E402
 from dgr.config import ServerConfig  # noqa: E402
 from dgr.errors import AdmissionRejected, ModelLoadError  # noqa: E402
 from dgr.sequence import FinishReason  # noqa: E402
