@@ -17,11 +17,12 @@ from benchmarks.speculation import EARLIER_USER  # noqa: E402
     (["--spec-workloads", "templated burst,nope"],
      ["unknown ['nope']", "templated burst", "code edit"]),
     (["--spec-servers", "dgr auto,dgr"], ["unknown ['dgr']", "dgr off", "llama-server ngram-mod"]),
+    (["--kv-servers", "dgr host,nope"], ["unknown ['nope']", "kv_tier case", "dgr disk restart"]),
     # a burst level reaching its earlier user's number: that prompt would be one of its own
     (["--spec-levels", f"1,{EARLIER_USER}", "--spec-workloads", "templated burst"],
      [f"below {EARLIER_USER}"]),
 ])
-def test_the_speculation_case_refuses_what_it_cannot_run(capsys, tmp_path, arguments, said):
+def test_the_bench_refuses_what_it_cannot_run(capsys, tmp_path, arguments, said):
     # --render-only on an empty folder: without the checks, main fails at once on the
     # missing bench.json instead of building peers
     with pytest.raises(SystemExit) as refused:
