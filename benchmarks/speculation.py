@@ -242,7 +242,8 @@ def _run_one(srv, name, is_dgr, workload, c, r, offset, rows, texts, acceptance)
     before = _spec_counts(srv.url) if name == AUTO else None
     out = trio.run(run_level, srv.url, workload, c, is_dgr, None, offset)
     rows.append({"round": r, "workload": workload, "c": c, "server": name,
-                 "decode_tok_s": out["decode_tok_s"], "wall_tok_s": out["wall_tok_s"]})
+                 "decode_tok_s": out["decode_tok_s"], "wall_tok_s": out["wall_tok_s"],
+                 "first_s": out["first_s"]})
     if is_dgr:
         texts[(name, workload, c, r)] = out["texts"]
     if before is not None:
