@@ -104,7 +104,6 @@ def run_rotate(servers: dict, n_conv: int, words: int, turns: int, n_new: int) -
     return report
 
 
-
 def run(peers, model, threads, out, conversations: int, words: int, turns: int,
         server_names: list[str], restore_sizes: list[int]) -> dict:
     """The case: 16 slots and a 32,768-cell pool for dgr, llama-server with -np 16 and

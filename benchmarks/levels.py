@@ -438,5 +438,3 @@ def plot(report, path):
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
