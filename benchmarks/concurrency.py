@@ -92,7 +92,9 @@ def main(argv=None) -> int:
                              "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
                              "(shared prefixes), grammar (8 sessions beside a JSON-schema one "
                              "vs a sampled one), speculation (quoting and natural workloads, "
-                             "dgr off/auto vs llama-server without and with n-gram drafts)")
+                             "dgr off/auto vs llama-server without and with n-gram drafts), "
+                             "kv_tier (the KV tier beyond the pool vs llama-server's "
+                             "--cache-ram)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
