@@ -22,7 +22,13 @@ Expected tokens are counted at the node's trust: the "auto" drafts' tokens
 accepted over those expected, recent steps weighing more. Where many sessions
 draft on noisy estimates of p, those that draft are the ones whose p is
 overestimated, and their drafts give less than expected (evidence/DGR-026,
-step_gain.py, at c = 16); the trust takes that back into the next plans.
+step_gain.py, at c = 16); the trust takes that back into the next plans. What the
+trust cannot take back is a step whose drafts were to give it a hair more than
+they cost: the estimate errs by more than that edge, and the step loses the rows
+(beside 15 decoders, one draft row each planned 29.5 tokens at 217 ms against 16 at
+118, and gave 17-32 for 35 steps running: evidence/DGR-026/draft-cap). So a
+session drafts only where its draft raises the step's expected tokens per second by
+GAIN_MARGIN at least.
 
 A draft that speeds its own session makes every other session of the step wait
 for a longer step. A session that drafts too is repaid at once where its own
@@ -98,6 +104,10 @@ cdef double SOURCE_PRIOR = 0.8
 cdef double TRUST_PRIOR = 0.9
 cdef double TRUST_WEIGHT = 8.0
 cdef double TRUST_FORGET = 0.99
+
+# the least share by which a session's draft must raise its step's expected tokens per
+# second (the module doc)
+cdef double GAIN_MARGIN = 0.05
 
 # per verifying step: how much a session's and the node's past acceptance still weighs
 # (a session's: about its last ten steps with a draft found)
@@ -231,7 +241,7 @@ cdef class Speculation:
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
         first). Returns the draft rows given."""
         cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, context_matched, values_matched
-        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best
+        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted
         cdef Drafting * d
         cdef double trust
         self.planned_tokens = 0.0
@@ -298,7 +308,9 @@ cdef class Speculation:
                 continue
             # the j-th draft row gives a token only if the j - 1 before it were
             # accepted: p^j tokens expected (counted at the trust)
-            best = trusted / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
+            undrafted = trusted / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only,
+                                                    row_s)
+            best = undrafted
             gain = 0.0
             p_j = 1.0
             for j in range(1, k + 1):
@@ -308,6 +320,8 @@ cdef class Speculation:
                     n_rows + n_draft_rows + j, n_rows, decode_only, row_s)
                 if rate > best:
                     best, d.expected, d.n_draft = rate, gain, j
+            if best < undrafted * (1.0 + GAIN_MARGIN):
+                d.expected, d.n_draft = 0.0, 0
             trusted += trust * d.expected
             n_draft_rows += d.n_draft
         n_draft_rows = self.keep_repaid(rows, n_rows, n_draft_rows, n_always_rows, trust,
