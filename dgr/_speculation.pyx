@@ -23,12 +23,11 @@ accepted over those expected, recent steps weighing more. Where many sessions
 draft on noisy estimates of p, those that draft are the ones whose p is
 overestimated, and their drafts give less than expected (evidence/DGR-026,
 step_gain.py, at c = 16); the trust takes that back into the next plans. What the
-trust cannot take back is a step whose drafts were to give it a hair more than
-they cost: the estimate errs by more than that edge, and the step loses the rows
-(16 decoders and a draft row each planned 29.5 tokens at 217 ms, where the decode
-rows alone give 16 at 118; such steps gave 16-32: evidence/DGR-026/draft-cap). So
-a session drafts only where its draft raises the step's expected tokens per second
-by GAIN_MARGIN at least.
+trust cannot take back is a draft whose edge is smaller than the estimate's error:
+the step pays its rows for nothing (16 decoders and a draft row each planned 29.5
+tokens at 217 ms, where the decode rows alone gave 16 in about 118; such steps gave
+16-32: evidence/DGR-026/draft-cap). So a session drafts only where its draft raises
+the step's expected tokens per second by GAIN_MARGIN at least.
 
 A draft that speeds its own session makes every other session of the step wait
 for a longer step. A session that drafts too is repaid at once where its own
