@@ -33,15 +33,16 @@ and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
 the rows its drafts give, and a draft's length is chosen by what its rows cost:
 the steps the node timed as it opened (dgr.engine.measure_row_times) give the
 curve's shape where it has run no step lately, at the level of the steps it ran.
-The same rows cost more as the KV pool fills: in a unified pool each output row
-attends every cell held (masked), so RowTimes splits a step's seconds into its
-rows' share and `attention_s` per output row and 1,024 cells held, the slope of
-the steps' seconds over rows x cells within each count of rows (a pooled
-within-group fit). Without it, a count last run beside long contexts kept their
-time: 16 rows at 135 ms after a workload of 600-token prompts where the next
-workload's 16 rows took 110, so drafts planned against 135 ms seemed to pay 20 %
-(evidence/DGR-026/row-context). The probes, on a near-empty pool, are taken as
-rows alone.
+The same rows cost more as the KV pool fills (a unified pool's attention runs over
+its cells in use, masked to each row's sequence), so RowTimes splits a step's
+seconds into its rows' own and `attention_s` per output row and 1,024 cells held:
+the slope of the steps' seconds over rows x cells within each count of rows (a
+pooled within-group fit; of the measures tried it explains the most of the steps'
+times). Without it, a count last run beside long contexts kept their time: 16
+rows at 136 ms after a workload of 600-token prompts where the next workload's
+took 113, and drafts planned against the longer time seemed to pay where they did
+not (evidence/DGR-026/row-context). The probes, on a near-empty pool, are taken
+as rows alone; the attention is at most ATTENTION_SHARE of any count's time.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ MIN_ROW_WEIGHT = 0.5
 # towards none, so that a few steps whose cells barely differ leave a step's time
 # to its rows (16 decoders over 96 steps of one workload: a spread of about 4,600)
 ATTENTION_RIDGE = 1000.0
+# RowTimes.attention_s: at most this share of any count of rows' mean seconds, so
+# that a slope fitted on noise leaves every count a time of its own
+ATTENTION_SHARE = 0.5
 # Forgetting: the weight of a step at which the sums are brought back to weight 1
 # (FORGET**-n reaches it after about 23,000 steps, far below a float's range)
 RESCALE_AT = 1e100
@@ -239,15 +243,20 @@ class RowTimes:
         """Seconds per output row and 1,024 KV cells held: the slope of the steps'
         seconds over their attention within each count of rows (the groups of one
         count: in the others the rows vary too), fitted towards none by
-        ATTENTION_RIDGE, and none where the steps' seconds fall as it grows."""
+        ATTENTION_RIDGE, none where the steps' seconds fall as it grows, and at
+        most ATTENTION_SHARE of any group's mean seconds."""
         covariance = spread = 0.0
         for g in range(ROW_EXACT):
-            w = self._weight[g]
+            w, x = self._weight[g], self._attention[g]
             if w > 0.0:
-                x = self._attention[g]
                 covariance += self._attention_s[g] - x * self._seconds[g] / w
                 spread += self._attention_sq[g] - x * x / w
-        return max(0.0, covariance / (spread + ATTENTION_RIDGE * self._sums.weight))
+        most = float("inf")
+        for x, seconds in zip(self._attention, self._seconds):
+            if x > 0.0:
+                most = min(most, ATTENTION_SHARE * seconds / x)
+        slope = covariance / (spread + ATTENTION_RIDGE * self._sums.weight)
+        return max(0.0, min(slope, most))
 
     def points(self) -> list[tuple[float, float]]:
         """(mean rows, mean seconds less their attention: attention_s) of each group

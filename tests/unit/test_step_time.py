@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dgr.step_time import FORGET, RESCALE_AT, Forgetting, RowTimes, StepTimeModel, attended
+from dgr.step_time import ATTENTION_SHARE, FORGET, RESCALE_AT, Forgetting, RowTimes, StepTimeModel, attended
 
 
 def test_attended_counts_the_cells_each_prefill_row_sees():
@@ -145,6 +145,16 @@ def test_row_times_split_a_steps_seconds_into_its_rows_and_their_attention_of_th
         falling.observe(16, 1_000 + 16 * k, 0.100 - 1e-5 * k)
     assert falling.attention_s() == 0.0
     assert falling.points() == [(16, pytest.approx(0.1 - 1e-5 * 99 / 2, rel=0.01))]
+    # a slope beyond any count's time (noise): at most ATTENTION_SHARE of the least
+    # count's time per its attention, so every count keeps a time of its own
+    steep = RowTimes()
+    for k in range(100):
+        steep.observe(1, 1_024 * (1 + k), 0.001 + 0.01 * k)
+    weights = [FORGET ** (99 - k) for k in range(100)]
+    mean_s = sum(w * (0.001 + 0.01 * k) for k, w in enumerate(weights)) / sum(weights)
+    mean_attention = sum(w * (1 + k) for k, w in enumerate(weights)) / sum(weights)
+    assert steep.attention_s() == pytest.approx(ATTENTION_SHARE * mean_s / mean_attention)
+    assert all(seconds > 0 for _, seconds in steep.points())
 
 
 def test_forgetting_sums_stay_the_forgetting_weighted_ones_past_their_rescaling():
