@@ -362,13 +362,12 @@ cdef class BatchLoop:
         finally:
             pthread_mutex_unlock(&self.lock)
 
-    def set_row_times(self, points, double attention_s=0.0):
-        """Decode steps' seconds by output rows and per output row and 1,024 KV cells
-        held (dgr.step_time.RowTimes), for the speculation policy's next plans
-        (Scheduler.set_row_times)."""
+    def set_row_times(self, points):
+        """Decode steps' seconds by output rows (dgr.step_time.RowTimes), for the
+        speculation policy's next plans (Scheduler.set_row_times)."""
         pthread_mutex_lock(&self.lock)
         try:
-            self.scheduler.set_row_times(points, attention_s)
+            self.scheduler.set_row_times(points)
         finally:
             pthread_mutex_unlock(&self.lock)
 
@@ -451,7 +450,6 @@ cdef class BatchLoop:
                 continue
             n_ops = self._apply_kv_ops()
             n_events = self.scheduler.take_finish_requests(self.scratch)
-            self.scheduler.kv_cells = self.engine.kv_cells()
             rows = self.scheduler.plan()
             if rows > 0:
                 self._step(n_events)

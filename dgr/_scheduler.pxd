@@ -78,7 +78,6 @@ cdef class Scheduler:
     cdef bint time_known                # set_step_time gave the model below
     cdef double time_a, time_b, time_c, time_e
     cdef int prefill_cap                # the prefill rows the current plan allows
-    cdef public int kv_cells            # KV cells held as the step is planned (the batch loop's)
     cdef readonly Speculation speculation   # the drafts' policy (one_call only), else None
     cdef char * eog                 # per vocabulary entry: ends generation
     cdef int n_vocab

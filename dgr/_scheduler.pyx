@@ -238,12 +238,11 @@ cdef class Scheduler:
         if self.speculation is not None:
             self.speculation.set_word_forms(kinds, twins)
 
-    def set_row_times(self, points, double attention_s=0.0):
-        """Decode steps' seconds by output rows and per output row and 1,024 KV cells
-        held, for the speculation policy (Speculation.set_row_times); without one,
-        nothing to do."""
+    def set_row_times(self, points):
+        """Decode steps' seconds by output rows, for the speculation policy
+        (Speculation.set_row_times); without one, nothing to do."""
         if self.speculation is not None:
-            self.speculation.set_row_times(points, attention_s)
+            self.speculation.set_row_times(points)
 
     @property
     def last_prefill_cap(self):
@@ -349,7 +348,7 @@ cdef class Scheduler:
                 self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
-                n_waiting > 0, self.time_known, self.time_a, self.time_b, self.kv_cells)
+                n_waiting > 0, self.time_known, self.time_a, self.time_b)
         left = self.token_budget - self.decode_rows()
         self.n_chunks = 0
         if n_waiting == 0:

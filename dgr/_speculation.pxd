@@ -48,9 +48,7 @@ cdef class Speculation:
     # decode steps' seconds by output rows, measured (dgr.step_time.RowTimes)
     cdef int n_points
     cdef double point_rows[ROW_GROUPS]
-    cdef double point_s[ROW_GROUPS]     # each less its rows' attention (below)
-    cdef double attention_s             # seconds per output row and 1,024 KV cells held
-    cdef double row_attention_s         # per output row at the current plan's KV cells
+    cdef double point_s[ROW_GROUPS]
     # "auto" drafts verified, recent ones weighing more: tokens accepted, tokens
     # their chances expected (the trust: module doc)
     cdef double trust_accepted
@@ -62,11 +60,10 @@ cdef class Speculation:
 
     cdef double step_seconds(self, double rows, double near_rows, double near_s,
                              double row_s) noexcept nogil
-    cdef double rows_seconds(self, double rows, double row_s) noexcept nogil
 
     cdef void begin(self, Drafting * d, int mode) noexcept nogil
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
-                  bint time_known, double time_a, double time_b, int kv_cells) noexcept nogil
+                  bint time_known, double time_a, double time_b) noexcept nogil
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
                          int n_always_rows, double trust, double decode_only,
                          double row_s) noexcept nogil

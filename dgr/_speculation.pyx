@@ -10,10 +10,9 @@ row is expected to give p^j tokens. Each session's draft gets the length that
 gives the step the most expected tokens per second, the step's time taken from
 the decode steps the node measured by their output rows (dgr.step_time.RowTimes:
 each count up to 64 on its own; where none ran lately, the steps timed as the node
-opened, at the level of those that did), linear between them and past them at
-the mean cost of a row from the first to the last (at most the model's time per
-decode row), plus each row's attention of the KV cells held now (the same rows
-cost more beside longer contexts): a step's time is not linear in its rows on a CPU (here a second row costs
+opened, at the level of those that did), linear between them and past them at the mean
+cost of a row from the first to the last (at most the model's time per decode
+row): a step's time is not linear in its rows on a CPU (here a second row costs
 about a one-row step and a 17th about two fifths of one; beside 15 other
 decoders a 17th row costs a quarter of the step, and multiples of four cost less
 than the counts around them), so a short draft may cost more than it gives
@@ -186,13 +185,10 @@ cdef class Speculation:
         module doc)."""
         return _trust(self.trust_accepted, self.trust_expected)
 
-    def set_row_times(self, points, double attention_s=0.0):
-        """Decode steps' (mean output rows, mean seconds less their attention), fewest
-        rows first, and the seconds per output row and 1,024 KV cells held
-        (dgr.step_time.RowTimes.points and attention_s), for the next plans."""
+    def set_row_times(self, points):
+        """Decode steps' (mean output rows, mean seconds), fewest rows first
+        (dgr.step_time.RowTimes.points), for the next plans."""
         cdef int i
-        if not attention_s >= 0.0:
-            raise ValueError("a step's attention takes no less than no time")
         points = [(float(rows), float(seconds)) for rows, seconds in points]
         if len(points) > ROW_GROUPS:
             raise ValueError(f"at most {ROW_GROUPS} row times")
@@ -202,24 +198,18 @@ cdef class Speculation:
         for i in range(len(points)):
             self.point_rows[i], self.point_s[i] = points[i]
         self.n_points = len(points)
-        self.attention_s = attention_s
 
     cdef double step_seconds(self, double rows, double near_rows, double near_s,
                              double row_s) noexcept nogil:
-        """A decode step's seconds at `rows` output rows: with none measured, from
-        near_rows rows taking near_s at row_s a row; else the measured points' (each
-        less its attention) plus each row's attention of the KV cells held now."""
-        if self.n_points == 0:
-            return near_s + row_s * (rows - near_rows)
-        return self.rows_seconds(rows, row_s) + rows * self.row_attention_s
-
-    cdef double rows_seconds(self, double rows, double row_s) noexcept nogil:
-        """The measured points' seconds at `rows` output rows (their attention left
-        out): linear between them; below them at row_s a row; past them at the mean
-        cost of a row from the first point to the last, if less (a CPU's step grows
-        by less with each row: guessed low, a longer draft is tried and measured)."""
+        """A decode step's seconds at `rows` output rows: linear between the measured
+        points; below them, or with none from near_rows rows taking near_s, at row_s
+        a row; past them at the mean cost of a row from the first point to the last,
+        if less (a CPU's step grows by less with each row: guessed low, a longer
+        draft is tried and measured)."""
         cdef int i, m = self.n_points
         cdef double slope
+        if m == 0:
+            return near_s + row_s * (rows - near_rows)
         if rows <= self.point_rows[0]:
             return max(self.point_s[0] + row_s * (rows - self.point_rows[0]),
                        self.point_s[0] * rows / self.point_rows[0])
@@ -244,19 +234,17 @@ cdef class Speculation:
         d.mode = mode
 
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
-                  bint time_known, double time_a, double time_b, int kv_cells) noexcept nogil:
+                  bint time_known, double time_a, double time_b) noexcept nogil:
         """Give the rows' sessions their drafts (the module doc), at most `room` draft
-        rows in all; the step-time model a + b decode rows once `time_known`, each
-        output row attending `kv_cells`; none by "auto" while sessions wait to
-        prefill (`prefilling`: their prompts come first). Returns the draft rows
-        given."""
+        rows in all; the step-time model a + b decode rows once `time_known`; none
+        by "auto" while sessions wait to prefill (`prefilling`: their prompts come
+        first). Returns the draft rows given."""
         cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, context_matched, values_matched
         cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted
         cdef Drafting * d
         cdef double trust
         self.planned_tokens = 0.0
         self.planned_s = 0.0
-        self.row_attention_s = self.attention_s * kv_cells / 1024.0
         self.trust_accepted *= TRUST_FORGET
         self.trust_expected *= TRUST_FORGET
         trust = _trust(self.trust_accepted, self.trust_expected)

@@ -403,14 +403,14 @@ class StepLoop:
         # a draft row costs what a decode row does: both are output rows at a context's end
         output_rows = figures["decode_rows"] + figures["draft_rows"]
         if output_rows and not chunks:
-            self.row_times.observe(output_rows, self.batch.cells_used, figures["total_s"])
+            self.row_times.observe(output_rows, figures["total_s"])
         model = self.step_time.observe(output_rows, chunks, figures["total_s"])
         if model is not None:
             self.batch.set_step_time(*model)
         # a step with drafts may have run a row count the policy guessed: the next
         # plans see its time at once, not at the next fit
         if model is not None or figures["draft_rows"]:
-            self.batch.set_row_times(self.row_times.points(), self.row_times.attention_s())
+            self.batch.set_row_times(self.row_times.points())
 
     def _fail_node(self, why: str) -> None:
         """The engine can run no step any more (an RPC worker is lost: every

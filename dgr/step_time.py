@@ -33,16 +33,6 @@ and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
 the rows its drafts give, and a draft's length is chosen by what its rows cost:
 the steps the node timed as it opened (dgr.engine.measure_row_times) give the
 curve's shape where it has run no step lately, at the level of the steps it ran.
-The same rows cost more as the KV pool fills (a unified pool's attention runs over
-its cells in use, masked to each row's sequence), so RowTimes splits a step's
-seconds into its rows' own and `attention_s` per output row and 1,024 cells held:
-the slope of the steps' seconds over rows x cells within each count of rows (a
-pooled within-group fit; of the measures tried it explains the most of the steps'
-times). Without it, a count last run beside long contexts kept their time: 16
-rows at 136 ms after a workload of 600-token prompts where the next workload's
-took 113, and drafts planned against the longer time seemed to pay where they did
-not (evidence/DGR-026/row-context). The probes, on a near-empty pool, are taken
-as rows alone; the attention is at most ATTENTION_SHARE of any count's time.
 """
 
 from __future__ import annotations
@@ -65,14 +55,6 @@ MIN_FOR_ATTENTION = 4 * FORGET ** 4
 REFIT_EVERY = 16
 # RowTimes: the forgetting-weighted steps a group of rows needs to be given
 MIN_ROW_WEIGHT = 0.5
-# RowTimes.attention_s: the spread of rows x cells (in 1,024s, squared and
-# forgetting-weighted) that weighs as much as the steps' own in fitting the slope
-# towards none, so that a few steps whose cells barely differ leave a step's time
-# to its rows (16 decoders over 96 steps of one workload: a spread of about 4,600)
-ATTENTION_RIDGE = 1000.0
-# RowTimes.attention_s: at most this share of any count of rows' mean seconds, so
-# that a slope fitted on noise leaves every count a time of its own
-ATTENTION_SHARE = 0.5
 # Forgetting: the weight of a step at which the sums are brought back to weight 1
 # (FORGET**-n reaches it after about 23,000 steps, far below a float's range)
 RESCALE_AT = 1e100
@@ -184,23 +166,16 @@ class StepTimeModel:
 
 class RowTimes:
     """Decode steps' seconds by their output rows (decode and draft rows; steps
-    that prefill are left out) and the KV cells held: per group of rows
-    (ROW_GROUPS: each count up to ROW_EXACT, then one per power of two), the
-    forgetting-weighted sums of the steps' rows, seconds and attention (rows x
-    cells held, in 1,024s) (FORGET a step, as the fit), so a group the node has
+    that prefill are left out): per group of rows (ROW_GROUPS: each count up to
+    ROW_EXACT, then one per power of two), the forgetting-weighted means of the
+    steps' rows and seconds (FORGET a step, as the fit), so a group the node has
     not run lately drops out and is guessed again."""
 
     def __init__(self):
-        # per group: the steps, their rows, seconds, attention, attention squared and
-        # attention times seconds
-        self._weight = [0.0] * ROW_GROUPS
+        self._weight = [0.0] * ROW_GROUPS  # per group: the steps, their rows and seconds
         self._rows = [0.0] * ROW_GROUPS
         self._seconds = [0.0] * ROW_GROUPS
-        self._attention = [0.0] * ROW_GROUPS
-        self._attention_sq = [0.0] * ROW_GROUPS
-        self._attention_s = [0.0] * ROW_GROUPS
-        self._sums = Forgetting([self._weight, self._rows, self._seconds, self._attention,
-                                 self._attention_sq, self._attention_s])
+        self._sums = Forgetting([self._weight, self._rows, self._seconds])
         # the probes, fewest rows first: their rows, seconds and groups
         self._probed_rows: list[float] = []
         self._probed_s: list[float] = []
@@ -226,55 +201,28 @@ class RowTimes:
         i = bisect.bisect_right(xs, rows)
         return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
 
-    def observe(self, rows: int, cells: int, seconds: float) -> None:
-        """One decode step (no prefill rows) of `rows` output rows, with `cells` KV
-        cells held."""
+    def observe(self, rows: int, seconds: float) -> None:
+        """One decode step (no prefill rows) of `rows` output rows."""
         w = self._sums.next_step()
         group = self._group(rows)
-        x = rows * cells / 1024
         self._weight[group] += w
         self._rows[group] += w * rows
         self._seconds[group] += w * seconds
-        self._attention[group] += w * x
-        self._attention_sq[group] += w * x * x
-        self._attention_s[group] += w * x * seconds
-
-    def attention_s(self) -> float:
-        """Seconds per output row and 1,024 KV cells held: the slope of the steps'
-        seconds over their attention within each count of rows (the groups of one
-        count: in the others the rows vary too), fitted towards none by
-        ATTENTION_RIDGE, none where the steps' seconds fall as it grows, and at
-        most ATTENTION_SHARE of any group's mean seconds."""
-        covariance = spread = 0.0
-        for g in range(ROW_EXACT):
-            w, x = self._weight[g], self._attention[g]
-            if w > 0.0:
-                covariance += self._attention_s[g] - x * self._seconds[g] / w
-                spread += self._attention_sq[g] - x * x / w
-        most = float("inf")
-        for x, seconds in zip(self._attention, self._seconds):
-            if x > 0.0:
-                most = min(most, ATTENTION_SHARE * seconds / x)
-        slope = covariance / (spread + ATTENTION_RIDGE * self._sums.weight)
-        return max(0.0, min(slope, most))
 
     def points(self) -> list[tuple[float, float]]:
-        """(mean rows, mean seconds less their attention: attention_s) of each group
-        seen lately, and the probes of the groups not seen lately at the level of
-        those seen (their seconds over the probes' at the same rows, by weight),
-        fewest rows first."""
-        weight, rows, seconds, attention = self._sums.sums[:4]
+        """(mean rows, mean seconds) of each group seen lately, and the probes of the
+        groups not seen lately at the level of those seen (their seconds over the
+        probes' at the same rows, by weight), fewest rows first."""
+        weight, rows, seconds = self._sums.sums
         least = MIN_ROW_WEIGHT * self._sums.weight
         seen = {g: None for g, w in enumerate(weight) if w >= least}  # ordered, a set
-        per_attention = self.attention_s()
-        own = {g: seconds[g] - per_attention * attention[g] for g in seen}
         # mean rows to a millionth of a row: a group of one count gives that count
-        out = [(round(rows[g] / weight[g], 6), own[g] / weight[g]) for g in seen]
+        out = [(round(rows[g] / weight[g], 6), seconds[g] / weight[g]) for g in seen]
         if not self._probed_rows:
             return out
         level = 1.0
         if out:
-            level = sum(own.values()) / sum(
+            level = sum(seconds[g] for g in seen) / sum(
                 weight[g] * self._probed_seconds(rows[g] / weight[g]) for g in seen)
         out += [(r, s * level) for r, s, group in
                 zip(self._probed_rows, self._probed_s, self._probed_groups) if group not in seen]

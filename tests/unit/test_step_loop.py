@@ -56,8 +56,8 @@ class FakeBatch:
     def set_step_time(self, a, b, c, e):
         self.calls.append(("step_time", a, b, c, e))
 
-    def set_row_times(self, points, attention_s):
-        self.calls.append(("row_times", tuple(points), attention_s))
+    def set_row_times(self, points):
+        self.calls.append(("row_times", tuple(points)))
 
     def request_finish(self, slot, reason):
         self.calls.append(("finish", slot, reason))

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from dgr.step_time import ATTENTION_SHARE, FORGET, RESCALE_AT, Forgetting, RowTimes, StepTimeModel, attended
+from dgr.step_time import FORGET, RESCALE_AT, Forgetting, RowTimes, StepTimeModel, attended
 
 
 def test_attended_counts_the_cells_each_prefill_row_sees():
@@ -84,18 +84,18 @@ def test_row_times_give_each_group_of_rows_its_recent_mean_and_drop_groups_not_r
     times = RowTimes()
     assert times.points() == []
     for _ in range(10):
-        times.observe(1, 0, 0.015)
-        times.observe(17, 0, 0.140)
-        times.observe(100, 0, 0.500)
-        times.observe(120, 0, 0.600)  # the group of 64-127 rows, as 100
+        times.observe(1, 0.015)
+        times.observe(17, 0.140)
+        times.observe(100, 0.500)
+        times.observe(120, 0.600)  # the group of 64-127 rows, as 100
     (rows_1, seconds_1), (rows_17, seconds_17), (rows_64, seconds_64) = times.points()
     assert (rows_1, seconds_1) == pytest.approx((1, 0.015))
     assert (rows_17, seconds_17) == pytest.approx((17, 0.140))  # counts up to 64 on their own
     assert (rows_64, seconds_64) == pytest.approx((110, 0.550), rel=0.01)
-    times.observe(100_000, 0, 1.0)  # the last group holds the rest
+    times.observe(100_000, 1.0)  # the last group holds the rest
     assert times.points()[-1][0] == 100_000
     for _ in range(400):  # only one-row steps since: the other group fades out
-        times.observe(1, 0, 0.016)
+        times.observe(1, 0.016)
     ((rows_1, seconds_1),) = times.points()
     assert (rows_1, seconds_1) == pytest.approx((1, 0.016), rel=0.01)
 
@@ -106,55 +106,14 @@ def test_row_times_give_the_probed_shape_where_no_step_ran_lately_at_the_level_o
     # before any step: the probes as they were timed
     assert times.points() == pytest.approx([(1, 0.015), (4, 0.040), (16, 0.090), (48, 0.240)])
     for _ in range(10):  # the machine runs more slowly than when the node opened
-        times.observe(1, 0, 0.030)
-        times.observe(7, 0, 0.130)  # between the probes at 4 and 16 rows: 0.0525 probed
+        times.observe(1, 0.030)
+        times.observe(7, 0.130)  # between the probes at 4 and 16 rows: 0.0525 probed
     points = dict(times.points())
     level = (0.030 + 0.130) / (0.015 + 0.0525)  # weights alike: both seen as often
     assert points[1] == pytest.approx(0.030) and points[7] == pytest.approx(0.130)
     assert points[4] == pytest.approx(0.040 * level, rel=1e-2)
     assert points[48] == pytest.approx(0.240 * level, rel=1e-2)
     assert sorted(points) == [1, 4, 7, 16, 48]
-
-
-def test_row_times_split_a_steps_seconds_into_its_rows_and_their_attention_of_the_cells_held():
-    """Each output row attends every KV cell held, so the same rows cost more beside
-    longer contexts: a workload of long prompts, then one of short ones. The points
-    are the rows' own seconds, whichever contexts the steps ran beside, and the
-    attention per output row and 1,024 cells is recovered."""
-    own = {8: 0.060, 16: 0.100}
-    per_attention = 0.0002
-    rng = random.Random(3)
-    times = RowTimes()
-
-    def workload(cells, steps):
-        for k in range(steps):
-            for rows in own:
-                held = cells + rows * k
-                seconds = own[rows] + per_attention * rows * held / 1024
-                times.observe(rows, held, seconds * (1 + rng.uniform(-0.02, 0.02)))
-
-    workload(10_000, 60)
-    workload(1_000, 20)  # most of each group's weight is still the long contexts'
-    assert times.attention_s() == pytest.approx(per_attention, rel=0.15)
-    points = dict(times.points())
-    assert points[8] == pytest.approx(own[8], rel=0.05)
-    assert points[16] == pytest.approx(own[16], rel=0.05)
-    # steps whose time falls as the cells grow: no attention
-    falling = RowTimes()
-    for k in range(100):
-        falling.observe(16, 1_000 + 16 * k, 0.100 - 1e-5 * k)
-    assert falling.attention_s() == 0.0
-    assert falling.points() == [(16, pytest.approx(0.1 - 1e-5 * 99 / 2, rel=0.01))]
-    # a slope beyond any count's time (noise): at most ATTENTION_SHARE of the least
-    # count's time per its attention, so every count keeps a time of its own
-    steep = RowTimes()
-    for k in range(100):
-        steep.observe(1, 1_024 * (1 + k), 0.001 + 0.01 * k)
-    weights = [FORGET ** (99 - k) for k in range(100)]
-    mean_s = sum(w * (0.001 + 0.01 * k) for k, w in enumerate(weights)) / sum(weights)
-    mean_attention = sum(w * (1 + k) for k, w in enumerate(weights)) / sum(weights)
-    assert steep.attention_s() == pytest.approx(ATTENTION_SHARE * mean_s / mean_attention)
-    assert all(seconds > 0 for _, seconds in steep.points())
 
 
 def test_forgetting_sums_stay_the_forgetting_weighted_ones_past_their_rescaling():
