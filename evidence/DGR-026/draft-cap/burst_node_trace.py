@@ -33,8 +33,12 @@ async def one(node, i, mode, stamps, build=BUILD):
                 stamps.append(time.perf_counter())
 
 
-async def burst(node, c, offset, mode="auto"):
+async def burst(node, c, offset, mode="auto", started=None):
+    """c sessions after their earlier user's request (`started(node)` called between):
+    decode tok/s as the bench counts it, and the node's steps from the first one's."""
     await one(node, offset + EARLIER_USER, mode, [])
+    if started is not None:
+        started(node)
     stamps = [[] for _ in range(c)]
     first_step = node.steps[-1].index if node.steps else -1
     async with trio.open_nursery() as nursery:
@@ -65,4 +69,5 @@ async def main():
                           f"{1e3 * s.planned[1]:.0f} ms, took {1e3 * s.duration_s:.0f} ms")
 
 
-trio.run(main)
+if __name__ == "__main__":
+    trio.run(main)
