@@ -23,10 +23,12 @@ accepted over those expected, recent steps weighing more. Where many sessions
 draft on noisy estimates of p, those that draft are the ones whose p is
 overestimated, and their drafts give less than expected (evidence/DGR-026,
 step_gain.py, at c = 16); the trust takes that back into the next plans. What the
-trust cannot take back is a draft whose edge is smaller than the estimate's error:
-the step pays its rows for nothing (16 decoders and a draft row each planned 29.5
-tokens at 217 ms, where the decode rows alone gave 16 in about 118; such steps gave
-16-32: evidence/DGR-026/draft-cap). So a session drafts only where its draft raises
+trust cannot take back is a draft whose edge is smaller than the plan's error (in a
+draft's tokens, or in the step's time: a count of rows last timed beside longer
+contexts reads slow, evidence/DGR-026/row-context): the step pays its rows for
+nothing (16 decoders and a draft row each planned 29.5 tokens at 217 ms, where the
+decode rows alone gave 16 in about 118; such steps gave 16-32:
+evidence/DGR-026/draft-cap). So a session drafts only where its draft raises
 the step's expected tokens per second by GAIN_MARGIN at least.
 
 A draft that speeds its own session makes every other session of the step wait
@@ -59,11 +61,11 @@ p is estimated from the session's record of the draft's source beside the
 source's node-wide one (optimistic before there is any; a session's sources
 differ: a JSON list's keys follow its earlier objects, its values seldom its
 prompt): tokens accepted over tokens accepted plus drafts broken (a draft's
-tokens after the one rejected were never tried), recent steps weighing more. A step where a draft was found but not verified
-records whether the token the session sampled was the draft's first (a shadow
-check, free), so a session learns its chance while it does not draft: one that
-starts quoting its context drafts, longer as its drafts are taken whole, and
-one whose drafts would fail pays for none.
+tokens after the one rejected were never tried), recent steps weighing more. A step
+where a draft was found but not verified records whether the token the session
+sampled was the draft's first (a shadow check, free), so a session learns its
+chance while it does not draft: one that starts quoting its context drafts, longer
+as its drafts are taken whole, and one whose drafts would fail pays for none.
 
 A session drafts at most MAX_DRAFT tokens, no more than its credits and
 max_tokens leave room for (so drafts never take KV beyond its reservation); a
