@@ -10,6 +10,7 @@ planned (tokens and ms) and what the step took.
 
 import sys
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -49,13 +50,21 @@ async def burst(node, c, offset, mode="auto", started=None):
     return sum(len(s) - 1 for s in stamps) / span, steps
 
 
-async def main():
+@asynccontextmanager
+async def open_warmed_node():
+    """A fresh auto node as the bench's (16 slots of 2,048 cells), once it has served
+    the bench's untimed warm-up: 16 code-edit prompts at once, speculation off."""
     config = dgr.NodeConfig(model_path=resolve_model_path(None), max_running=16,
                             n_ctx=16 * 2048, speculation="auto")
     async with dgr.open_node(config) as node:
         async with trio.open_nursery() as nursery:
             for i in range(16):
                 nursery.start_soon(one, node, 90_000 + i, "off", [], WORKLOADS["code edit"])
+        yield node
+
+
+async def main():
+    async with open_warmed_node() as node:
         for r in range(2):
             for c in (8, 16):
                 rate, steps = await burst(node, c, 100 * r + 1000 * c)

@@ -16,10 +16,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "draft-cap"))
 
-import dgr  # noqa: E402
-from benchmarks.speculation import WORKLOADS  # noqa: E402
-from burst_node_trace import burst, one  # noqa: E402
-from dgr.engine import resolve_model_path  # noqa: E402
+from burst_node_trace import burst, open_warmed_node  # noqa: E402
 
 
 def row_times(node):
@@ -33,12 +30,7 @@ def print_row_times(node):
 
 async def main():
     mode = sys.argv[1]
-    config = dgr.NodeConfig(model_path=resolve_model_path(None), max_running=16,
-                            n_ctx=16 * 2048, speculation="auto")
-    async with dgr.open_node(config) as node:
-        async with trio.open_nursery() as nursery:
-            for i in range(16):
-                nursery.start_soon(one, node, 90_000 + i, "off", [], WORKLOADS["code edit"])
+    async with open_warmed_node() as node:
         print("after warm-up points:", row_times(node))
         for r in range(2):
             for c in (8, 16):
