@@ -348,7 +348,12 @@ cdef class Scheduler:
                 self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
-                n_waiting > 0, self.time_known, self.time_a, self.time_b)
+                n_waiting > 0, self.time_known, self.time_b)
+        self.cells = 0.0
+        for i in range(self.n_decode):
+            sl = &self.slots[self.decode_slots[i]]
+            self.cells += (1 + (sl.drafting.n_draft if self.speculation is not None else 0)) * (
+                sl.n_prompt + sl.n_generated)
         left = self.token_budget - self.decode_rows()
         self.n_chunks = 0
         if n_waiting == 0:
@@ -437,6 +442,7 @@ cdef class Scheduler:
         cdef Event * e
         figures.decode_rows = self.n_decode
         figures.draft_rows = self.n_draft_rows
+        figures.cells = self.cells
         figures.planned_tokens = 0.0
         figures.planned_s = 0.0
         if self.speculation is not None:

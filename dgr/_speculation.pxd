@@ -45,10 +45,12 @@ cdef class Speculation:
     cdef const int32_t * twins
     cdef ValueScratch * values
     cdef int32_t values_out[MAX_DRAFT]
-    # decode steps' seconds by output rows, measured (dgr.step_time.RowTimes)
+    # decode steps' seconds by output rows, measured (dgr.step_time.RowTimes), and
+    # the KV cells their rows attended (< 0: not timed at the sessions' contexts)
     cdef int n_points
     cdef double point_rows[ROW_GROUPS]
     cdef double point_s[ROW_GROUPS]
+    cdef double point_cells[ROW_GROUPS]
     # "auto" drafts verified, recent ones weighing more: tokens accepted, tokens
     # their chances expected (the trust: module doc)
     cdef double trust_accepted
@@ -58,15 +60,14 @@ cdef class Speculation:
     cdef readonly double planned_tokens
     cdef readonly double planned_s
 
-    cdef double step_seconds(self, double rows, double near_rows, double near_s,
-                             double row_s) noexcept nogil
+    cdef double step_seconds(self, double rows, double row_s) noexcept nogil
 
+    cdef double timed_at(self, int rows, double cells) noexcept nogil
     cdef void begin(self, Drafting * d, int mode) noexcept nogil
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
-                  bint time_known, double time_a, double time_b) noexcept nogil
+                  bint time_known, double time_b) noexcept nogil
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
-                         int n_always_rows, double trust, double decode_only,
-                         double row_s) noexcept nogil
+                         int n_always_rows, double trust, double row_s) noexcept nogil
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil
     cdef void shadowed(self, Drafting * d, bint taken) noexcept nogil
     cdef void finished(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil

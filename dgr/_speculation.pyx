@@ -31,6 +31,15 @@ decode rows alone gave 16 in about 118; such steps gave 16-32:
 evidence/DGR-026/draft-cap). So a session drafts only where its draft raises
 the step's expected tokens per second by GAIN_MARGIN at least.
 
+A step's time grows with the KV cells its rows attend (the same 16 decode rows took
+134.9 ms beside sessions of 10,000 cells and 111.6 ms beside sessions of 800-2,000:
+evidence/DGR-026/row-context), and while every step drafts, the step without drafts
+is not timed at the sessions' contexts: its count of rows, last timed beside longer
+contexts, reads slow and credits every draft with an edge it lacks. So "auto" drafts
+only where a step of the decode rows' count was timed at about the cells they attend
+now (`timed_at`); else the step runs without drafts and so times it. That costs one
+step's drafts each time the sessions' contexts grow by an eighth.
+
 A draft that speeds its own session makes every other session of the step wait
 for a longer step. A session that drafts too is repaid at once where its own
 expected tokens (at the trust) come no later than from as many steps without
@@ -78,6 +87,7 @@ session's start, `begin`) and the records; the scheduler reads the drafts to fil
 and verify the rows.
 """
 
+from libc.math cimport fabs
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
@@ -110,10 +120,30 @@ cdef double TRUST_FORGET = 0.99
 # second (the module doc)
 cdef double GAIN_MARGIN = 0.05
 
+# A step's time holds for steps of as many output rows whose rows attend a number of
+# KV cells within CONTEXT_SLACK of it, or within CONTEXT_FLOOR cells (where a row
+# attends few, its own cost dominates: 512 cells are about 1.4 ms of a step here,
+# evidence/DGR-026/row-context/fit.py)
+cdef double CONTEXT_SLACK = 0.125
+cdef double CONTEXT_FLOOR = 512.0
+
 # per verifying step: how much a session's and the node's past acceptance still weighs
 # (a session's: about its last ten steps with a draft found)
 cdef double SLOT_FORGET = 0.9
 cdef double SOURCE_FORGET = 0.99
+
+
+cdef inline bint _near(double cells, double timed_cells) noexcept nogil:
+    """A step whose rows attend `cells` KV cells in all takes about the time of one
+    of as many rows timed at `timed_cells` (< 0: not timed at any)."""
+    return timed_cells >= 0.0 and fabs(cells - timed_cells) <= max(
+        CONTEXT_FLOOR, CONTEXT_SLACK * max(cells, timed_cells))
+
+
+def context_near(double cells, double timed_cells):
+    """Whether a step whose rows attend `cells` KV cells in all takes about the time
+    of one of as many rows timed at `timed_cells` (the module doc; < 0: not timed)."""
+    return _near(cells, timed_cells)
 
 
 cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
@@ -188,30 +218,37 @@ cdef class Speculation:
         return _trust(self.trust_accepted, self.trust_expected)
 
     def set_row_times(self, points):
-        """Decode steps' (mean output rows, mean seconds), fewest rows first
-        (dgr.step_time.RowTimes.points), for the next plans."""
+        """Decode steps' (mean output rows, mean seconds, mean KV cells their rows
+        attended in all; < 0 where not timed at the sessions' contexts), fewest rows
+        first (dgr.step_time.RowTimes.points), for the next plans."""
         cdef int i
-        points = [(float(rows), float(seconds)) for rows, seconds in points]
+        points = [(float(rows), float(seconds), float(cells)) for rows, seconds, cells in points]
         if len(points) > ROW_GROUPS:
             raise ValueError(f"at most {ROW_GROUPS} row times")
-        if not all(rows >= 1.0 and seconds > 0.0 for rows, seconds in points) or any(
+        if not all(rows >= 1.0 and seconds > 0.0 for rows, seconds, _ in points) or any(
                 later[0] <= earlier[0] for earlier, later in zip(points, points[1:])):
             raise ValueError("row times need rows >= 1, in increasing order, and seconds > 0")
         for i in range(len(points)):
-            self.point_rows[i], self.point_s[i] = points[i]
+            self.point_rows[i], self.point_s[i], self.point_cells[i] = points[i]
         self.n_points = len(points)
 
-    cdef double step_seconds(self, double rows, double near_rows, double near_s,
-                             double row_s) noexcept nogil:
+    cdef double timed_at(self, int rows, double cells) noexcept nogil:
+        """The seconds of steps of `rows` output rows timed with their rows attending
+        about `cells` KV cells (the module doc), or 0 where none was."""
+        cdef int i
+        for i in range(self.n_points):
+            if self.point_rows[i] == rows:
+                return self.point_s[i] if _near(cells, self.point_cells[i]) else 0.0
+        return 0.0
+
+    cdef double step_seconds(self, double rows, double row_s) noexcept nogil:
         """A decode step's seconds at `rows` output rows: linear between the measured
-        points; below them, or with none from near_rows rows taking near_s, at row_s
-        a row; past them at the mean cost of a row from the first point to the last,
-        if less (a CPU's step grows by less with each row: guessed low, a longer
-        draft is tried and measured)."""
+        points (the plan has one: `timed_at`); below them at row_s a row; past them
+        at the mean cost of a row from the first point to the last, if less (a CPU's
+        step grows by less with each row: guessed low, a longer draft is tried and
+        measured)."""
         cdef int i, m = self.n_points
         cdef double slope
-        if m == 0:
-            return near_s + row_s * (rows - near_rows)
         if rows <= self.point_rows[0]:
             return max(self.point_s[0] + row_s * (rows - self.point_rows[0]),
                        self.point_s[0] * rows / self.point_rows[0])
@@ -236,13 +273,14 @@ cdef class Speculation:
         d.mode = mode
 
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
-                  bint time_known, double time_a, double time_b) noexcept nogil:
+                  bint time_known, double time_b) noexcept nogil:
         """Give the rows' sessions their drafts (the module doc), at most `room` draft
-        rows in all; the step-time model a + b decode rows once `time_known`; none
+        rows in all; the step-time model's cost of a decode row once `time_known`; none
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
-        first). Returns the draft rows given."""
+        first) or where the decode rows were not timed at their context (`timed_at`:
+        the plan's decode-only step time). Returns the draft rows given."""
         cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, context_matched, values_matched
-        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted
+        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted, cells
         cdef Drafting * d
         cdef double trust
         self.planned_tokens = 0.0
@@ -291,15 +329,18 @@ cdef class Speculation:
         n_always_rows = n_draft_rows
         if prefilling or not time_known:
             return n_draft_rows
+        cells = 0.0
+        for i in range(n_rows):
+            cells += rows[i].n_context
+        decode_only = self.timed_at(n_rows, cells)
+        if decode_only <= 0.0:
+            return n_draft_rows  # this step times the decode rows (the module doc)
         # auto: each session's draft gets the length that gives the step the most
         # expected tokens per second, with the drafts before it. Beyond the measured
         # steps a row costs the model's b, but at least the decode-only step's time
         # shared by one row more: where every step had the same rows (one decoder, no
         # drafts yet) the fit cannot tell a from b, and drafting is what tells them
         # apart. Then the plan keeps only drafts that slow no other session.
-        decode_only = time_a + time_b * n_rows
-        if decode_only <= 0.0:
-            return n_draft_rows
         row_s = max(time_b, decode_only / (n_rows + 1))
         trusted = n_rows
         for i in range(n_rows):
@@ -309,8 +350,7 @@ cdef class Speculation:
                 continue
             # the j-th draft row gives a token only if the j - 1 before it were
             # accepted: p^j tokens expected (counted at the trust)
-            undrafted = trusted / self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only,
-                                                    row_s)
+            undrafted = trusted / self.step_seconds(n_rows + n_draft_rows, row_s)
             best = undrafted
             gain = 0.0
             p_j = 1.0
@@ -318,26 +358,24 @@ cdef class Speculation:
                 p_j *= self.rate[i]
                 gain += p_j
                 rate = (trusted + trust * gain) / self.step_seconds(
-                    n_rows + n_draft_rows + j, n_rows, decode_only, row_s)
+                    n_rows + n_draft_rows + j, row_s)
                 if rate > best:
                     best, d.expected, d.n_draft = rate, gain, j
             if best < undrafted * (1.0 + GAIN_MARGIN):
                 d.expected, d.n_draft = 0.0, 0
             trusted += trust * d.expected
             n_draft_rows += d.n_draft
-        n_draft_rows = self.keep_repaid(rows, n_rows, n_draft_rows, n_always_rows, trust,
-                                        decode_only, row_s)
+        n_draft_rows = self.keep_repaid(rows, n_rows, n_draft_rows, n_always_rows, trust, row_s)
         expected = n_rows
         for i in range(n_rows):
             expected += rows[i].drafting.expected
         if expected > n_rows:
             self.planned_tokens = expected
-            self.planned_s = self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
+            self.planned_s = self.step_seconds(n_rows + n_draft_rows, row_s)
         return n_draft_rows
 
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
-                         int n_always_rows, double trust, double decode_only,
-                         double row_s) noexcept nogil:
+                         int n_always_rows, double trust, double row_s) noexcept nogil:
         """The plan's "auto" drafts, less those not repaid (the module doc): a drafting
         session's whose step exceeds its 1 + expected tokens' steps without drafts,
         the fewest expected first, else, where some session does not draft and the
@@ -349,11 +387,11 @@ cdef class Speculation:
         cdef Drafting * d
         if n_rows < 2:
             return n_draft_rows
-        base_s = self.step_seconds(n_rows + n_always_rows, n_rows, decode_only, row_s)
-        row_cost = (self.step_seconds(n_rows, n_rows, decode_only, row_s)
-                    - self.step_seconds(1, n_rows, decode_only, row_s)) / (n_rows - 1)
+        base_s = self.step_seconds(n_rows + n_always_rows, row_s)
+        row_cost = (self.step_seconds(n_rows, row_s)
+                    - self.step_seconds(1, row_s)) / (n_rows - 1)
         while n_draft_rows > n_always_rows:
-            plan_s = self.step_seconds(n_rows + n_draft_rows, n_rows, decode_only, row_s)
+            plan_s = self.step_seconds(n_rows + n_draft_rows, row_s)
             saved = 0.0
             waiting = False
             fewest = unrepaid = -1

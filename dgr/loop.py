@@ -402,14 +402,16 @@ class StepLoop:
         self._step_decode, self._step_prefill = [], []
         # a draft row costs what a decode row does: both are output rows at a context's end
         output_rows = figures["decode_rows"] + figures["draft_rows"]
+        anew = False
         if output_rows and not chunks:
-            self.row_times.observe(output_rows, figures["total_s"])
+            anew = self.row_times.observe(output_rows, figures["total_s"], figures["cells"])
         model = self.step_time.observe(output_rows, chunks, figures["total_s"])
         if model is not None:
             self.batch.set_step_time(*model)
-        # a step with drafts may have run a row count the policy guessed: the next
-        # plans see its time at once, not at the next fit
-        if model is not None or figures["draft_rows"]:
+        # a step with drafts may have run a row count the policy guessed, and a step
+        # may have timed its rows at the sessions' contexts now, which the policy
+        # drafts beside: the next plans see its time at once, not at the next fit
+        if model is not None or figures["draft_rows"] or anew:
             self.batch.set_row_times(self.row_times.points())
 
     def _fail_node(self, why: str) -> None:

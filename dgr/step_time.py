@@ -43,6 +43,7 @@ from typing import Optional
 import numpy as np
 
 from dgr._codes import ROW_EXACT, ROW_GROUPS
+from dgr._speculation import context_near
 
 FORGET = 0.99
 # forgetting-weighted steps seen before a model is given: decode-only ones (a, b),
@@ -168,14 +169,20 @@ class RowTimes:
     """Decode steps' seconds by their output rows (decode and draft rows; steps
     that prefill are left out): per group of rows (ROW_GROUPS: each count up to
     ROW_EXACT, then one per power of two), the forgetting-weighted means of the
-    steps' rows and seconds (FORGET a step, as the fit), so a group the node has
-    not run lately drops out and is guessed again."""
+    steps' rows, seconds and KV cells their rows attended (FORGET a step, as the
+    fit), so a group the node has not run lately drops out and is guessed again.
+    A group's steps timed at cells far from a new step's (dgr._speculation.context_near)
+    are forgotten at once: a step's time grows with the cells its rows attend, and the
+    speculation policy drafts only beside a decode-only time of the sessions'
+    contexts now."""
 
     def __init__(self):
-        self._weight = [0.0] * ROW_GROUPS  # per group: the steps, their rows and seconds
+        # per group: the steps, their rows, seconds and cells
+        self._weight = [0.0] * ROW_GROUPS
         self._rows = [0.0] * ROW_GROUPS
         self._seconds = [0.0] * ROW_GROUPS
-        self._sums = Forgetting([self._weight, self._rows, self._seconds])
+        self._cells = [0.0] * ROW_GROUPS
+        self._sums = Forgetting([self._weight, self._rows, self._seconds, self._cells])
         # the probes, fewest rows first: their rows, seconds and groups
         self._probed_rows: list[float] = []
         self._probed_s: list[float] = []
@@ -201,30 +208,41 @@ class RowTimes:
         i = bisect.bisect_right(xs, rows)
         return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """One decode step (no prefill rows) of `rows` output rows."""
+    def observe(self, rows: int, seconds: float, cells: float) -> bool:
+        """One decode step (no prefill rows) of `rows` output rows attending `cells`
+        KV cells in all. Returns whether its group's times start anew with it (the
+        class doc)."""
         w = self._sums.next_step()
         group = self._group(rows)
+        weight = self._weight[group]
+        anew = weight == 0.0 or not context_near(cells, self._cells[group] / weight)
+        if anew:
+            for sums in self._sums.sums:
+                sums[group] = 0.0
         self._weight[group] += w
         self._rows[group] += w * rows
         self._seconds[group] += w * seconds
+        self._cells[group] += w * cells
+        return anew
 
-    def points(self) -> list[tuple[float, float]]:
-        """(mean rows, mean seconds) of each group seen lately, and the probes of the
-        groups not seen lately at the level of those seen (their seconds over the
-        probes' at the same rows, by weight), fewest rows first."""
-        weight, rows, seconds = self._sums.sums
+    def points(self) -> list[tuple[float, float, float]]:
+        """(mean rows, mean seconds, mean cells) of each group seen lately, and the
+        probes of the groups not seen lately at the level of those seen (their
+        seconds over the probes' at the same rows, by weight; cells -1: not timed at
+        the sessions' contexts), fewest rows first."""
+        weight, rows, seconds, cells = self._sums.sums
         least = MIN_ROW_WEIGHT * self._sums.weight
         seen = {g: None for g, w in enumerate(weight) if w >= least}  # ordered, a set
         # mean rows to a millionth of a row: a group of one count gives that count
-        out = [(round(rows[g] / weight[g], 6), seconds[g] / weight[g]) for g in seen]
+        out = [(round(rows[g] / weight[g], 6), seconds[g] / weight[g], cells[g] / weight[g])
+               for g in seen]
         if not self._probed_rows:
             return out
         level = 1.0
         if out:
             level = sum(seconds[g] for g in seen) / sum(
                 weight[g] * self._probed_seconds(rows[g] / weight[g]) for g in seen)
-        out += [(r, s * level) for r, s, group in
+        out += [(r, s * level, -1.0) for r, s, group in
                 zip(self._probed_rows, self._probed_s, self._probed_groups) if group not in seen]
         return sorted(out)
 

@@ -9,9 +9,22 @@ from dgr._codes import (MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource, Spe
 from dgr.events import Decoded, Finished, Sampled
 
 EOG = 99
+
+
+def timed(points):
+    """Decode steps' (rows, seconds) as the node timed them at these tests' contexts:
+    a few dozen KV cells, within CONTEXT_FLOOR (512) of none."""
+    return [(rows, seconds, 0.0) for rows, seconds in points]
+
+
+def linear(a, b):
+    """Row times of a step taking a + b rows."""
+    return timed([(rows, a + b * rows) for rows in (1, 2, 4, 8, 16)])
+
+
 # decode steps' seconds by output rows as a CPU's: a second row costs about a first,
 # rows past it little (evidence/DGR-026/rows-cost-wide.txt)
-CHEAP_ROWS = [(1, 0.020), (2, 0.030), (4, 0.032), (8, 0.036), (16, 0.044)]
+CHEAP_ROWS = timed([(1, 0.020), (2, 0.030), (4, 0.032), (8, 0.036), (16, 0.044)])
 ALWAYS, AUTO, OFF = (Speculation.SPECULATE_ALWAYS, Speculation.SPECULATE_AUTO,
                      Speculation.SPECULATE_OFF)
 
@@ -254,12 +267,14 @@ def test_auto_drafts_only_where_the_step_time_model_says_they_pay():
     decoding(sched, 0, prompt, speculate=AUTO, first=3)
     # a step's fixed cost dominates its rows: drafts at the prior share accepted pay
     sched.set_step_time(0.020, 0.002, 0.001, 0.0)
+    sched.set_row_times(linear(0.020, 0.002))
     sched.plan_step()
     assert len(sched.planned_draft(0)) > 1
     # rows dominate (compute-bound steps): no draft beside 8 decoders
     sched = scheduler(n_slots=8, token_budget=256)
     decoding(sched, range(8), prompt, speculate=AUTO, first=3)
     sched.set_step_time(0.001, 0.010, 0.001, 0.0)
+    sched.set_row_times(linear(0.001, 0.010))
     _, decode, _ = sched.plan_step()
     assert decode == list(range(8)) and all(sched.planned_draft(s) == [] for s in decode)
 
@@ -272,6 +287,7 @@ def test_auto_sizes_a_draft_by_how_much_of_the_sessions_drafts_was_taken():
     sched = scheduler(n_slots=2, token_budget=256)
     decoding(sched, 0, prompt, speculate=AUTO, first=3)
     sched.set_step_time(0.010, 0.010, 0.001, 0.0)  # a row costs half a one-row step
+    sched.set_row_times(linear(0.010, 0.010))
     lengths = []
     for _ in range(4):  # every draft taken
         sched.plan_step()
@@ -298,8 +314,8 @@ def test_auto_drafts_long_or_not_at_all_where_a_second_row_costs_a_whole_step():
     sched = scheduler(n_slots=2, token_budget=256)
     decoding(sched, 0, prompt, speculate=AUTO, first=3)
     sched.set_step_time(0.010, 0.010, 0.001, 0.0)  # linear: a 2-token draft at the prior
-    sched.set_row_times([(1, 0.016), (2, 0.031), (5, 0.059), (9, 0.089), (17, 0.140),
-                         (33, 0.240)])
+    sched.set_row_times(timed([(1, 0.016), (2, 0.031), (5, 0.059), (9, 0.089), (17, 0.140),
+                               (33, 0.240)]))
     token, waited, lengths = 4, 0, []
     while len(lengths) < 3:
         sched.plan_step()
@@ -332,8 +348,9 @@ def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
     room would raise the step's rate by less than the margin)."""
     quoting = [1, 2, 3, 4, 5, 6, 1, 2]  # context lookup: 4 5 6 1 2 3 ... (a cycle of 6)
     others = [[40 + 10 * k + j for j in range(8)] for k in range(7)]  # nothing to draft
-    linear = [(rows, 0.040 + 0.005 * rows) for rows in (1, 8, 16, 24, 32, 72)]
-    concave = [(1, 0.045), (8, 0.080), (16, 0.084), (24, 0.088), (32, 0.092), (72, 0.130)]
+    even = timed([(rows, 0.040 + 0.005 * rows) for rows in (1, 2, 8, 16, 24, 32, 72)])
+    concave = timed([(1, 0.045), (8, 0.080), (16, 0.084), (24, 0.088), (32, 0.092),
+                     (72, 0.130)])
 
     def planned(sessions, row_times):
         sched = scheduler(n_slots=8, token_budget=256)
@@ -347,9 +364,9 @@ def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
         assert decode == list(range(len(sessions)))
         return [len(sched.planned_draft(slot)) for slot in decode]
 
-    assert planned([quoting], linear)[0] > 0
-    assert planned([quoting] + others, linear) == [0] * 8
-    assert all(planned([quoting] * 2, linear))
+    assert planned([quoting], even)[0] > 0
+    assert planned([quoting] + others, even) == [0] * 8
+    assert all(planned([quoting] * 2, even))
     drafts = planned([quoting] * 8, concave)
     assert MAX_STEP_DRAFTS - sum(drafts) < min(n for n in drafts if n)
 
@@ -367,7 +384,7 @@ def test_auto_drafts_only_where_the_draft_raises_the_step_rate_by_the_margin():
         sched.plan_step()
         sched.apply([-1] * 7 + [3])
         sched.set_step_time(0.010, b, 0.001, 0.0)
-        sched.set_row_times([(rows, 0.010 + b * rows) for rows in (1, 2, 4, 8, 16)])
+        sched.set_row_times(linear(0.010, b))
         sched.plan_step()
         return len(sched.planned_draft(0))
 
@@ -377,9 +394,31 @@ def test_auto_drafts_only_where_the_draft_raises_the_step_rate_by_the_margin():
 
 def test_row_times_are_checked():
     sched = scheduler()
-    for bad in ([(0.5, 0.01)], [(1, 0.0)], [(4, 0.02), (2, 0.01)], [(1, 0.01)] * (ROW_GROUPS + 1)):
-        with pytest.raises(ValueError):
+    for bad in ([(0.5, 0.01, 0)], [(1, 0.0, 0)], [(4, 0.02, 0), (2, 0.01, 0)],
+                [(1, 0.01, 0)] * (ROW_GROUPS + 1)):
+        with pytest.raises(ValueError, match="row times"):
             sched.set_row_times(bad)
+
+
+def test_auto_drafts_only_beside_a_step_of_its_decode_rows_timed_at_their_context():
+    """A step's time grows with the KV cells its rows attend, so a decode-only time
+    taken beside far longer contexts (or never taken: a probe's, cells < 0, or none
+    for this count of rows) would credit drafts with an edge they lack: the step
+    goes without drafts, and so times its rows."""
+    prompt = list(range(1, 9)) * 2 + [1, 2]  # 18 tokens, drafts pay at these times
+
+    def planned(one_row_cells, counts=(1, 2, 4, 8, 16)):
+        sched = scheduler(n_slots=2, token_budget=256)
+        decoding(sched, 0, prompt, speculate=AUTO, first=3)
+        sched.set_step_time(0.020, 0.002, 0.001, 0.0)
+        sched.set_row_times([(rows, 0.020 + 0.002 * rows, one_row_cells if rows == 1 else 0.0)
+                             for rows in counts])
+        sched.plan_step()
+        return len(sched.planned_draft(0))
+
+    assert planned(0.0) > 1 and planned(500.0) > 1  # within CONTEXT_FLOOR of 19 cells
+    assert planned(600.0) == 0 and planned(-1.0) == 0
+    assert planned(0.0, counts=(2, 4, 8, 16)) == 0
 
 
 def test_auto_drafts_nothing_while_a_session_waits_to_prefill():

@@ -238,9 +238,9 @@ async def test_a_flush_returns_once_the_loop_published_the_evictions():
         assert admission.load().cached_cells == 0
 
 
-def _step(index, decode_rows, prefill_rows, seconds, draft_rows=0):
+def _step(index, decode_rows, prefill_rows, seconds, draft_rows=0, cells=40.0):
     return StepEnded({"index": index, "rows": decode_rows + draft_rows + prefill_rows,
-                      "decode_rows": decode_rows, "draft_rows": draft_rows,
+                      "decode_rows": decode_rows, "draft_rows": draft_rows, "cells": cells,
                       "planned_tokens": 0.0,
                       "planned_s": 0.0, "prefill_rows": prefill_rows,
                       "generated": decode_rows, "calls": 1, "plan_s": 0.0,
@@ -267,9 +267,7 @@ async def test_the_steps_the_loop_runs_fit_the_model_that_bounds_prefill():
         assert a + 2 * b == pytest.approx(0.020, rel=0.05)
         assert c == pytest.approx(0.001, rel=0.1) and e == 0.0
         row_times = [c[1] for c in batch.calls if c[0] == "row_times"]
-        assert len(row_times) == len(fits)
-        ((rows, seconds),) = row_times[-1]
-        assert rows == 2 and seconds == pytest.approx(0.020)
+        assert row_times[-1] == ((2, pytest.approx(0.020), 40.0),)
 
 
 async def test_a_step_with_drafts_hands_its_row_times_over_at_once():
@@ -287,4 +285,27 @@ async def test_a_step_with_drafts_hands_its_row_times_over_at_once():
         await settle()
         row_times = [c[1] for c in batch.calls if c[0] == "row_times"]
         assert len(row_times) == handed + 1
-        assert (48, pytest.approx(0.300)) in row_times[-1]
+        assert (48, pytest.approx(0.300), 40.0) in row_times[-1]
+
+
+async def test_a_step_that_times_its_rows_anew_hands_its_row_times_over_at_once():
+    """The speculation policy drafts only beside a decode-only step timed at the
+    sessions' contexts now: a step that times its count of rows at a new context (or
+    for the first time) corrects the policy's times at once; one more of the same
+    context waits for the next fit."""
+    async with step_loop() as (loop, admission, batch):
+        admit(loop, admission, range(40))
+        await settle()
+
+        def handed():
+            return [c[1] for c in batch.calls if c[0] == "row_times"]
+
+        batch.publish(_step(0, 4, 0, 0.060, cells=9000))
+        await settle()
+        assert handed()[-1] == ((4, pytest.approx(0.060), 9000.0),)
+        batch.publish(_step(1, 4, 0, 0.060, cells=9100))
+        await settle()
+        assert len(handed()) == 1
+        batch.publish(_step(2, 4, 0, 0.045, cells=1200))
+        await settle()
+        assert len(handed()) == 2 and handed()[-1] == ((4, pytest.approx(0.045), 1200.0),)

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from dgr._speculation import context_near
 from dgr.step_time import FORGET, RESCALE_AT, Forgetting, RowTimes, StepTimeModel, attended
 
 
@@ -84,35 +85,55 @@ def test_row_times_give_each_group_of_rows_its_recent_mean_and_drop_groups_not_r
     times = RowTimes()
     assert times.points() == []
     for _ in range(10):
-        times.observe(1, 0.015)
-        times.observe(17, 0.140)
-        times.observe(100, 0.500)
-        times.observe(120, 0.600)  # the group of 64-127 rows, as 100
-    (rows_1, seconds_1), (rows_17, seconds_17), (rows_64, seconds_64) = times.points()
-    assert (rows_1, seconds_1) == pytest.approx((1, 0.015))
+        times.observe(1, 0.015, 300)
+        times.observe(17, 0.140, 5000)
+        times.observe(100, 0.500, 20_000)
+        times.observe(120, 0.600, 21_000)  # the group of 64-127 rows, as 100
+    (rows_1, seconds_1, cells_1), (rows_17, seconds_17, _), (rows_64, seconds_64, cells_64) = (
+        times.points())
+    assert (rows_1, seconds_1, cells_1) == pytest.approx((1, 0.015, 300))
     assert (rows_17, seconds_17) == pytest.approx((17, 0.140))  # counts up to 64 on their own
-    assert (rows_64, seconds_64) == pytest.approx((110, 0.550), rel=0.01)
-    times.observe(100_000, 1.0)  # the last group holds the rest
+    assert (rows_64, seconds_64, cells_64) == pytest.approx((110, 0.550, 20_500), rel=0.01)
+    times.observe(100_000, 1.0, 10**6)  # the last group holds the rest
     assert times.points()[-1][0] == 100_000
     for _ in range(400):  # only one-row steps since: the other group fades out
-        times.observe(1, 0.016)
-    ((rows_1, seconds_1),) = times.points()
+        times.observe(1, 0.016, 300)
+    ((rows_1, seconds_1, _),) = times.points()
     assert (rows_1, seconds_1) == pytest.approx((1, 0.016), rel=0.01)
+
+
+def test_row_times_forget_a_groups_steps_timed_at_far_other_contexts():
+    """A step's time grows with the KV cells its rows attend: a step whose rows attend
+    far more or fewer cells than its group's starts the group anew, one within
+    an eighth (or 512 cells) joins it."""
+    times = RowTimes()
+    assert times.observe(16, 0.135, 10_000)  # the group's first step
+    for _ in range(20):
+        assert not times.observe(16, 0.135, 10_000)
+    assert not times.observe(16, 0.130, 9_000)  # a tenth fewer: the same context
+    assert times.observe(16, 0.110, 1_500)  # shorter contexts: timed anew
+    assert times.points() == [(16, pytest.approx(0.110), pytest.approx(1_500))]
+    assert not times.observe(16, 0.112, 1_900)  # within 512 cells
+    assert times.observe(16, 0.120, 2_600)
+    assert context_near(2_000, 1_500) and not context_near(2_600, 2_000)
+    assert context_near(9_000, 10_000) and not context_near(8_700, 10_000)
+    assert not context_near(0, -1)  # not timed at the sessions' contexts
 
 
 def test_row_times_give_the_probed_shape_where_no_step_ran_lately_at_the_level_of_those_that_did():
     times = RowTimes()
     times.calibrate([(1, 0.015), (4, 0.040), (16, 0.090), (48, 0.240)])
-    # before any step: the probes as they were timed
-    assert times.points() == pytest.approx([(1, 0.015), (4, 0.040), (16, 0.090), (48, 0.240)])
+    # before any step: the probes as they were timed, at none of the sessions' contexts
+    assert times.points() == pytest.approx([(1, 0.015, -1), (4, 0.040, -1), (16, 0.090, -1),
+                                            (48, 0.240, -1)])
     for _ in range(10):  # the machine runs more slowly than when the node opened
-        times.observe(1, 0.030)
-        times.observe(7, 0.130)  # between the probes at 4 and 16 rows: 0.0525 probed
-    points = dict(times.points())
+        times.observe(1, 0.030, 100)
+        times.observe(7, 0.130, 700)  # between the probes at 4 and 16 rows: 0.0525 probed
+    points = {rows: (seconds, cells) for rows, seconds, cells in times.points()}
     level = (0.030 + 0.130) / (0.015 + 0.0525)  # weights alike: both seen as often
-    assert points[1] == pytest.approx(0.030) and points[7] == pytest.approx(0.130)
-    assert points[4] == pytest.approx(0.040 * level, rel=1e-2)
-    assert points[48] == pytest.approx(0.240 * level, rel=1e-2)
+    assert points[1] == pytest.approx((0.030, 100)) and points[7] == pytest.approx((0.130, 700))
+    assert points[4] == pytest.approx((0.040 * level, -1), rel=1e-2)
+    assert points[48] == pytest.approx((0.240 * level, -1), rel=1e-2)
     assert sorted(points) == [1, 4, 7, 16, 48]
 
 
