@@ -1,10 +1,10 @@
 """Where a step's time goes in the templated burst at c = 16, dgr auto beside dgr off,
 in process: the bench's warmed auto node (burst_node_trace.open_warmed_node), then per
 round the same 16 prompts (after their earlier user, not counted) once with speculation
-off and once auto (the order alternating by round). Per burst: decode tok/s as the bench counts it, the steps, the
-draft rows, and the mean ms per step of the step's phases (plan: mailbox, finish
-requests, the speculation policy with its draft search, batch fill; decode: inside
-llama_decode; sample; update).
+off and once auto (the order alternating by round). Per burst: decode tok/s as the
+bench counts it, the steps, the draft rows, and the mean ms per step of the step's
+phases (plan: mailbox, finish requests, the speculation policy with its draft search,
+batch fill; decode: inside llama_decode; sample; update).
 
     python evidence/DGR-026/context-timed/phase_split.py [ROUNDS]
 """
