@@ -38,7 +38,8 @@ is not timed at the sessions' contexts: its count of rows, last timed beside lon
 contexts, reads slow and credits every draft with an edge it lacks. So "auto" drafts
 only where a step of the decode rows' count was timed at about the cells they attend
 now (`timed_at`); else the step runs without drafts and so times it. That costs one
-step's drafts each time the sessions' contexts grow by an eighth.
+step's drafts each time the sessions' contexts grow by an eighth (or 512 cells). Past
+ROW_EXACT decode rows no step drafts: those counts are not timed one by one.
 
 A draft that speeds its own session makes every other session of the step wait
 for a longer step. A session that drafts too is repaid at once where its own
@@ -93,7 +94,7 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
 from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_SOURCES_END, DRAFT_STRUCTURE,
-                         DRAFT_VALUES, MAX_STEP_DRAFTS, ROW_GROUPS, SPECULATE_ALWAYS,
+                         DRAFT_VALUES, MAX_STEP_DRAFTS, ROW_EXACT, ROW_GROUPS, SPECULATE_ALWAYS,
                          SPECULATE_AUTO, SPECULATE_OFF, TWIN_TOKENS)
 from dgr._codes import DraftSource
 from dgr._drafts cimport NgramStore, ValueScratch, context_draft, structure_draft, values_draft
@@ -234,8 +235,11 @@ cdef class Speculation:
 
     cdef double timed_at(self, int rows, double cells) noexcept nogil:
         """The seconds of steps of `rows` output rows timed with their rows attending
-        about `cells` KV cells (the module doc), or 0 where none was."""
+        about `cells` KV cells (the module doc), or 0 where none was (past ROW_EXACT
+        rows, steps are timed in groups of several counts, not by their count)."""
         cdef int i
+        if rows > ROW_EXACT:
+            return 0.0
         for i in range(self.n_points):
             if self.point_rows[i] == rows:
                 return self.point_s[i] if _near(cells, self.point_cells[i]) else 0.0

@@ -420,6 +420,18 @@ def test_auto_drafts_only_beside_a_step_of_its_decode_rows_timed_at_their_contex
     assert planned(600.0) == 0 and planned(-1.0) == 0
     assert planned(0.0, counts=(2, 4, 8, 16)) == 0
 
+    def drafted(n):  # n decoders whose step times make drafts nearly free
+        sched = scheduler(n_slots=n, token_budget=4096)
+        decoding(sched, range(n), prompt, speculate=AUTO, first=3)
+        sched.set_step_time(0.05, 0.0008, 0.001, 0.0)
+        sched.set_row_times([(1, 0.05, 19.0), (n, 0.1, n * 19.0), (n + 48, 0.1001, -1.0)])
+        _, decode, _ = sched.plan_step()
+        return sum(len(sched.planned_draft(slot)) for slot in decode)
+
+    # past ROW_EXACT (64) rows, steps are timed in groups of several counts: a group's
+    # mean is no count's own time
+    assert drafted(64) > 0 and drafted(65) == 0
+
 
 def test_auto_drafts_nothing_while_a_session_waits_to_prefill():
     prompt = list(range(1, 9)) * 2 + [1, 2]
