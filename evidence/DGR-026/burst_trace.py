@@ -69,7 +69,7 @@ async def main():
                     spec = node._loop.batch.scheduler.speculation
                     points = node._loop.row_times.points()
                     print(f"   trust {spec.trust():.2f}; row times (rows, ms) " + ", ".join(
-                        f"({rows:.1f}, {1e3 * sec:.0f})" for rows, sec in points))
+                        f"({rows:.1f}, {1e3 * sec:.0f})" for rows, sec, _ in points))
 
 
 trio.run(main)

@@ -32,7 +32,7 @@ async def main():
             spec = node._loop.batch.scheduler.speculation
             print(f"{W} c={c}: {rate:.1f} tok/s, {sum(s.draft_rows for s in steps)} draft rows, "
                   f"{len(steps)} steps, trust {spec.trust():.2f}, acceptance {spec.acceptance()}")
-            print("   row times: " + ", ".join(f"({r:.1f}, {1e3*s:.1f})" for r, s in node._loop.row_times.points()))
+            print("   row times: " + ", ".join(f"({r:.1f}, {1e3*s:.1f})" for r, s, _ in node._loop.row_times.points()))
             for (rows, wd), cell in sorted(by_rows(steps).items()):
                 n, tok, sec, drafts, p_tok, p_s = cell
                 print(f"   rows {rows} drafts {wd}: {n} steps, {drafts/n:.1f} dr/step, {tok/n:.2f} tok/step, {1e3*sec/n:.1f} ms")

@@ -38,7 +38,7 @@ async def main():
             spec = node._loop.batch.scheduler.speculation
             print(f"  trust {spec.trust():.2f}; acceptance {spec.acceptance()}")
             print("  row times (rows, ms): " + ", ".join(
-                f"({r:.1f}, {1e3 * t:.1f})" for r, t in node._loop.row_times.points()))
+                f"({r:.1f}, {1e3 * t:.1f})" for r, t, _ in node._loop.row_times.points()))
 
 
 trio.run(main)

@@ -95,7 +95,7 @@ async def main():
                     spec = node._loop.batch.scheduler.speculation
                     print(f"trust after it: {spec.trust():.2f}")
                     print("row times after it (rows, ms): " + ", ".join(
-                        f"({rows:.1f}, {1e3 * sec:.1f})" for rows, sec in node._loop.row_times.points()))
+                        f"({rows:.1f}, {1e3 * sec:.1f})" for rows, sec, _ in node._loop.row_times.points()))
     print("\n| workload | auto / off per round | median |")
     print("|---|---|---|")
     for workload in args.workloads:

@@ -20,7 +20,7 @@ from burst_node_trace import burst, open_warmed_node  # noqa: E402
 
 
 def row_times(node):
-    return [(rows, round(1e3 * s)) for rows, s in node._loop.row_times.points() if rows <= 40]
+    return [(rows, round(1e3 * s)) for rows, s, _ in node._loop.row_times.points() if rows <= 40]
 
 
 def print_row_times(node):
