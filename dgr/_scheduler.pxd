@@ -36,7 +36,7 @@ cdef struct StepFigures:
     int rows
     int decode_rows            # sessions with a decode row
     int draft_rows             # draft rows verified beside those
-    double cells               # KV cells those rows attend in all (each its session's context)
+    double cells               # KV cells those rows attend in all, where speculating (else 0)
     double planned_tokens      # the speculation policy's expectation, when it gave
     double planned_s           # "auto" drafts (else 0): tokens, step seconds
     int prefill_rows           # rows of chunks whose call succeeded
@@ -87,7 +87,7 @@ cdef class Scheduler:
     cdef int n_decode
     cdef int * decode_slots
     cdef int n_draft_rows               # draft rows after the decode rows they verify
-    cdef double cells                   # KV cells the decode and draft rows attend in all
+    cdef double cells                   # KV cells the decode and draft rows attend (speculating)
     cdef DraftRow * draft_rows          # per decode row: what the speculation policy sees
     cdef int n_chunks
     cdef int * chunk_slot

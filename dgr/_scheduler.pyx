@@ -338,6 +338,7 @@ cdef class Scheduler:
                 self.order_buf[j] = s
                 n_waiting += 1
         self.n_draft_rows = 0
+        self.cells = 0.0
         if self.speculation is not None:
             for i in range(self.n_decode):
                 sl = &self.slots[self.decode_slots[i]]
@@ -349,11 +350,9 @@ cdef class Scheduler:
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
                 n_waiting > 0, self.time_known, self.time_b)
-        self.cells = 0.0
-        for i in range(self.n_decode):
-            sl = &self.slots[self.decode_slots[i]]
-            self.cells += (1 + (sl.drafting.n_draft if self.speculation is not None else 0)) * (
-                sl.n_prompt + sl.n_generated)
+            for i in range(self.n_decode):  # the context of the step's time (RowTimes)
+                self.cells += (1 + self.draft_rows[i].drafting.n_draft) * (
+                    self.draft_rows[i].n_context)
         left = self.token_budget - self.decode_rows()
         self.n_chunks = 0
         if n_waiting == 0:

@@ -32,8 +32,8 @@ evidence/DGR-026/draft-cap). So a session drafts only where its draft raises
 the step's expected tokens per second by GAIN_MARGIN at least.
 
 A step's time grows with the KV cells its rows attend (the same 16 decode rows took
-134.9 ms beside sessions of 10,000 cells and 111.6 ms beside sessions of 800-2,000:
-evidence/DGR-026/row-context), and while every step drafts, the step without drafts
+134.9 ms beside sessions of 9,949-10,909 cells and 111.6 ms beside sessions of
+766-2,046: evidence/DGR-026/row-context), and while every step drafts, the step without drafts
 is not timed at the sessions' contexts: its count of rows, last timed beside longer
 contexts, reads slow and credits every draft with an edge it lacks. So "auto" drafts
 only where a step of the decode rows' count was timed at about the cells they attend
