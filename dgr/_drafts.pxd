@@ -29,7 +29,8 @@ cdef struct ValueScratch:
 
 cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * out,
                        int * matched) noexcept nogil
-cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil
+cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t * out,
+                         int * matched) noexcept nogil
 cdef int values_draft(const int32_t * tokens, int n, int n_prompt, const uint8_t * kinds,
                       const int32_t * twins, ValueScratch * v, int max_draft, int32_t * out,
                       int * matched) noexcept nogil
@@ -46,4 +47,5 @@ cdef class NgramStore:
 
     cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil
     cdef int match(self, int64_t at, const int32_t * tokens, int n) noexcept nogil
-    cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil
+    cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out,
+                   int * matched) noexcept nogil

@@ -137,18 +137,18 @@ cdef int context_draft(const int32_t * tokens, int n, int max_draft, int32_t * o
     _find(tokens, n, CONTEXT_MATCH_MIN, &places)
     if places.length < CONTEXT_MATCH_MIN:
         return 0
-    matched[0] = places.length
-    return _follow(tokens, n, &places, max_draft, out)
+    return _follow(tokens, n, &places, max_draft, out, matched)
 
 
 cdef int _follow(const int32_t * tokens, int n, Places * places, int max_draft,
-                 int32_t * out) noexcept nogil:
+                 int32_t * out, int * matched) noexcept nogil:
     """Up to max_draft of the context's tokens after its place places.best into out,
     as far as those after places.other (where there is one) agree; returns how
-    many. Where they reach the context's end, the draft itself (a repeating run
-    drafts its next period)."""
+    many, the match's length in `matched`. Where they reach the context's end, the
+    draft itself (a repeating run drafts its next period)."""
     cdef int i, p
     cdef int32_t other
+    matched[0] = places.length
     for i in range(max_draft):
         p = <int> places.best + 1 + i
         out[i] = tokens[p] if p < n else out[p - n]
@@ -169,7 +169,8 @@ cdef inline int _agree_before(const int32_t * tokens, int a, int b, int most) no
     return length
 
 
-cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
+cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t * out,
+                         int * matched) noexcept nogil:
     """Where the context repeats a structure around values of its own (a JSON list's
     objects, a table's rows, a form's fields): the session's last tokens are
     [words][value][m tokens], an earlier place [words][value'][the same m
@@ -177,7 +178,8 @@ cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t *
     VALUE_MAX tokens that differ (of equal length where m is 0: the session's
     value may have just ended). Drafts what followed the earlier place, the
     best-matched (m + the words' length), most recent among equals, as far as
-    the next as well matched agrees, into out; returns how many. Asked where
+    the next as well matched agrees, into out; returns how many, the match's length
+    (m + the words') in `matched`. Asked where
     context_draft finds no match of its own: after a value, the words that close
     it and open the next (`", "city": "`), which the last tokens, the value
     among them, match nowhere. The session's words end before the earlier
@@ -186,6 +188,7 @@ cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t *
     cdef int at, m, g, g_old, here, there, length
     cdef int32_t last
     cdef Places places
+    matched[0] = 0
     if n < STRUCTURE_MIN + 2 or max_draft <= 0:
         return 0
     _no_places(&places)
@@ -206,7 +209,7 @@ cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t *
                     length = m + _agree_before(tokens, there, here,
                                                min(MATCH_MAX - m, here - at))
                     if length > m and length >= STRUCTURE_MIN and _meet(&places, length, at):
-                        return _follow(tokens, n, &places, max_draft, out)
+                        return _follow(tokens, n, &places, max_draft, out, matched)
         else:
             # m = 0: the session's last g tokens a value, as long as the one ending at `at`
             for g in range(1, VALUE_MAX + 1):
@@ -216,10 +219,10 @@ cdef int structure_draft(const int32_t * tokens, int n, int max_draft, int32_t *
                     break
                 length = _agree_before(tokens, there, here, min(MATCH_MAX, here - at))
                 if length >= STRUCTURE_MIN and _meet(&places, length, at):
-                    return _follow(tokens, n, &places, max_draft, out)
+                    return _follow(tokens, n, &places, max_draft, out, matched)
     if places.length < STRUCTURE_MIN:
         return 0
-    return _follow(tokens, n, &places, max_draft, out)
+    return _follow(tokens, n, &places, max_draft, out, matched)
 
 
 cdef inline uint32_t _cell_key(int32_t first, int32_t second) noexcept nogil:
@@ -453,15 +456,17 @@ cdef class NgramStore:
             length += 1
         return length
 
-    cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out) noexcept nogil:
+    cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out,
+                   int * matched) noexcept nogil:
         """Up to max_draft tokens that followed the longest (then most recent) match
         of tokens[n - L:n] in the store, NODE_NGRAM <= L <= MATCH_MAX, into out, as
-        far as the next match as long agrees; returns how many."""
+        far as the next match as long agrees; returns how many, L in `matched`."""
         cdef int count = 0, steps = 0
         cdef int64_t at
         cdef uint32_t before
         cdef int32_t token
         cdef Places places
+        matched[0] = 0
         if n < NODE_NGRAM or max_draft <= 0:
             return 0
         _no_places(&places)
@@ -478,6 +483,7 @@ cdef class NgramStore:
             steps += 1
         if places.length < NODE_NGRAM:
             return 0
+        matched[0] = places.length
         while count < max_draft and places.best + count < self.written:
             token = self.ring[(places.best + count) & (RING_TOKENS - 1)]
             if token < 0 or (places.other >= 0 and token != self.ring[
@@ -498,34 +504,30 @@ cdef class NgramStore:
     def draft_for(self, tokens, int max_draft=MAX_DRAFT):
         cdef int32_t out[MAX_DRAFT]
         cdef int32_t[:] view = _int32(tokens)
+        cdef int matched
         if not len(tokens):
             return []
-        cdef int n = self.draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
+        cdef int n = self.draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out, &matched)
         return [out[i] for i in range(n)]
 
 
 ctypedef int (*DraftFunction)(const int32_t * tokens, int n, int max_draft,
-                              int32_t * out) noexcept nogil
+                              int32_t * out, int * matched) noexcept nogil
 
 
 cdef list _draft_for(DraftFunction draft, tokens, int max_draft):
     cdef int32_t out[MAX_DRAFT]
     cdef int32_t[:] view = _int32(tokens)
+    cdef int matched
     if not len(tokens):
         return []
-    cdef int n = draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out)
+    cdef int n = draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out, &matched)
     return [out[i] for i in range(n)]
-
-
-cdef int _context_draft(const int32_t * tokens, int n, int max_draft,
-                        int32_t * out) noexcept nogil:
-    cdef int matched
-    return context_draft(tokens, n, max_draft, out, &matched)
 
 
 def context_draft_for(tokens, int max_draft=MAX_DRAFT):
     """context_draft over a list of token ids, for tests."""
-    return _draft_for(_context_draft, tokens, max_draft)
+    return _draft_for(context_draft, tokens, max_draft)
 
 
 def values_draft_for(tokens, int n_prompt, kinds, twins, int max_draft=MAX_DRAFT):

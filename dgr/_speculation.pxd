@@ -6,6 +6,11 @@ from libc.stdint cimport int32_t, uint8_t
 from dgr._codes cimport DRAFT_SOURCES_END, MAX_DRAFT, ROW_GROUPS
 from dgr._drafts cimport NgramStore, ValueScratch
 
+cdef enum:
+    # the classes of a draft's match by its length (_speculation.pyx, _match_class), by
+    # which the node keeps its record of a source
+    MATCH_CLASSES = 4
+
 cdef struct Acceptance:
     # verified drafts, recent verifications weighing more: their tokens accepted, their
     # tokens, and the drafts not accepted whole (each stopped at a rejected token)
@@ -19,6 +24,7 @@ cdef struct Drafting:
     int n_draft                # draft rows planned for the current step
     int n_found                # draft tokens its sources gave for it (in draft)
     int source                 # DraftSource of those drafts
+    int match_class            # the class of the match they follow (MATCH_CLASSES)
     double expected            # "auto": the tokens its planned drafts are expected to
                                # give (at its chance, before the node's trust), else 0
     int32_t draft[MAX_DRAFT]
@@ -34,7 +40,8 @@ cdef struct DraftRow:
 
 cdef class Speculation:
     cdef readonly NgramStore store      # recent sessions' outputs, a draft source
-    cdef Acceptance by_source[DRAFT_SOURCES_END]  # per DraftSource: the node's record
+    # per DraftSource and match class: the node's record
+    cdef Acceptance by_source[DRAFT_SOURCES_END][MATCH_CLASSES]
     cdef int * found                    # per row of the current plan: draft tokens found
     cdef double * rate                  # per row: a draft token's chance to be accepted
                                         # once the ones before it were

@@ -147,6 +147,14 @@ def context_near(double cells, double timed_cells):
     return _near(cells, timed_cells)
 
 
+cdef inline int _match_class(int matched) noexcept nogil:
+    """The class of a draft's match of `matched` tokens (3 to MATCH_MAX): 3, 4-7,
+    8-15, 16 or more. A longer match is followed further: quoting matches 16 tokens
+    or more; a phrase that natural text repeats, or a JSON list's keys, 3 to 7
+    (evidence/DGR-026/natural-c1)."""
+    return (matched >= 4) + (matched >= 8) + (matched >= 16)
+
+
 cdef inline double _rate(Acceptance a, double prior) noexcept nogil:
     """A draft token's chance to be accepted once the ones before it were: the
     tokens accepted over those accepted and the drafts broken, beside PRIOR_WEIGHT
@@ -208,10 +216,15 @@ cdef class Speculation:
         self.twins = &twins_view[0, 0]
 
     def acceptance(self):
-        """Per DraftSource: (accepted, tried), forgetting-weighted."""
-        cdef int src
-        return {DraftSource(src): (self.by_source[src].accepted, self.by_source[src].drafted)
-                for src in range(DRAFT_CONTEXT, DRAFT_SOURCES_END)}
+        """Per DraftSource: (accepted, tried), forgetting-weighted, its match classes'
+        summed."""
+        cdef int src, c
+        totals = {}
+        for src in range(DRAFT_CONTEXT, DRAFT_SOURCES_END):
+            records = [self.by_source[src][c] for c in range(MATCH_CLASSES)]
+            totals[DraftSource(src)] = (sum(r["accepted"] for r in records),
+                                        sum(r["drafted"] for r in records))
+        return totals
 
     def trust(self):
         """The share of an "auto" draft's expected tokens the next plan counts (the
@@ -283,7 +296,7 @@ cdef class Speculation:
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
         first) or where the decode rows were not timed at their context (`timed_at`:
         the plan's decode-only step time). Returns the draft rows given."""
-        cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, context_matched, values_matched
+        cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, matched, values_matched
         cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted, cells
         cdef Drafting * d
         cdef double trust
@@ -305,25 +318,29 @@ cdef class Speculation:
                 continue
             d.source = DRAFT_CONTEXT
             self.found[i] = context_draft(rows[i].context, rows[i].n_context, k, d.draft,
-                                          &context_matched)
+                                          &matched)
             if self.kinds != NULL:
                 # the prompt's values in the session's words, where as well matched
                 found = values_draft(rows[i].context, rows[i].n_context, rows[i].n_prompt,
                                      self.kinds, self.twins, self.values, k, self.values_out,
                                      &values_matched)
-                if found > 0 and values_matched >= context_matched:
+                if found > 0 and values_matched >= matched:
                     d.source = DRAFT_VALUES
                     memcpy(d.draft, self.values_out, found * sizeof(int32_t))
                     self.found[i] = found
+                    matched = values_matched
             if self.found[i] == 0:
                 d.source = DRAFT_NODE
-                self.found[i] = self.store.draft(rows[i].context, rows[i].n_context, k, d.draft)
+                self.found[i] = self.store.draft(rows[i].context, rows[i].n_context, k, d.draft,
+                                                 &matched)
             if self.found[i] == 0:
                 d.source = DRAFT_STRUCTURE
-                self.found[i] = structure_draft(rows[i].context, rows[i].n_context, k, d.draft)
+                self.found[i] = structure_draft(rows[i].context, rows[i].n_context, k, d.draft,
+                                                &matched)
             d.n_found = self.found[i]
+            d.match_class = _match_class(matched)
             self.rate[i] = _rate(d.record[d.source],
-                                 _rate(self.by_source[d.source], SOURCE_PRIOR))
+                                 _rate(self.by_source[d.source][d.match_class], SOURCE_PRIOR))
         room = min(room, MAX_STEP_DRAFTS)
         for i in range(n_rows):
             d = rows[i].drafting
@@ -425,7 +442,7 @@ cdef class Speculation:
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil:
         """The step verified the session's d.n_draft drafts: the first `accepted` were."""
         _record(&d.record[d.source], d.n_draft, accepted, SLOT_FORGET)
-        _record(&self.by_source[d.source], d.n_draft, accepted, SOURCE_FORGET)
+        _record(&self.by_source[d.source][d.match_class], d.n_draft, accepted, SOURCE_FORGET)
         if d.expected > 0.0:
             self.trust_accepted += accepted
             self.trust_expected += d.expected
