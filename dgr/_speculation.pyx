@@ -68,10 +68,14 @@ while sessions wait to prefill: a draft row would take compute their prompts
 need first.
 
 p is estimated from the session's record of the draft's source beside the
-source's node-wide one (optimistic before there is any; a session's sources
-differ: a JSON list's keys follow its earlier objects, its values seldom its
-prompt): tokens accepted over tokens accepted plus drafts broken (a draft's
-tokens after the one rejected were never tried), recent steps weighing more. A step
+node's record of that source for matches as long as the draft's (optimistic before
+there is any; a session's sources differ: a JSON list's keys follow its earlier
+objects, its values seldom its prompt): tokens accepted over tokens accepted plus
+drafts broken (a draft's tokens after the one rejected were never tried), recent steps
+weighing more. The node's record is kept per class of match length (`_match_class`):
+a quote's match of 16 tokens or more is taken whole, a phrase natural text repeats
+seldom past its 3-token match, and a session's first drafts, before its own record
+says otherwise, go by as long matches before it. A step
 where a draft was found but not verified records whether the token the session
 sampled was the draft's first (a shadow check, free), so a session learns its
 chance while it does not draft: one that starts quoting its context drafts, longer

@@ -479,3 +479,40 @@ def test_trust_falls_where_auto_drafts_give_less_than_expected_and_comes_back():
         sched.apply([off_token])
         off_token = off_token % 90 + 1
     assert lowered < sched.speculation.trust() <= prior
+
+
+def test_a_sessions_first_drafts_go_by_the_nodes_record_of_as_long_matches():
+    """The node keeps its record of a draft source per class of match length: after
+    a session's quotes (matches of 20 tokens and more) were taken whole, a new
+    session's draft from as long a match goes in at once, while one from a 3-token
+    match (a phrase repeated, as natural text does) waits for its own record."""
+    cycle = list(range(1, 31))
+
+    def primed():
+        """A scheduler whose node has verified long-match drafts, all taken."""
+        sched = scheduler(n_slots=2, token_budget=256)
+        decoding(sched, 0, cycle + cycle[:20], max_tokens=100, speculate=ALWAYS, first=21)
+        sched.set_step_time(0.010, 0.010, 0.001, 0.0)
+        # a CPU's step times (evidence/DGR-026/rows-cost-wide.txt): a draft pays only
+        # at a chance well above the prior's 0.8
+        sched.set_row_times(timed([(1, 0.016), (2, 0.031), (5, 0.059), (9, 0.089),
+                                   (17, 0.140), (33, 0.240)]))
+        token = 21
+        while sched.slot_state(0)[0] != 0:
+            sched.plan_step()
+            draft = sched.planned_draft(0)
+            token = (token + len(draft)) % 30 + 1
+            sched.apply(draft + [token])
+        accepted, drafted = sched.speculation.acceptance()[DraftSource.DRAFT_CONTEXT]
+        assert drafted > 60 and accepted == drafted
+        return sched
+
+    sched = primed()
+    decoding(sched, 1, list(range(60, 90)) + list(range(60, 80)), speculate=AUTO, first=80)
+    sched.plan_step()
+    assert len(sched.planned_draft(1)) >= 16
+    sched = primed()
+    # the last three tokens, 41 42 43, occurred before, after 40 (not 56)
+    decoding(sched, 1, list(range(40, 57)) + [41, 42], speculate=AUTO, first=43)
+    sched.plan_step()
+    assert sched.planned_draft(1) == []
