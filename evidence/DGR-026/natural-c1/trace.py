@@ -62,4 +62,5 @@ async def main():
             print(f"   trust {spec.trust():.2f}; acceptance {spec.acceptance()}")
 
 
-trio.run(main)
+if __name__ == "__main__":
+    trio.run(main)
