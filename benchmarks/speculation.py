@@ -12,14 +12,14 @@ draft from (dgr's node-wide store, llama-server's ngram-mod). Every prompt start
 with its request's own number, so that no server reuses another request's prompt
 beyond its first tokens.
 
-Servers, from the same pin, in one run, one at a time, the whole matrix per
-round, the order reversed every other round (each server warmed by an untimed
-run first): dgr with speculation off and with auto (two nodes, so that each
-has served the same requests before every run as each llama-server has, and
-dgr auto drafts from no answers but its own: on one node, auto after off
-drafted from off's answers of the same workload, which no peer had), llama-server
-without speculation and with `--spec-type ngram-mod` and `ngram-simple`; every
-server gets the same prompts. Reported per server: decode tokens/s (tokens
+Servers, from the same pin, in one run, the whole matrix per round, the order
+reversed every other round (each server warmed by an untimed run first): dgr with
+speculation off and with auto (two nodes, so that each has served the same
+requests before every run as each llama-server has, and dgr auto drafts from no
+answers but its own: on one node, auto after off drafted from off's answers of
+the same workload, which no peer had), up together and run cell by cell back to
+back (`run`); llama-server without speculation and with `--spec-type ngram-mod`
+and `ngram-simple`, one at a time; every server gets the same prompts. Reported per server: decode tokens/s (tokens
 after each session's first, over the time from the first session's first
 token to the last session's last: what speculation changes, prefill left out;
 at c > 1 it also counts against dgr the decode steps it runs while other
@@ -184,43 +184,66 @@ def server_starts(peers, model, threads, out, names: list[str]) -> dict:
     return {name: every[name] for name in names}
 
 
+class _Up:
+    """A server of the case, started: a run that fails is recorded in `failures`, and
+    a server that died is replaced by a fresh one that goes on."""
+
+    def __init__(self, name, start, is_dgr, r, failures):
+        self.name, self.start, self.is_dgr, self.r, self.failures = name, start, is_dgr, r, failures
+        self.log = f"{name.replace(' ', '-')}-round{r}"
+        self.srv = start(self.log).__enter__()
+
+    def attempt(self, workload, c, call):
+        try:
+            call(self.srv)
+        except Exception as exc:
+            self.failures.append({"server": self.name, "workload": workload, "c": c,
+                                  "round": self.r, "exit_code": self.srv.proc.poll(),
+                                  "error": f"{type(exc).__name__}: {exc}"[:300]})
+            if self.srv.proc.poll() is not None:
+                self.srv.__exit__(None, None, None)
+                self.srv = self.start(f"{self.log}-restart{len(self.failures)}").__enter__()
+
+    def stop(self):
+        self.srv.__exit__(None, None, None)
+
+
 def run(servers: dict, levels: list[int], rounds: int, workloads: list[str]) -> dict:
     """servers: name (of SERVERS) -> (a function of a log path starting it, is_dgr);
     workloads: names in WORKLOADS. Returns rows of (round, workload, c, server, decode
     tok/s), dgr auto's acceptance, the bitwise checks, and the runs that failed (a
-    server that fails is reported and restarted, not hidden)."""
+    server that fails is reported and restarted, not hidden).
+
+    dgr off and dgr auto run as a pair: both nodes up, each cell run on one and then
+    on the other back to back, which first alternating cell by cell and round by
+    round. Their ratio is the finest the case reports (auto against off, a few
+    percent at c >= 8), and a pair's runs are seconds apart, where the machine's
+    drift between one server's runs and the next's (minutes apart) moved a cell by
+    up to a fifth. The other servers run one at a time."""
     rows, texts, acceptance, failures = [], {}, {}, []
+    cells = [(workload, c) for workload in workloads for c in levels]
+    pair = [name for name in (OFF, AUTO) if name in servers]
+    units = ([pair] if pair else []) + [[name] for name in servers if name not in pair]
     for r in range(rounds):
         # reversed every other round: the machine's drift within a round weighs on
         # each pair of servers both ways
-        order = list(servers.items()) if r % 2 == 0 else list(servers.items())[::-1]
-        for name, (start, is_dgr) in order:
-            log = f"{name.replace(' ', '-')}-round{r}"
-            srv = start(log).__enter__()
-
-            def attempt(workload, c, call):
-                """call(); a failure is recorded, and a server that died is replaced by a
-                fresh one that goes on."""
-                nonlocal srv
-                try:
-                    call()
-                except Exception as exc:
-                    failures.append({"server": name, "workload": workload, "c": c, "round": r,
-                                     "exit_code": srv.proc.poll(),
-                                     "error": f"{type(exc).__name__}: {exc}"[:300]})
-                    if srv.proc.poll() is not None:
-                        srv.__exit__(None, None, None)
-                        srv = start(f"{log}-restart{len(failures)}").__enter__()
-
+        for unit in units if r % 2 == 0 else units[::-1]:
+            up = []
             try:
-                attempt("warm-up", max(levels), lambda: _warm_up(srv, is_dgr, max(levels)))
-                for workload in workloads:
-                    for c in levels:
-                        offset = 100 * r + 1000 * c  # every request's prompt its own
-                        attempt(workload, c, lambda: _run_one(srv, name, is_dgr, workload, c, r,
-                                                              offset, rows, texts, acceptance))
+                for name in unit:
+                    up.append(_Up(name, *servers[name], r, failures))
+                for server in up:
+                    server.attempt("warm-up", max(levels),
+                                   lambda srv: _warm_up(srv, server.is_dgr, max(levels)))
+                for i, (workload, c) in enumerate(cells):
+                    offset = 100 * r + 1000 * c  # every request's prompt its own
+                    for server in up if (r + i) % 2 == 0 else up[::-1]:
+                        server.attempt(workload, c, lambda srv: _run_one(
+                            srv, server.name, server.is_dgr, workload, c, r, offset, rows, texts,
+                            acceptance))
             finally:
-                srv.__exit__(None, None, None)
+                for server in up:
+                    server.stop()
     bitwise = [{"workload": w, "c": c, "round": r, "equal": texts[(OFF, w, c, r)] == auto}
                for (name, w, c, r), auto in texts.items()
                if name == AUTO and (OFF, w, c, r) in texts]
@@ -264,6 +287,14 @@ def _table(result: dict, key: str, label: str) -> list[str]:
     for row in rows:
         cells.setdefault((row["workload"], row["c"], row["server"]), []).append(row[key])
     med = {k: statistics.median(v) for k, v in cells.items()}
+    # auto / off: the median of the rounds' pairs (`run` runs a pair back to back)
+    by_round = {}
+    for row in rows:
+        by_round.setdefault((row["workload"], row["c"], row["round"]), {})[row["server"]] = row[key]
+    paired = {}
+    for (workload, c, _), v in by_round.items():
+        if v.get(AUTO) and v.get(OFF):
+            paired.setdefault((workload, c), []).append(v[AUTO] / v[OFF])
     acc = {}
     for a in result["acceptance"]:
         d, n = acc.get((a["workload"], a["c"]), (0.0, 0.0))
@@ -272,8 +303,8 @@ def _table(result: dict, key: str, label: str) -> list[str]:
     for b in result["bitwise"]:
         equal[(b["workload"], b["c"])] = equal.get((b["workload"], b["c"]), True) and b["equal"]
     head = " | ".join(f"{s} tok/s" for s in servers)
-    lines = ["", f"| speculation case ({label} tok/s): workload | c | {head} | auto / off | auto / llama-server "
-             "| auto / best llama-server n-gram | dgr drafted, accepted | auto = off |",
+    lines = ["", f"| speculation case ({label} tok/s): workload | c | {head} | auto / off (median of rounds) | "
+             "auto / llama-server | auto / best llama-server n-gram | dgr drafted, accepted | auto = off |",
              "|---|---|" + "---|" * (len(servers) + 6)]
     for workload, c in dict.fromkeys((row["workload"], row["c"]) for row in rows):
         v = {s: med.get((workload, c, s)) for s in servers}
@@ -284,8 +315,10 @@ def _table(result: dict, key: str, label: str) -> list[str]:
         def ratio(a, b):
             return f"{a / b:.2f}" if a and b else "-"
 
+        pair = (f"{statistics.median(paired[(workload, c)]):.2f}" if (workload, c) in paired
+                else "-")
         d, n = acc.get((workload, c), (0, 0))
         lines.append(f"| {workload} | {c} | " + " | ".join(f"{v[s]:.1f}" if v[s] else "-" for s in servers)
-                     + f" | {ratio(auto, off)} | {ratio(auto, plain)} | {ratio(auto, ngram)} | "
+                     + f" | {pair} | {ratio(auto, plain)} | {ratio(auto, ngram)} | "
                      f"{int(d)}, {int(n)} | {'yes' if equal.get((workload, c)) else 'NO'} |")
     return lines
