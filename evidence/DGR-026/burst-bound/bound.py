@@ -153,22 +153,27 @@ def with_dgr_sources(prompt, answer, earlier, cost, longest):
     return spent, steps
 
 
-pairs = trio.run(answers)
-cost = step_times(pairs[0][0] + pairs[0][1][:48])
-print("step time by rows (ms): " + ", ".join(f"{r}: {1e3 * s:.1f}" for r, s in cost.items()))
-for key in (0, 1, 2, 3):
-    print(f"## copied after a match of {key} tokens")
-    for r, (prompt, answer, earlier) in enumerate(pairs):
-        plain = (len(answer) - 1) * cost[1]
-        best, steps = fastest(prompt, answer, [earlier], cost, key)
-        print(f"  round {r}: {len(answer) - 1} tokens; without drafts {1e3 * plain:.0f} ms; "
-              f"the clairvoyant copier {1e3 * best:.0f} ms in {steps} steps: at most "
-              f"{plain / best:.2f}x")
-for longest in (None, 1, 2, 3, 4, 5, 7, 11, 15):
-    label = ("each draft's length chosen knowing what is kept" if longest is None else
-             f"every draft of at most {longest} verified whole")
-    print(f"## dgr's sources (context, else node store), {label}")
-    for r, (prompt, answer, earlier) in enumerate(pairs):
-        plain = (len(answer) - 1) * cost[1]
-        spent, steps = with_dgr_sources(prompt, answer, earlier, cost, longest)
-        print(f"  round {r}: {1e3 * spent:.0f} ms in {steps} steps: {plain / spent:.2f}x")
+def main():
+    pairs = trio.run(answers)
+    cost = step_times(pairs[0][0] + pairs[0][1][:48])
+    print("step time by rows (ms): " + ", ".join(f"{r}: {1e3 * s:.1f}" for r, s in cost.items()))
+    for key in (0, 1, 2, 3):
+        print(f"## copied after a match of {key} tokens")
+        for r, (prompt, answer, earlier) in enumerate(pairs):
+            plain = (len(answer) - 1) * cost[1]
+            best, steps = fastest(prompt, answer, [earlier], cost, key)
+            print(f"  round {r}: {len(answer) - 1} tokens; without drafts {1e3 * plain:.0f} ms; "
+                  f"the clairvoyant copier {1e3 * best:.0f} ms in {steps} steps: at most "
+                  f"{plain / best:.2f}x")
+    for longest in (None, 1, 2, 3, 4, 5, 7, 11, 15):
+        label = ("each draft's length chosen knowing what is kept" if longest is None else
+                 f"every draft of at most {longest} verified whole")
+        print(f"## dgr's sources (context, else node store), {label}")
+        for r, (prompt, answer, earlier) in enumerate(pairs):
+            plain = (len(answer) - 1) * cost[1]
+            spent, steps = with_dgr_sources(prompt, answer, earlier, cost, longest)
+            print(f"  round {r}: {1e3 * spent:.0f} ms in {steps} steps: {plain / spent:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
