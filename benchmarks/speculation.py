@@ -19,12 +19,12 @@ requests before every run as each llama-server has, and dgr auto drafts from no
 answers but its own: on one node, auto after off drafted from off's answers of
 the same workload, which no peer had), up together and run cell by cell back to
 back (`run`); llama-server without speculation and with `--spec-type ngram-mod`
-and `ngram-simple`, one at a time; every server gets the same prompts. Reported per server: decode tokens/s (tokens
-after each session's first, over the time from the first session's first
-token to the last session's last: what speculation changes, prefill left out;
-at c > 1 it also counts against dgr the decode steps it runs while other
-prompts still prefill beside them, where llama-server prefills them all
-first), wall tokens/s (every token, from the requests being sent), dgr auto's
+and `ngram-simple`, one at a time; every server gets the same prompts. Reported
+per server: decode tokens/s (tokens after each session's first, over the time
+from the first session's first token to the last session's last: what
+speculation changes, prefill left out; at c > 1 it also counts against dgr the
+decode steps it runs while other prompts still prefill beside them, where
+llama-server prefills them all first), wall tokens/s (every token, from the requests being sent), dgr auto's
 acceptance (from its metrics), and a bitwise column: dgr auto's text equal to
 dgr off's for every session.
 """
@@ -217,9 +217,9 @@ def run(servers: dict, levels: list[int], rounds: int, workloads: list[str]) -> 
     dgr off and dgr auto run as a pair: both nodes up, each cell run on one and then
     on the other back to back, which first alternating cell by cell and round by
     round. Their ratio is the finest the case reports (auto against off, a few
-    percent at c >= 8), and a pair's runs are seconds apart, where the machine's
-    drift between one server's runs and the next's (minutes apart) moved a cell by
-    up to a fifth. The other servers run one at a time."""
+    percent at c >= 8), and a pair's runs are seconds apart, where one server's run
+    of a cell and the next server's were minutes apart (this machine drifts by
+    10-30 % within a run). The other servers run one at a time."""
     rows, texts, acceptance, failures = [], {}, {}, []
     cells = [(workload, c) for workload in workloads for c in levels]
     pair = [name for name in (OFF, AUTO) if name in servers]
