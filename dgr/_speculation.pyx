@@ -152,7 +152,7 @@ def context_near(double cells, double timed_cells):
 
 
 cdef inline int _match_class(int matched) noexcept nogil:
-    """The class of a draft's match of `matched` tokens (3 to 32, the draft sources'
+    """The class of a draft's match of `matched` tokens (3 to the draft sources'
     MATCH_MAX): 3, 4-7, 8-15, 16 or more. A longer match is followed further:
     quoting matches 16 tokens or more; a phrase that natural text repeats, or a JSON
     list's keys, 3 to 7 (evidence/DGR-026/natural-c1)."""
