@@ -27,11 +27,9 @@ cpdef enum DraftSource:
     DRAFT_STRUCTURE = 3        # the session's own words around its values (structure_draft)
     DRAFT_VALUES = 4           # the prompt's next values in the session's own words around
                                # its values (values_draft)
-    DRAFT_REALIGN = 5          # the stored output a session's last node draft came from,
-                               # just after where it broke (NgramStore.realign)
 
 cdef enum:
-    DRAFT_SOURCES_END = DRAFT_REALIGN + 1      # past the last DraftSource: records' size
+    DRAFT_SOURCES_END = DRAFT_VALUES + 1       # past the last DraftSource: records' size
 
 # What a token's text is, as the values draft source reads it (dgr/_drafts.pyx;
 # Vocabulary.word_forms). Letters: ASCII letters and digits, and any byte of a

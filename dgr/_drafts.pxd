@@ -48,6 +48,4 @@ cdef class NgramStore:
     cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil
     cdef int match(self, int64_t at, const int32_t * tokens, int n) noexcept nogil
     cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out,
-                   int * matched, int64_t * place) noexcept nogil
-    cdef int realign(self, const int32_t * tokens, int n, int64_t since, int max_draft,
-                     int32_t * out, int * matched, int64_t * place) noexcept nogil
+                   int * matched) noexcept nogil

@@ -26,9 +26,7 @@ never which.
   and ignored. Where the store holds many answers of one template, the place
   most recently followed is often another user's words where this one's
   differ; the longest match, cut where answers disagree, drafts fewer tokens
-  that fail (evidence/DGR-026, store-match). Where a session's draft from the
-  store broke at a word of its own, `realign` looks for its last REALIGN_KEY
-  tokens just after that place, before a match of NODE_NGRAM comes again.
+  that fail (evidence/DGR-026, store-match).
 - `structure_draft`: where neither has a match, the session's own context
   again, matched around a value: its last tokens follow a value of its own
   (a name, a number) that no earlier place has, after words an earlier place
@@ -75,11 +73,6 @@ cdef enum:
     # and the search (4 to 20 comparisons a token back) stays near 0.1 ms a row here
     # (evidence/DGR-026/structure/draft-cost.txt)
     STRUCTURE_REACH = 4096
-    # NgramStore.realign: the tokens a session's last ones must match, and how far after
-    # where its last draft from the store broke it looks (evidence/DGR-026/burst-bound,
-    # plan_signals.txt: 2 and 6 gave the burst most)
-    REALIGN_KEY = 2
-    REALIGN_WINDOW = 6
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18
     CHAIN_MAX = 64
@@ -464,11 +457,10 @@ cdef class NgramStore:
         return length
 
     cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out,
-                   int * matched, int64_t * place) noexcept nogil:
+                   int * matched) noexcept nogil:
         """Up to max_draft tokens that followed the longest (then most recent) match
         of tokens[n - L:n] in the store, NODE_NGRAM <= L <= MATCH_MAX, into out, as
-        far as the next match as long agrees; returns how many, L in `matched`, the
-        ring index of the first in `place`."""
+        far as the next match as long agrees; returns how many, L in `matched`."""
         cdef int count = 0, steps = 0
         cdef int64_t at
         cdef uint32_t before
@@ -492,50 +484,10 @@ cdef class NgramStore:
         if places.length < NODE_NGRAM:
             return 0
         matched[0] = places.length
-        place[0] = places.best
         while count < max_draft and places.best + count < self.written:
             token = self.ring[(places.best + count) & (RING_TOKENS - 1)]
             if token < 0 or (places.other >= 0 and token != self.ring[
                     (places.other + count) & (RING_TOKENS - 1)]):
-                break
-            out[count] = token
-            count += 1
-        return count
-
-    cdef int realign(self, const int32_t * tokens, int n, int64_t since, int max_draft,
-                     int32_t * out, int * matched, int64_t * place) noexcept nogil:
-        """Where a session followed the store's answer up to ring index `since` and
-        then wrote a word of its own: up to max_draft tokens after the first place
-        in the REALIGN_WINDOW from `since` that follows the session's last
-        REALIGN_KEY tokens, into out, up to that answer's end; returns how many,
-        REALIGN_KEY in `matched`, the ring index of the first in `place`. Two
-        letters that part at a word often go on alike after it (" your ticket" and
-        " your airline ticket"), where a match of NODE_NGRAM tokens is still to
-        come."""
-        cdef int count = 0, length
-        cdef int64_t at, stop
-        cdef int32_t token
-        matched[0] = 0
-        if since < 0 or n < REALIGN_KEY or max_draft <= 0:
-            return 0
-        at = max(since, self.written - RING_TOKENS + MAX_DRAFT + REALIGN_KEY)
-        stop = min(since + REALIGN_WINDOW, self.written)
-        while at < stop:
-            # a separator (-1) never equals a token: the key lies within one answer
-            length = 0
-            while (length < REALIGN_KEY and self.ring[(at - 1 - length) & (RING_TOKENS - 1)]
-                   == tokens[n - 1 - length]):
-                length += 1
-            if length == REALIGN_KEY:
-                break
-            at += 1
-        if at >= stop:
-            return 0
-        matched[0] = REALIGN_KEY
-        place[0] = at
-        while count < max_draft and at + count < self.written:
-            token = self.ring[(at + count) & (RING_TOKENS - 1)]
-            if token < 0:
                 break
             out[count] = token
             count += 1
@@ -550,28 +502,13 @@ cdef class NgramStore:
             self.add(&view[0], n_prompt, len(tokens))
 
     def draft_for(self, tokens, int max_draft=MAX_DRAFT):
-        """draft() over a list of token ids, for tests: (the draft, its ring index)."""
         cdef int32_t out[MAX_DRAFT]
         cdef int32_t[:] view = _int32(tokens)
         cdef int matched
-        cdef int64_t place = -1
         if not len(tokens):
-            return [], place
-        cdef int n = self.draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out,
-                                &matched, &place)
-        return [out[i] for i in range(n)], place
-
-    def realign_for(self, tokens, int64_t since, int max_draft=MAX_DRAFT):
-        """realign() over a list of token ids, for tests: (the draft, its ring index)."""
-        cdef int32_t out[MAX_DRAFT]
-        cdef int32_t[:] view = _int32(tokens)
-        cdef int matched
-        cdef int64_t place = -1
-        if not len(tokens):
-            return [], place
-        cdef int n = self.realign(&view[0], len(tokens), since, min(max_draft, MAX_DRAFT),
-                                  out, &matched, &place)
-        return [out[i] for i in range(n)], place
+            return []
+        cdef int n = self.draft(&view[0], len(tokens), min(max_draft, MAX_DRAFT), out, &matched)
+        return [out[i] for i in range(n)]
 
 
 ctypedef int (*DraftFunction)(const int32_t * tokens, int n, int max_draft,

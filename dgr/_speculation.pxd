@@ -1,7 +1,7 @@
 # The speculation policy: which decode rows carry drafts, and the acceptance records
 # it learns from (dgr/_speculation.pyx). Pure C: no llama.cpp, no GIL.
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, uint8_t
 
 from dgr._codes cimport DRAFT_SOURCES_END, MAX_DRAFT, ROW_GROUPS
 from dgr._drafts cimport NgramStore, ValueScratch
@@ -27,12 +27,6 @@ cdef struct Drafting:
     int match_class            # the class of the match they follow (MATCH_CLASSES)
     double expected            # "auto": the tokens its planned drafts are expected to
                                # give (at its chance, before the node's trust), else 0
-    int64_t place              # DRAFT_NODE, DRAFT_REALIGN: the store's ring index of the
-                               # draft's first token
-    int64_t follow             # the ring index of the store's token after the one the
-                               # step sampled in place of the session's last verified
-                               # draft from the store, or -1 (NgramStore.realign looks
-                               # there)
     int32_t draft[MAX_DRAFT]
     Acceptance record[DRAFT_SOURCES_END]  # its drafts' record, per DraftSource
 

@@ -97,9 +97,9 @@ from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
-from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_REALIGN, DRAFT_SOURCES_END,
-                         DRAFT_STRUCTURE, DRAFT_VALUES, MAX_STEP_DRAFTS, ROW_EXACT, ROW_GROUPS,
-                         SPECULATE_ALWAYS, SPECULATE_AUTO, SPECULATE_OFF, TWIN_TOKENS)
+from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_SOURCES_END, DRAFT_STRUCTURE,
+                         DRAFT_VALUES, MAX_STEP_DRAFTS, ROW_EXACT, ROW_GROUPS, SPECULATE_ALWAYS,
+                         SPECULATE_AUTO, SPECULATE_OFF, TWIN_TOKENS)
 from dgr._codes import DraftSource
 from dgr._drafts cimport NgramStore, ValueScratch, context_draft, structure_draft, values_draft
 
@@ -152,9 +152,8 @@ def context_near(double cells, double timed_cells):
 
 
 cdef inline int _match_class(int matched) noexcept nogil:
-    """The class of a draft's match of `matched` tokens (2, a realigned draft's, to
-    the draft sources' MATCH_MAX): 2-3, 4-7, 8-15, 16 or more. A longer match is
-    followed further:
+    """The class of a draft's match of `matched` tokens (3 to the draft sources'
+    MATCH_MAX): 3, 4-7, 8-15, 16 or more. A longer match is followed further:
     quoting matches 16 tokens or more; a phrase that natural text repeats, or a JSON
     list's keys, 3 to 7 (evidence/DGR-026/natural-c1)."""
     return (matched >= 4) + (matched >= 8) + (matched >= 16)
@@ -293,7 +292,6 @@ cdef class Speculation:
         code), with no record yet."""
         memset(d, 0, sizeof(Drafting))
         d.mode = mode
-        d.follow = -1
 
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
                   bint time_known, double time_b) noexcept nogil:
@@ -338,11 +336,7 @@ cdef class Speculation:
             if self.found[i] == 0:
                 d.source = DRAFT_NODE
                 self.found[i] = self.store.draft(rows[i].context, rows[i].n_context, k, d.draft,
-                                                 &matched, &d.place)
-            if self.found[i] == 0:
-                d.source = DRAFT_REALIGN
-                self.found[i] = self.store.realign(rows[i].context, rows[i].n_context,
-                                                   d.follow, k, d.draft, &matched, &d.place)
+                                                 &matched)
             if self.found[i] == 0:
                 d.source = DRAFT_STRUCTURE
                 self.found[i] = structure_draft(rows[i].context, rows[i].n_context, k, d.draft,
@@ -451,8 +445,6 @@ cdef class Speculation:
 
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil:
         """The step verified the session's d.n_draft drafts: the first `accepted` were."""
-        if d.source == DRAFT_NODE or d.source == DRAFT_REALIGN:
-            d.follow = d.place + accepted + 1
         _record(&d.record[d.source], d.n_draft, accepted, SLOT_FORGET)
         _record(&self.by_source[d.source][d.match_class], d.n_draft, accepted, SOURCE_FORGET)
         if d.expected > 0.0:

@@ -24,8 +24,7 @@ from dgr.sequence import FinishReason
 
 # draft sources by name (dgr._codes.DraftSource)
 DRAFT_SOURCES = {DraftSource.DRAFT_CONTEXT: "context", DraftSource.DRAFT_NODE: "node",
-                 DraftSource.DRAFT_STRUCTURE: "structure", DraftSource.DRAFT_VALUES: "values",
-                 DraftSource.DRAFT_REALIGN: "realign"}
+                 DraftSource.DRAFT_STRUCTURE: "structure", DraftSource.DRAFT_VALUES: "values"}
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                     1.5, 2.5, 5.0, 10.0, 30.0)
 STEP_PHASES = ("plan", "decode", "sample", "update")

@@ -137,7 +137,7 @@ def with_dgr_sources(prompt, answer, earlier, cost, longest):
     for t in range(n):
         context = prompt + answer[:t]
         k = longest or ROWS - 1
-        found.append(context_draft_for(context, k) or store.draft_for(context, k)[0])
+        found.append(context_draft_for(context, k) or store.draft_for(context, k))
     if longest is None:
         best, steps = [0.0] * (n + 1), [0] * (n + 1)
         for t in range(n - 1, 0, -1):
