@@ -338,7 +338,7 @@ cdef class Scheduler:
                 self.order_buf[j] = s
                 n_waiting += 1
         self.n_draft_rows = 0
-        self.cells = 0.0
+        self.cells = 0.0  # the KV cells the decode rows attend, then the draft rows too
         if self.speculation is not None:
             for i in range(self.n_decode):
                 sl = &self.slots[self.decode_slots[i]]
@@ -347,12 +347,12 @@ cdef class Scheduler:
                 self.draft_rows[i].n_context = sl.n_prompt + sl.n_generated
                 self.draft_rows[i].n_prompt = sl.n_prompt
                 self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
+                self.cells += self.draft_rows[i].n_context
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
-                n_waiting > 0, self.time_known, self.time_b)
+                n_waiting > 0, self.time_known, self.time_b, self.cells)
             for i in range(self.n_decode):  # the context of the step's time (RowTimes)
-                self.cells += (1 + self.draft_rows[i].drafting.n_draft) * (
-                    self.draft_rows[i].n_context)
+                self.cells += self.draft_rows[i].drafting.n_draft * self.draft_rows[i].n_context
         left = self.token_budget - self.decode_rows()
         self.n_chunks = 0
         if n_waiting == 0:

@@ -72,7 +72,7 @@ cdef class Speculation:
     cdef double timed_at(self, int rows, double cells) noexcept nogil
     cdef void begin(self, Drafting * d, int mode) noexcept nogil
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
-                  bint time_known, double time_b) noexcept nogil
+                  bint time_known, double time_b, double cells) noexcept nogil
     cdef int keep_repaid(self, DraftRow * rows, int n_rows, int n_draft_rows,
                          int n_always_rows, double trust, double row_s) noexcept nogil
     cdef void verified(self, Drafting * d, int accepted) noexcept nogil

@@ -294,14 +294,15 @@ cdef class Speculation:
         d.mode = mode
 
     cdef int plan(self, DraftRow * rows, int n_rows, int room, bint prefilling,
-                  bint time_known, double time_b) noexcept nogil:
+                  bint time_known, double time_b, double cells) noexcept nogil:
         """Give the rows' sessions their drafts (the module doc), at most `room` draft
         rows in all; the step-time model's cost of a decode row once `time_known`; none
         by "auto" while sessions wait to prefill (`prefilling`: their prompts come
-        first) or where the decode rows were not timed at their context (`timed_at`:
-        the plan's decode-only step time). Returns the draft rows given."""
+        first) or where the decode rows, attending `cells` KV cells in all, were not
+        timed at their context (`timed_at`: the plan's decode-only step time). Returns
+        the draft rows given."""
         cdef int i, j, k, n_draft_rows = 0, n_always_rows, found, matched, values_matched
-        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted, cells
+        cdef double expected, trusted, decode_only, row_s, gain, p_j, rate, best, undrafted
         cdef Drafting * d
         cdef double trust
         self.planned_tokens = 0.0
@@ -354,9 +355,6 @@ cdef class Speculation:
         n_always_rows = n_draft_rows
         if prefilling or not time_known:
             return n_draft_rows
-        cells = 0.0
-        for i in range(n_rows):
-            cells += rows[i].n_context
         decode_only = self.timed_at(n_rows, cells)
         if decode_only <= 0.0:
             return n_draft_rows  # this step times the decode rows (the module doc)

@@ -58,9 +58,9 @@ async def answers():
     return out
 
 
-def copy(text, margins, context, least, k):
-    """The longest match (least..32 tokens) of context's end in text, the most recent
-    among as long: the next k tokens of text and their margins."""
+def locate(text, context, least):
+    """Where the longest match (least..32 tokens) of context's end in text ends, the
+    most recent among as long (-1: none)."""
     best_len, best_at = 0, -1
     n = len(context)
     for j in range(least, len(text)):
@@ -70,6 +70,13 @@ def copy(text, margins, context, least, k):
             length += 1
         if length >= least and length >= best_len:
             best_len, best_at = length, j
+    return best_at
+
+
+def copy(text, margins, context, least, k):
+    """The longest match (least..32 tokens) of context's end in text, the most recent
+    among as long: the next k tokens of text and their margins."""
+    best_at = locate(text, context, least)
     if best_at < 0:
         return [], []
     return text[best_at:best_at + k], margins[best_at:best_at + k]

@@ -33,27 +33,12 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bound import kept, step_times  # noqa: E402
-from confidence import SURE, answers  # noqa: E402
+from confidence import SURE, answers, locate  # noqa: E402
 
 from benchmarks.speculation import N_NEW  # noqa: E402
 
 BINS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, SURE)
 LONGEST = 15  # step times are measured up to 16 rows
-
-
-def locate(text, context, least):
-    """Where the longest match (least..32 tokens) of the context's end in text ends,
-    the most recent among as long (-1: none)."""
-    best_len, best_at = 0, -1
-    n = len(context)
-    for j in range(least, len(text)):
-        length = 0
-        while (length < 32 and length < j and length < n
-               and text[j - 1 - length] == context[n - 1 - length]):
-            length += 1
-        if length >= least and length >= best_len:
-            best_len, best_at = length, j
-    return best_at
 
 
 def bin_of(margin):
