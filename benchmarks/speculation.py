@@ -24,9 +24,9 @@ per server: decode tokens/s (tokens after each session's first, over the time
 from the first session's first token to the last session's last: what
 speculation changes, prefill left out; at c > 1 it also counts against dgr the
 decode steps it runs while other prompts still prefill beside them, where
-llama-server prefills them all first), wall tokens/s (every token, from the requests being sent), dgr auto's
-acceptance (from its metrics), and a bitwise column: dgr auto's text equal to
-dgr off's for every session.
+llama-server prefills them all first), wall tokens/s (every token, from the
+requests being sent), dgr auto's acceptance (from its metrics), and a bitwise
+column: dgr auto's text equal to dgr off's for every session.
 """
 
 from __future__ import annotations
@@ -303,12 +303,13 @@ def _table(result: dict, key: str, label: str) -> list[str]:
     for b in result["bitwise"]:
         equal[(b["workload"], b["c"])] = equal.get((b["workload"], b["c"]), True) and b["equal"]
     head = " | ".join(f"{s} tok/s" for s in servers)
-    lines = ["", f"| speculation case ({label} tok/s): workload | c | {head} | auto / off (median of rounds) | "
-             "auto / llama-server | auto / best llama-server n-gram | dgr drafted, accepted | auto = off |",
+    lines = ["", f"| speculation case ({label} tok/s): workload | c | {head} | "
+             "auto / off (median of rounds) | auto / llama-server | "
+             "auto / best llama-server n-gram | dgr drafted, accepted | auto = off |",
              "|---|---|" + "---|" * (len(servers) + 6)]
     for workload, c in dict.fromkeys((row["workload"], row["c"]) for row in rows):
         v = {s: med.get((workload, c, s)) for s in servers}
-        auto, off = v.get(AUTO), v.get(OFF)
+        auto = v.get(AUTO)
         plain = v.get("llama-server")
         ngram = max((v[s] for s in servers if s.startswith("llama-server ") and v[s]), default=None)
 

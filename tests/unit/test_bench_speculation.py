@@ -78,3 +78,15 @@ def test_a_server_that_dies_is_recorded_and_replaced_and_the_pair_goes_on(monkey
     # every other run happened, on the fresh auto node after the failure
     assert len([e for e in events if e[0] == "run"]) == 8
     assert sum(e[0] == "start" for e in events) == sum(e[0] == "stop" for e in events) == 3
+
+
+def test_the_tables_auto_over_off_is_the_median_of_the_rounds_pairs():
+    # per round auto / off: 2.0, 0.5, 1.5 -> median 1.5; the medians' ratio would be
+    # 5 / 3 = 1.67
+    tok_s = {OFF: [1.0, 4.0, 3.0], AUTO: [2.0, 2.0, 4.5]}
+    rows = [{"round": r, "workload": "code edit", "c": 1, "server": name,
+             "decode_tok_s": tok_s[name][r], "wall_tok_s": 1.0, "first_s": [0.0]}
+            for r in range(3) for name in (OFF, AUTO)]
+    lines = speculation.markdown({"rows": rows, "acceptance": [], "bitwise": []})
+    decode_row = next(line for line in lines if line.startswith("| code edit | 1 |"))
+    assert decode_row.split(" | ")[4] == "1.50"
