@@ -35,9 +35,10 @@ def _build(tree: Path, build: Path, targets: tuple[str, ...], log) -> dict[str, 
         "cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
-        "-DLLAMA_CURL=OFF"], check=True, stdout=subprocess.DEVNULL)
+        "-DLLAMA_CURL=OFF"], check=True, stdout=subprocess.DEVNULL, env=vendor_llama.build_env())
     subprocess.run(["cmake", "--build", str(build), "--target", *targets,
-                    "-j", str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL)
+                    "-j", str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL,
+                   env=vendor_llama.build_env())
     stamp.write_text(source)
     return binaries
 

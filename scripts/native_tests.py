@@ -38,18 +38,20 @@ def main(argv=None) -> int:
     subprocess.run(["cmake", "-S", str(ROOT / "patches" / "native-tests"), "-B", str(build), "-G", "Ninja",
                     "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_DIR={tree}",
                     f"-DDGR_TEST_MODEL={default_model()}"],
-                   check=True, stdout=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.DEVNULL, env=vendor_llama.build_env())
     # the compiler's output (thousands of warnings from untouched ggml code) goes to a log
     log = build / "build.log"
     with log.open("w") as out:
-        built = subprocess.run(["cmake", "--build", str(build)], stdout=out, stderr=subprocess.STDOUT)
+        built = subprocess.run(["cmake", "--build", str(build)], stdout=out, stderr=subprocess.STDOUT,
+                               env=vendor_llama.build_env())
     if built.returncode != 0:
         print(log.read_text()[-8000:])
         print(f"native tests: the build failed (whole log: {log})")
         return built.returncode
     print(f"built {build.relative_to(ROOT)} from {tree.relative_to(ROOT)} "
           f"(compiler output: {log.relative_to(ROOT)})", flush=True)
-    result = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure", "-V"])
+    result = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure", "-V"],
+                            env=vendor_llama.build_env())
     return result.returncode
 
 

@@ -12,6 +12,7 @@ already in place for the same pin (and patch stack) is left alone.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,14 @@ def fetch_sdist(pin: dict[str, str]) -> Path:
         sdist.unlink()
         raise SystemExit(f"{sdist.name}: sha256 {actual} does not match the pin {pin['sha256']}")
     return sdist
+
+
+def build_env() -> dict[str, str]:
+    """The environment for cmake, ninja and ctest: this interpreter's scripts folder
+    (where the install script's pip puts them) first on PATH, so that they are found
+    in a virtual environment that was not activated."""
+    scripts = str(Path(sys.executable).parent)
+    return dict(os.environ, PATH=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
 
 
 def series() -> list[str]:

@@ -124,8 +124,8 @@ def test_row_times_give_the_probed_shape_where_no_step_ran_lately_at_the_level_o
     times = RowTimes()
     times.calibrate([(1, 0.015), (4, 0.040), (16, 0.090), (48, 0.240)])
     # before any step: the probes as they were timed, at none of the sessions' contexts
-    assert times.points() == pytest.approx([(1, 0.015, -1), (4, 0.040, -1), (16, 0.090, -1),
-                                            (48, 0.240, -1)])
+    probed = [(1, 0.015, -1), (4, 0.040, -1), (16, 0.090, -1), (48, 0.240, -1)]
+    assert times.points() == [pytest.approx(point) for point in probed]
     for _ in range(10):  # the machine runs more slowly than when the node opened
         times.observe(1, 0.030, 100)
         times.observe(7, 0.130, 700)  # between the probes at 4 and 16 rows: 0.0525 probed
