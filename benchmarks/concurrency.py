@@ -11,9 +11,10 @@ and a multi-turn chat with and without dgr's prefix cache, and against
 llama-server's prompt caching), grammar (benchmarks/grammar.py: whether a
 JSON-schema-constrained session slows others), speculation (benchmarks/
 speculation.py: exact speculative decoding on quoting and natural workloads
-against llama-server with and without its n-gram speculation) and kv_tier
+against llama-server with and without its n-gram speculation), kv_tier
 (benchmarks/kv_tier.py: the KV tier beyond the pool against llama-server's
---cache-ram). The servers they start are in benchmarks/servers.py.
+--cache-ram) and prefill (benchmarks/prefill.py: cold prompts at c = 1 against
+llama-server's defaults). The servers they start are in benchmarks/servers.py.
 
 Output: JSON, Markdown and, with the levels case, a PNG plot.
 """
@@ -33,6 +34,7 @@ from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import kv_tier as kv_tier_case  # noqa: E402
 from benchmarks import levels as levels_case  # noqa: E402
 from benchmarks import mixed_load as mixed_case  # noqa: E402
+from benchmarks import prefill as prefill_case  # noqa: E402
 from benchmarks import serving, shared_prefix  # noqa: E402
 from benchmarks import speculation as speculation_case  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
@@ -54,6 +56,8 @@ def markdown(report) -> str:
         lines.extend(speculation_case.markdown(report["speculation"]))
     if report.get("kv_tier"):
         lines.extend(kv_tier_case.markdown(report["kv_tier"]))
+    if report.get("prefill"):
+        lines.extend(prefill_case.markdown(report["prefill"]))
     return "\n".join(lines) + "\n"
 
 
@@ -86,7 +90,8 @@ def main(argv=None) -> int:
                         help="prefix sizes of the restore vs recompute measurement")
     parser.add_argument("--kv-servers", default=",".join(kv_tier_case.SERVERS),
                         help="servers of the kv_tier case")
-    parser.add_argument("--cases", default="levels,serving,mixed,prefix,grammar,speculation,kv_tier",
+    parser.add_argument("--cases",
+                        default="levels,serving,mixed,prefix,grammar,speculation,kv_tier,prefill",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
                              "corruption check), serving (the serving path: the tiny model, "
                              "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
@@ -94,7 +99,8 @@ def main(argv=None) -> int:
                              "vs a sampled one), speculation (quoting and natural workloads, "
                              "dgr off/auto vs llama-server without and with n-gram drafts), "
                              "kv_tier (the KV tier beyond the pool vs llama-server's "
-                             "--cache-ram)")
+                             "--cache-ram), prefill (cold prompts at c = 1 vs llama-server's "
+                             "defaults)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
@@ -103,6 +109,8 @@ def main(argv=None) -> int:
                         help="servers of the speculation case")
     parser.add_argument("--spec-workloads", default=",".join(speculation_case.WORKLOADS),
                         help="workloads of the speculation case")
+    parser.add_argument("--prefill-lengths", default=",".join(map(str, prefill_case.LENGTHS)),
+                        help="prompt lengths of the prefill case")
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds of dgr and llama-server at each c (levels and "
                              "serving cases): each round's ratio, their median, min and max")
@@ -145,7 +153,8 @@ def main(argv=None) -> int:
              + (1 if "serving" in cases else 0)
              + (1 + len(mixed_stalls) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
              + (1 if "grammar" in cases else 0) + (1 if "speculation" in cases else 0)
-             + (1 if "kv_tier" in cases else 0))
+             + (1 if "kv_tier" in cases else 0)
+             + (args.rounds if "prefill" in cases else 0))
     out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
@@ -177,6 +186,10 @@ def main(argv=None) -> int:
                 args.kv_turns, [name for name in args.kv_servers.split(",") if name],
                 [int(x) for x in args.kv_restore_sizes.split(",") if x])
             bar.update()
+        if "prefill" in cases:
+            report["prefill"] = prefill_case.run(
+                peers, model, args.threads, [int(x) for x in args.prefill_lengths.split(",")],
+                args.rounds, bar)
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

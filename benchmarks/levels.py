@@ -285,14 +285,11 @@ def batched_bench(binary, model, levels, n_new, threads, n_prompt=64, env=None):
 
 
 def patch_cost(pristine, patched, model, levels, n_new, threads, n_prompt=64, rounds=3):
-    """llama-batched-bench from the pristine and the patched pin, the patched one
-    also as dgr runs it (every flash-attention row on the one-row path, patch
-    0008), alternating (the machine drifts by 10-30 % within a run): the best of
-    `rounds` runs of each, per batch size."""
-    best = {"pristine": {}, "patched": {}, "patched_one_row": {}, "n_prompt": n_prompt,
-            "n_new": n_new}
-    variants = (("pristine", pristine, None), ("patched", patched, None),
-                ("patched_one_row", patched, {"GGML_CPU_FA_TILED": "0"}))
+    """llama-batched-bench from the pristine and the patched pin, alternating (the
+    machine drifts by 10-30 % within a run): the best of `rounds` runs of each,
+    per batch size."""
+    best = {"pristine": {}, "patched": {}, "n_prompt": n_prompt, "n_new": n_new}
+    variants = (("pristine", pristine, None), ("patched", patched, None))
     for _ in range(rounds):
         for name, binary, env in variants:
             for c, (pp, tg) in batched_bench(binary, model, levels, n_new, threads, n_prompt,
@@ -400,13 +397,6 @@ def markdown_patch_cost(cost, rounds) -> list[str]:
         (pp0, tg0), (pp1, tg1) = cost["pristine"][c], cost["patched"][c]
         lines.append(f"| {c} | {pp0:.1f} | {pp1:.1f} | {pp1 / pp0:.3f} | {tg0:.1f} | {tg1:.1f} | "
                      f"{tg1 / tg0:.3f} |")
-    if cost.get("patched_one_row"):
-        lines += ["", "The patched pin as dgr runs it (GGML_CPU_FA_TILED=0: every flash-attention "
-                  "row on the one-row path, patch 0008), against the pristine pin:", "",
-                  "| batch | PP | PP ratio | TG | TG ratio |", "|---|---|---|---|---|"]
-        for c in sorted((k for k in cost["pristine"]), key=int):
-            (pp0, tg0), (pp2, tg2) = cost["pristine"][c], cost["patched_one_row"][c]
-            lines.append(f"| {c} | {pp2:.1f} | {pp2 / pp0:.3f} | {tg2:.1f} | {tg2 / tg0:.3f} |")
     return lines
 
 

@@ -83,13 +83,6 @@ def system_info():
     return llama_print_system_info().decode("utf-8", "replace")
 
 
-# Every flash-attention row on the one-row path (patch 0008): a token's KV is then the
-# same whether it was prefilled in a chunk of any size or decoded, so the prefix cache
-# may share any prefix, generated tokens included. ggml reads it once per process, at
-# the first flash attention: set when dgr is imported, before any (llama_cpp.Llama in
-# the same process takes the same path).
-os.environ["GGML_CPU_FA_TILED"] = "0"
-
 _MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
 
 # the output layer's tensors (a tied output is the token embedding, duplicated)

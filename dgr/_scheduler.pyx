@@ -14,8 +14,8 @@ Policy (re-planned every step; sessions join and leave between steps):
 2. Prefill fills what the token budget leaves, oldest session first, each
    session a piece from where its prefill stands (after a shared prefix) of
    whatever size the step has room for: a token's KV does not depend on the
-   piece it was computed in (every flash-attention row takes the one-row
-   path). With no session decoding, the whole token budget. While sessions
+   piece it was computed in (flash attention is row-invariant, patch
+   0013). With no session decoding, the whole token budget. While sessions
    decode, the step's prefill rows are bounded so that its time stays within
    `decode_stall` times a decode-only step's, by the node's model of its own
    step times (set_step_time: a + b decode rows + c prefill rows + e cells
@@ -35,9 +35,8 @@ Policy (re-planned every step; sessions join and leave between steps):
    for, so drafts never take KV beyond its reservation.
 4. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
-   results do not depend on the rows it shares a call with (the patch stack,
-   and flash attention on its one-row path for every row:
-   GGML_CPU_FA_TILED=0). Otherwise (split KV, where llama.cpp would cut a
+   results do not depend on the rows it shares a call with (the patch stack's
+   row-invariant matmuls and flash attention). Otherwise (split KV, where llama.cpp would cut a
    mixed call into many equal-length ubatches) the decode rows run in one
    call and each chunk in a call of its own.
 

@@ -1,5 +1,6 @@
 """Command line: `python -m dgr run` serves a node over HTTP; `python -m dgr worker`
-lends this machine's CPU to a node over ggml RPC."""
+lends this machine's CPU to a node over ggml RPC; `python -m dgr check-invariance`
+tells whether a model's sessions get the same bits whoever shares the node."""
 
 from __future__ import annotations
 
@@ -65,7 +66,51 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--cache", default=None, help="folder that keeps tensors nodes sent, "
                         "so a restarted node sends large weights once (default: no cache)")
     worker.add_argument("--log-level", default="INFO", help="Logging level (default: INFO).")
+    check = sub.add_parser(
+        "check-invariance", help="check that a model's sessions get the same tokens and "
+        "log-probabilities alone, beside others and from the prefix cache, on this CPU",
+        description="Runs a few sessions alone, then together (arriving staggered), then again "
+        "from the prefix cache, and compares every session's tokens and log-probabilities bit "
+        "for bit with its solo run. Exit status 0: invariant; 1: not (the first difference is "
+        "printed).")
+    check.add_argument("--model", default=None, help="GGUF model file (default: the default model)")
+    check.add_argument("--tokens", type=int, default=32, help="tokens per session (default: 32)")
+    check.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    check.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    check.add_argument("--log-level", default="WARNING", help="Logging level (default: WARNING).")
     return parser
+
+
+def _user_error(raised: BaseException) -> BaseException:
+    """The error a user caused (a bad file, value or address) inside what the nurseries
+    wrapped it in; anything else is raised again."""
+    exc = raised
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if not isinstance(exc, (DgrError, ValueError, OSError)):
+        raise raised
+    return exc
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """`python -m dgr check-invariance`."""
+    import json
+
+    import trio
+
+    from dgr import invariance
+
+    try:
+        config = NodeConfig(model_path=args.model, max_running=len(invariance.PROMPTS),
+                            **({"n_threads": args.threads} if args.threads else {}))
+        if args.tokens < 1:
+            raise ValueError("--tokens must be at least 1")
+        report = trio.run(invariance.check, config, invariance.PROMPTS, args.tokens)
+    except BaseException as raised:
+        print(f"dgr: error: {_user_error(raised)}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else invariance.describe(report))
+    return 0 if report["bitwise"] else 1
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -133,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "worker":
         return run_worker(args)
+    if args.command == "check-invariance":
+        return run_check(args)
     if args.command == "run":
         import trio
 
@@ -142,12 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             node_config, server_config = configs_from_args(args)
             forced_by = trio.run(serve, node_config, server_config)
         except BaseException as raised:
-            exc = raised
-            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]  # nurseries wrap what they raise
-            if not isinstance(exc, (DgrError, ValueError, OSError)):
-                raise
-            print(f"dgr: error: {exc}", file=sys.stderr)
+            print(f"dgr: error: {_user_error(raised)}", file=sys.stderr)
             return 2
         return 0 if forced_by is None else 128 + forced_by
     return 2

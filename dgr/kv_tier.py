@@ -149,11 +149,10 @@ def node_key(model_path: str, libraries: Sequence[Path], system_info: str,
 
 def kv_layout(info: dict) -> dict:
     """What of an engine's setup (dgr._engine.Engine.info) the KV bits and the state
-    format depend on, and the flash-attention path (patch 0008's knob)."""
+    format depend on."""
     fields = ("architecture", "n_layer", "n_embd", "n_swa", "kv_unified", "weight_repack",
               "kv_bytes_per_cell")
     return {**{k: info[k] for k in fields},
-            "fa_tiled": os.environ.get("GGML_CPU_FA_TILED"),
             "kv_ordered": os.environ.get("LLAMA_KV_CACHE_ORDERED")}
 
 

@@ -235,7 +235,8 @@ class Node:
                 token_ids=[chunk.token_id for chunk in tokens],
                 finish_reason=chunks.finish_reason, prompt_tokens=chunks.prompt_tokens,
                 logprobs=[c.top_logprobs for c in tokens] if params.logprobs else None,
-                token_logprobs=[c.logprob for c in tokens] if params.logprobs else None)
+                token_logprobs=[c.logprob for c in tokens] if params.logprobs else None,
+                cached_tokens=chunks.cached_tokens)
 
     def capabilities(self) -> dict:
         """Model facts, budgets and live load: what a coordinator routes on

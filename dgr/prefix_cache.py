@@ -5,8 +5,8 @@ as far as it has prefilled it, and, once the session ends, its prompt and the
 tokens it generated and fed back (all but the last one sampled). A token's KV
 depends on the tokens before it alone, not on the chunk, the batch or the
 other sessions it was computed with (the patch stack: row-invariant matmuls,
-flash attention on its one-row path, GGML_CPU_FA_TILED=0, and each sequence's
-cells in position order). So any common prefix, to the token, is bitwise what
+a row-invariant flash attention for every row, and each sequence's cells in
+position order). So any common prefix, to the token, is bitwise what
 recomputing it gives: a session whose prompt begins with tokens a slot holds
 takes those cells (`llama_memory_seq_cp` shares them without copying) and
 prefills the rest. A conversation's next turn, which resends the history,

@@ -41,6 +41,7 @@ class GenerationResult:
     prompt_tokens: int
     logprobs: Optional[list[TopLogprobs]] = None
     token_logprobs: Optional[list[float]] = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache or a session
 
     @property
     def completion_tokens(self) -> int:

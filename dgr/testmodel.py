@@ -1,9 +1,11 @@
 """Write a tiny random-weight GGUF model for tests: no download, loads in milliseconds.
 
-Architecture "llama", a few layers, f32 weights drawn from a seeded generator,
-and an SPM tokenizer with byte fallback (every UTF-8 byte has a token, so any
-text encodes), printable ASCII characters, a few merged pairs, and ChatML
-control tokens so that llama.cpp recognizes its chat template.
+Architecture "llama" (or "qwen3moe": q/k norms and a mixture of experts), a few
+layers, f32 weights drawn from a seeded generator, and an SPM tokenizer with byte
+fallback (every UTF-8 byte has a token, so any text encodes), printable ASCII
+characters, a few merged pairs, and ChatML control tokens so that llama.cpp
+recognizes its chat template. `quantize` turns one into another weight type with
+the installed llama.cpp's quantizer.
 """
 
 from __future__ import annotations
@@ -43,8 +45,13 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,
                      n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
                      n_ctx_train: int = 8192, seed: int = 1234,
-                     chat_template: str = CHAT_TEMPLATE) -> Path:
-    """Write the model to `path` (atomically) and return the path."""
+                     chat_template: str = CHAT_TEMPLATE, architecture: str = "llama",
+                     n_expert: int = 8, n_expert_used: int = 2) -> Path:
+    """Write the model to `path` (atomically) and return the path. With architecture
+    "qwen3moe" each layer's feed-forward is n_expert experts of n_ff rows, n_expert_used
+    of them per token."""
+    if architecture not in ("llama", "qwen3moe"):
+        raise ValueError(f"architecture must be llama or qwen3moe, not {architecture!r}")
     import gguf  # a test dependency; the runtime never writes models
 
     path = Path(path)
@@ -57,12 +64,17 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
         return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
 
     tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer = gguf.GGUFWriter(str(tmp), architecture)
+    moe = architecture == "qwen3moe"
     writer.add_name("dgr-tiny-test")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
     writer.add_feed_forward_length(n_ff)
+    if moe:
+        writer.add_expert_feed_forward_length(n_ff)
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(n_expert_used)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
     writer.add_rope_dimension_count(head_dim)
@@ -89,9 +101,18 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
         writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+        if not moe:
+            writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+            writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+            writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+            continue
+        writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+        # a router with a wide spread, so that tokens pick experts far from ties
+        writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", weight(n_expert, n_embd, scale=4.0))
+        for name, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
+            writer.add_tensor(f"blk.{i}.ffn_{name}_exps.weight",
+                              np.stack([weight(rows, cols) for _ in range(n_expert)]))
     writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     # A large output scale spreads the logits, so greedy choices are rarely near-ties.
     writer.add_tensor("output.weight", weight(n_vocab, n_embd, scale=8.0))
@@ -100,6 +121,28 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+# llama.cpp's quantization types by their llama-quantize names
+QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS")
+
+
+def quantize(source: str | os.PathLike, path: str | os.PathLike, kind: str) -> Path:
+    """Write `source` as weight type `kind` (one of QUANT_TYPES) to `path` with the
+    installed llama.cpp's quantizer (tensors whose rows do not fit the type's blocks
+    take llama.cpp's fallback type, as llama-quantize does)."""
+    import llama_cpp
+
+    if kind not in QUANT_TYPES:
+        raise ValueError(f"kind must be one of {', '.join(QUANT_TYPES)}, not {kind!r}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {kind}")
     os.replace(tmp, path)
     return path
 

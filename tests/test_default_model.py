@@ -155,8 +155,8 @@ async def test_node_batching_matches_solo_on_the_default_model(default_model, co
 
 async def test_node_batching_matches_solo_past_63_sessions(default_model):
     """72 sessions decoding at once, up to 72 decode rows in one llama_decode: 64 or
-    more query rows of one stream would take flash attention's tiled path but for
-    GGML_CPU_FA_TILED=0 (patch 0008), which dgr sets. Each of the 8 prompts runs in
+    more query rows of one stream, which share flash attention's tiles (patch 0013
+    keeps every row's arithmetic its own). Each of the 8 prompts runs in
     9 sessions, admitted in one tick (token ids) and 16 prefills a step so that
     their decode steps overlap: all bitwise equal to its solo run."""
     import dgr

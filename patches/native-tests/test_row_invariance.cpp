@@ -3,13 +3,16 @@
 //   mul_mat:    for each weight type of dgr's default model (Q4_K, Q6_K, Q5_0, Q8_0), the other
 //               tiled K-quants, F16 and F32, every column of W x X is bitwise the same whether X
 //               has 1, 2, 7, 8, 9, 16, 33, 64 or 512 (n_batch) columns.
+//   mul_mat_id: for every weight type the CPU backend tiles or vec_dots, a token's MoE expert
+//               outputs are bitwise the same alone and in batches whose experts get 1 to many
+//               tokens each.
 //   flash_attn: a query row's attention output is bitwise the same alone and beside other
 //               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
 //               lengths below and above 512, with and without a sliding window; in a unified
 //               stream also when the sequence's cells lie among other sequences' cells (in
 //               position order), for decode rows and for a prompt chunk of 96 rows (tiled path).
 //
-// Usage: test-row-invariance mul_mat|flash_attn [n_threads]
+// Usage: test-row-invariance mul_mat|mul_mat_id|flash_attn|flash_attn_prompt_rows [n_threads]
 
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -121,6 +124,84 @@ static int test_mul_mat() {
             }
             printf("\n");
             failures += bad_cols != 0;
+        }
+    }
+    return failures;
+}
+
+// ------------------------------------------------------------------------------- mul_mat_id
+
+static const int MOE_EXPERTS = 8;
+static const int MOE_USED = 2;  // experts per token
+static const int MOE_TOKENS[] = { 1, 3, 8, 17, 64 };
+static const int MOE_MAX_TOKENS = 64;
+
+// The expert of token t's slot e: a fixed pseudo-random routing, so that in a batch each expert
+// gets anywhere from 0 to many tokens.
+static int moe_route(int t, int e) {
+    return (t * 5 + e * 3 + (t * t) % 7) % MOE_EXPERTS;
+}
+
+// MOE_EXPERTS stacked weights W times the first n tokens of X, each token through its
+// MOE_USED experts; returns n x MOE_USED x MM_ROWS floats
+static std::vector<float> mul_mat_id(ggml_type type, const std::vector<uint8_t> & w, const std::vector<float> & x,
+                                     int first, int n) {
+    scratch s((size_t) 64 << 20);
+    ggml_tensor * W = ggml_new_tensor_3d(s.ctx, type, MM_K, MM_ROWS, MOE_EXPERTS);
+    memcpy(W->data, w.data(), ggml_nbytes(W));
+    ggml_tensor * X = ggml_new_tensor_3d(s.ctx, GGML_TYPE_F32, MM_K, 1, n);  // one row per token
+    memcpy(X->data, x.data() + (size_t) first * MM_K, ggml_nbytes(X));
+    ggml_tensor * ids = ggml_new_tensor_2d(s.ctx, GGML_TYPE_I32, MOE_USED, n);
+    for (int t = 0; t < n; t++) {
+        for (int e = 0; e < MOE_USED; e++) {
+            ((int32_t *) ids->data)[t * MOE_USED + e] = moe_route(first + t, e);
+        }
+    }
+    ggml_tensor * Y = ggml_mul_mat_id(s.ctx, W, X, ids);  // [MM_ROWS, MOE_USED, n]
+    compute(s.ctx, Y);
+    std::vector<float> out((size_t) n * MOE_USED * MM_ROWS);
+    memcpy(out.data(), Y->data, out.size() * sizeof(float));
+    return out;
+}
+
+// MoE: a token's expert outputs are bitwise the same computed alone (each expert gets one row)
+// and in batches of 3 to 64 tokens (each expert gets however many tokens were routed to it).
+static int test_mul_mat_id() {
+    const ggml_type types[] = {
+        GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K, GGML_TYPE_Q3_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_XS,
+        GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32,
+    };
+    int failures = 0;
+    const std::vector<float> x = randoms((size_t) MM_K * MOE_MAX_TOKENS, 17, 3.0f);
+    const size_t per_token = (size_t) MOE_USED * MM_ROWS;
+    for (ggml_type type : types) {
+        std::vector<uint8_t> w;
+        for (int e = 0; e < MOE_EXPERTS; e++) {
+            const std::vector<uint8_t> we = make_weights(type, 101 + 13 * (uint32_t) e + (uint32_t) type);
+            w.insert(w.end(), we.begin(), we.end());
+        }
+        std::vector<std::vector<float>> solo(MOE_MAX_TOKENS);
+        for (int t = 0; t < MOE_MAX_TOKENS; t++) {
+            solo[t] = mul_mat_id(type, w, x, t, 1);
+        }
+        for (int n : MOE_TOKENS) {
+            const std::vector<float> y = mul_mat_id(type, w, x, 0, n);
+            int bad = 0;
+            float worst = 0.0f;
+            for (int t = 0; t < n; t++) {
+                if (memcmp(&y[t * per_token], solo[t].data(), per_token * sizeof(float)) != 0) {
+                    bad++;
+                    for (size_t i = 0; i < per_token; i++) {
+                        worst = fmaxf(worst, fabsf(y[t * per_token + i] - solo[t][i]));
+                    }
+                }
+            }
+            printf("mul_mat_id %-7s %2d tokens: %s", ggml_type_name(type), n, bad ? "DIFFERS" : "bitwise equal to solo");
+            if (bad) {
+                printf(" (%d of %d tokens, max |diff| %g)", bad, n, worst);
+            }
+            printf("\n");
+            failures += bad != 0;
         }
     }
     return failures;
@@ -403,7 +484,7 @@ static int test_flash_attn_prompt_rows() {
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s mul_mat|flash_attn|flash_attn_prompt_rows [n_threads]\n", argv[0]);
+        fprintf(stderr, "usage: %s mul_mat|mul_mat_id|flash_attn|flash_attn_prompt_rows [n_threads]\n", argv[0]);
         return 2;
     }
     if (argc > 2) {
@@ -413,6 +494,8 @@ int main(int argc, char ** argv) {
     int failures;
     if (what == "mul_mat") {
         failures = test_mul_mat();
+    } else if (what == "mul_mat_id") {
+        failures = test_mul_mat_id();
     } else if (what == "flash_attn") {
         failures = test_flash_attn();
     } else if (what == "flash_attn_prompt_rows") {

@@ -1,0 +1,95 @@
+"""The prefill case of `python -m dgr bench`: cold prompts at c = 1, dgr's defaults
+against llama-server's defaults from the pristine pin, both up side by side.
+
+Each round sends every prompt length to both servers, one request at a time, the
+server that goes first alternating by round. A prompt is token ids drawn from the
+vocabulary's ordinary range, its first id unique to the request, so neither server
+finds any of it cached. A request asks for one token; the prompt's tokens/s are its
+length over the request's time (the prefill and one decode step). Reported per length:
+each server's median over the rounds and dgr / llama-server as min / median / max of
+the rounds' ratios."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+import httpx
+
+from benchmarks.servers import ServerProcess, free_port
+
+LENGTHS = (512, 2048, 8192)
+# token ids of ordinary text pieces in the default model's vocabulary (Gemma 3: the
+# control and special tokens lie below 108 and at the top)
+ID_RANGE = (1000, 30000)
+
+
+def prompt(length: int, request: int) -> list[int]:
+    rng = random.Random(request)
+    return [ID_RANGE[0] + request] + [rng.randrange(*ID_RANGE) for _ in range(length - 1)]
+
+
+def timed(url: str, ids: list[int]) -> float:
+    """Seconds for a 1-token completion of `ids`."""
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/v1/completions", timeout=3600,
+                   json={"prompt": ids, "max_tokens": 1, "temperature": 0})
+    elapsed = time.perf_counter() - t0
+    r.raise_for_status()
+    return elapsed
+
+
+def servers(peers, model: str, threads: int, lengths) -> dict:
+    """The two servers as their users start them; dgr's queue bound on waiting prompt
+    tokens (16,384 by default) raised only as far as the longest prompt needs."""
+    longest = max(lengths)
+    extra = ["--max-waiting-tokens", str(longest)] if longest > 16384 else []
+    dgr_port, peer_port = free_port(), free_port()
+    return {
+        "dgr": ServerProcess("dgr", [sys.executable, "-m", "dgr", "run", "--model", model,
+                                     "--port", str(dgr_port), "--threads", str(threads),
+                                     "--log-level", "WARNING", *extra], dgr_port),
+        "llama-server": ServerProcess("llama-server", [str(peers["llama-server"]), "-m", model,
+                                                       "--port", str(peer_port),
+                                                       "-t", str(threads)], peer_port),
+    }
+
+
+def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=None) -> dict:
+    """{"lengths", "rounds": [{length: {server: tokens/s}}]}."""
+    procs = servers(peers, model, threads, lengths)
+    result = {"lengths": list(lengths), "rounds": []}
+    with procs["dgr"] as dgr, procs["llama-server"] as peer:
+        urls = {"dgr": dgr.url, "llama-server": peer.url}
+        request = 0
+        for name, url in urls.items():  # warm-up: first-call costs out of the rounds
+            timed(url, prompt(64, 10_000 + len(name)))
+        for r in range(rounds):
+            order = list(urls) if r % 2 == 0 else list(urls)[::-1]
+            row = {}
+            for length in lengths:
+                row[length] = {}
+                for name in order:
+                    request += 1
+                    row[length][name] = length / timed(urls[name], prompt(length, request))
+            result["rounds"].append(row)
+            if bar is not None:
+                bar.update()
+    return result
+
+
+def markdown(result: dict) -> list[str]:
+    lines = ["", "## Cold prefill at c = 1 (dgr defaults vs llama-server defaults)", "",
+             f"Prompt tokens/s over {len(result['rounds'])} alternating rounds (a 1-token "
+             "completion of a prompt nothing is cached of):", "",
+             "| prompt tokens | dgr (median) | llama-server (median) | dgr / llama-server "
+             "(min / median / max) |", "|---|---|---|---|"]
+    for length in result["lengths"]:
+        per = [row[length] if length in row else row[str(length)] for row in result["rounds"]]
+        ratios = sorted(p["dgr"] / p["llama-server"] for p in per)
+        lines.append(f"| {length} | {statistics.median(p['dgr'] for p in per):.0f} | "
+                     f"{statistics.median(p['llama-server'] for p in per):.0f} | "
+                     f"{ratios[0]:.3f} / {statistics.median(ratios):.3f} / {ratios[-1]:.3f} |")
+    return lines
