@@ -1,5 +1,7 @@
 """The prefill case of `python -m dgr bench`: cold prompts at c = 1, dgr's defaults
-against llama-server's defaults from the pristine pin, both up side by side.
+against llama-server's defaults from the pristine pin (but weight repacking, off as in
+dgr: llama-server's default crashes here on CPUs with AMX, benchmarks/servers.py),
+both up side by side.
 
 Each round sends every prompt length to both servers, one request at a time, the
 server that goes first alternating by round. A prompt is token ids drawn from the
@@ -18,7 +20,7 @@ import time
 
 import httpx
 
-from benchmarks.servers import ServerProcess, free_port
+from benchmarks.servers import NO_REPACK, ServerProcess, free_port
 
 LENGTHS = (512, 2048, 8192)
 # token ids of ordinary text pieces in the default model's vocabulary (Gemma 3: the
@@ -53,7 +55,8 @@ def servers(peers, model: str, threads: int, lengths) -> dict:
                                      "--log-level", "WARNING", *extra], dgr_port),
         "llama-server": ServerProcess("llama-server", [str(peers["llama-server"]), "-m", model,
                                                        "--port", str(peer_port),
-                                                       "-t", str(threads)], peer_port),
+                                                       "-t", str(threads), *NO_REPACK],
+                                        peer_port),
     }
 
 
@@ -81,7 +84,7 @@ def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=N
 
 
 def markdown(result: dict) -> list[str]:
-    lines = ["", "## Cold prefill at c = 1 (dgr defaults vs llama-server defaults)", "",
+    lines = ["", "## Cold prefill at c = 1 (dgr defaults vs llama-server defaults, no repack)", "",
              f"Prompt tokens/s over {len(result['rounds'])} alternating rounds (a 1-token "
              "completion of a prompt nothing is cached of):", "",
              "| prompt tokens | dgr (median) | llama-server (median) | dgr / llama-server "

@@ -57,6 +57,9 @@ def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cell
             "failure": load.failure,
             **telemetry.recent_rates(),
         },
+        # whether the patch stack's row-invariance covers the model's weight types
+        # (dgr.kernel_coverage); `python -m dgr check-invariance` checks it on this CPU
+        "invariance": info["invariance"],
         # exact speculative decoding (dgr/_drafts.pyx; dgr/_scheduler.pyx, Policy 3)
         "speculation": {
             "mode": speculation,  # the node's default (off with split KV)

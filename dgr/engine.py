@@ -13,7 +13,7 @@ import attrs
 import outcome
 import trio
 
-from dgr import _engine
+from dgr import _engine, kernel_coverage
 from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK, WANT_SAMPLE
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
@@ -136,6 +136,7 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
     n_ctx = config.n_ctx or default_ctx(config, model_path)
     engine = _open(config, model_path, n_ctx)
     info = engine.info
+    info["invariance"] = kernel_coverage.report(model_path)
     budgets = Budgets(
         kv_cells_total=info["n_ctx"],
         kv_cells_per_session=min(config.session_ctx or info["n_ctx_seq"], info["n_ctx_seq"]),

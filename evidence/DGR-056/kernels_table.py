@@ -26,14 +26,14 @@ def main(path: str) -> None:
     print("| case | llama.cpp ms | dgr before ms | new ms | new / llama.cpp (min-med-max) | new / before (min-med-max) |")
     print("|---|---|---|---|---|---|")
     for case, by in times.items():
-        rounds = sorted(by["dev"])
-        med = {b: statistics.median(by[b].values()) for b in ("pristine", "stack", "dev")}
+        rounds = sorted(by["new"])
+        med = {b: statistics.median(by[b].values()) for b in ("pristine", "stack", "new")}
 
         def ratios(base: str) -> str:
-            r = sorted(by["dev"][i] / by[base][i] for i in rounds)
+            r = sorted(by["new"][i] / by[base][i] for i in rounds)
             return f"{r[0]:.2f}-{statistics.median(r):.2f}-{r[-1]:.2f}"
 
-        print(f"| {case} | {med['pristine']:.3f} | {med['stack']:.3f} | {med['dev']:.3f} "
+        print(f"| {case} | {med['pristine']:.3f} | {med['stack']:.3f} | {med['new']:.3f} "
               f"| {ratios('pristine')} | {ratios('stack')} |")
 
 

@@ -1,7 +1,7 @@
 // Native tests of the patch stack: a row's result must not depend on the batch it is in.
 //
 //   mul_mat:    for each weight type of dgr's default model (Q4_K, Q6_K, Q5_0, Q8_0), the other
-//               tiled K-quants, F16 and F32, every column of W x X is bitwise the same whether X
+//               tiled K-quants, Q4_0, F16, BF16 and F32, every column of W x X is bitwise the same whether X
 //               has 1, 2, 7, 8, 9, 16, 33, 64 or 512 (n_batch) columns.
 //   mul_mat_id: for every weight type the CPU backend tiles or vec_dots, a token's MoE expert
 //               outputs are bitwise the same alone and in batches whose experts get 1 to many
@@ -93,7 +93,7 @@ static int test_mul_mat() {
     const ggml_type types[] = {
         GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0,  // dgr's default model
         GGML_TYPE_Q5_K, GGML_TYPE_Q3_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_XS, // the other tiled formats
-        GGML_TYPE_F16, GGML_TYPE_F32,
+        GGML_TYPE_Q4_0, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32,
     };
     int failures = 0;
     // activations with a wide range, so that rounding differences cannot hide

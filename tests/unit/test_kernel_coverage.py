@@ -1,0 +1,41 @@
+"""The capability report's invariance coverage (dgr/kernel_coverage.py): a GGUF's
+weight types, read from its header, against those the patch stack covers."""
+
+import gguf
+import numpy as np
+import pytest
+
+from dgr.kernel_coverage import report, tensor_types
+
+
+def write(path, tensors):
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(1000)])  # a string array to skip
+    writer.add_uint32("test.number", 7)
+    for name, (array, raw_type) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_the_header_gives_each_types_tensor_count_and_whether_all_are_covered(tmp_path):
+    q4_1 = np.zeros((2, 20), dtype=np.uint8)  # 2 rows of one 32-weight Q4_1 block
+    path = write(tmp_path / "m.gguf", {
+        "a.weight": (np.ones((4, 32), dtype=np.float32), None),
+        "b.weight": (np.ones((4, 32), dtype=np.float16), None),
+        "c.weight": (q4_1, gguf.GGMLQuantizationType.Q4_1),
+    })
+    assert tensor_types(path) == {"F32": 1, "F16": 1, "Q4_1": 1}
+    assert report(path) == {"covered": False, "weight_types": {"F32": 1, "F16": 1, "Q4_1": 1},
+                            "not_covered": ["Q4_1"]}
+    covered = write(tmp_path / "n.gguf", {"a.weight": (np.ones((4, 32), dtype=np.float32), None)})
+    assert report(covered)["covered"]
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"not a model at all")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        tensor_types(str(tmp_path / "x.bin"))
