@@ -1,7 +1,10 @@
 """The prefill case of `python -m dgr bench`: cold prompts at c = 1, dgr's defaults
-against llama-server's defaults from the pristine pin (but weight repacking, off as in
-dgr: llama-server's default crashes here on CPUs with AMX, benchmarks/servers.py),
-both up side by side.
+against llama-server's defaults from the pristine pin, both up side by side. Two
+settings differ from the defaults: llama-server's weight repacking is off, as in dgr
+(its default crashes here on CPUs with AMX, benchmarks/servers.py), and dgr's host
+tier is off (--cache-ram 0): the earlier requests' prompts fill the pool, and saving
+the one a request evicts (up to 32k tokens of KV) would land in that request's time;
+the kv_tier case measures that tier.
 
 Each round sends every prompt length to both servers, one request at a time, the
 server that goes first alternating by round. A prompt is token ids drawn from the
@@ -44,10 +47,13 @@ def timed(url: str, ids: list[int]) -> float:
 
 
 def servers(peers, model: str, threads: int, lengths) -> dict:
-    """The two servers as their users start them; dgr's queue bound on waiting prompt
-    tokens (16,384 by default) raised only as far as the longest prompt needs."""
+    """The two servers as their users start them (but for the module's two settings);
+    dgr's queue bound on waiting prompt tokens (16,384 by default) raised only as far as
+    the longest prompt needs."""
     longest = max(lengths)
-    extra = ["--max-waiting-tokens", str(longest)] if longest > 16384 else []
+    extra = ["--cache-ram", "0"]
+    if longest > 16384:
+        extra += ["--max-waiting-tokens", str(longest)]
     dgr_port, peer_port = free_port(), free_port()
     return {
         "dgr": ServerProcess("dgr", [sys.executable, "-m", "dgr", "run", "--model", model,
@@ -84,7 +90,7 @@ def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=N
 
 
 def markdown(result: dict) -> list[str]:
-    lines = ["", "## Cold prefill at c = 1 (dgr defaults vs llama-server defaults, no repack)", "",
+    lines = ["", "## Cold prefill at c = 1 (dgr, no host tier, vs llama-server, no repack)", "",
              f"Prompt tokens/s over {len(result['rounds'])} alternating rounds (a 1-token "
              "completion of a prompt nothing is cached of):", "",
              "| prompt tokens | dgr (median) | llama-server (median) | dgr / llama-server "

@@ -1,6 +1,6 @@
 // Times CPU kernels of a llama.cpp tree on the shapes a serving node runs. Flash attention: a
-// prompt chunk of 512 rows at the end of a causal context, one decode row, and 16 decode rows
-// of 16 sequences in one unified stream. MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
+// prompt chunk of 512 rows at the end of a causal context (also of 2,048 cells among a 32k-cell
+// pool's), one decode row, and 16 decode rows of 16 sequences in one unified stream. MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
 // shape (2048 -> 768, 128 experts, 8 per token, Q4_K and Q6_K) for 1, 4 and 16 tokens. Built
 // against each tree to compare, run alternating:
 //
@@ -42,10 +42,12 @@ static void fill(ggml_tensor * t, uint32_t seed) {
     }
 }
 
-// n_seq sequences of len cells each, laid one after the other in one stream; n_rows query rows
-// per sequence at its last positions, causal.
-static double time_case(const shape & s, int n_seq, int len, int n_rows, int n_threads, int repeats) {
-    const int n_kv = (n_seq * len + 255) / 256 * 256;
+// n_seq sequences of len cells each, laid one after the other in one stream of at least pool
+// cells (the rest other sequences' cells, masked); n_rows query rows per sequence at its last
+// positions, causal.
+static double time_case(const shape & s, int n_seq, int len, int n_rows, int n_threads, int repeats,
+                        int pool = 0) {
+    const int n_kv = std::max((n_seq * len + 255) / 256 * 256, pool);
     const int n_q = n_seq * n_rows;
     ggml_init_params p = { (size_t) 64 << 20, nullptr, false };
     p.mem_size += (size_t) n_kv * s.d * s.heads_kv * 4 + (size_t) n_q * n_kv * 2 + (size_t) n_q * s.d * s.heads * 8;
@@ -136,13 +138,14 @@ static double time_moe(ggml_type type, int n, int n_threads, int repeats) {
 
 static const char * filter = nullptr;
 
-static void run(const shape & s, const char * what, int n_seq, int len, int n_rows, int n_threads, int repeats) {
+static void run(const shape & s, const char * what, int n_seq, int len, int n_rows, int n_threads, int repeats,
+                int pool = 0) {
     char line[256];
     snprintf(line, sizeof(line), "%-36s %s, kv %5d", s.name, what, len);
     if (filter && !strstr(line, filter)) {
         return;
     }
-    printf("%s: %9.3f ms\n", line, time_case(s, n_seq, len, n_rows, n_threads, repeats));
+    printf("%s: %9.3f ms\n", line, time_case(s, n_seq, len, n_rows, n_threads, repeats, pool));
     fflush(stdout);
 }
 
@@ -158,6 +161,7 @@ int main(int argc, char ** argv) {
         for (int len : { 512, 2048, 8192 }) {
             run(s, "prompt chunk of 512 rows", 1, len, 512, n_threads, repeats);
         }
+        run(s, "prompt chunk of 512 rows in a 32k-cell pool", 1, 2048, 512, n_threads, repeats, 32768);
         for (int len : { 512, 2048, 8192 }) {
             run(s, "decode, 1 row           ", 1, len, 1, n_threads, repeats * 4);
         }
