@@ -29,12 +29,15 @@ PROMPTS = (
 )
 
 
-async def _all_at_once(node, prompts, params, stagger_s):
+async def all_at_once(node, prompts, params, stagger_s=0.0):
+    """Results of prompts[i] run together, session i arriving i * stagger_s seconds
+    after the first; `params` is one SamplingParams or one per prompt."""
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
     results = [None] * len(prompts)
 
     async def run(i):
         await trio.sleep(i * stagger_s)
-        results[i] = await node.generate(prompts[i], params)
+        results[i] = await node.generate(prompts[i], per_prompt[i])
 
     async with trio.open_nursery() as nursery:
         for i in range(len(prompts)):
@@ -65,8 +68,8 @@ async def check(config: NodeConfig, prompts=PROMPTS, n_new: int = 32,
     async with open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
         solo = [await fresh.generate(p, greedy) for p in prompts]
     async with open_node(config) as node:
-        runs = {"concurrent": await _all_at_once(node, prompts, greedy, stagger_s)}
-        runs["cached"] = await _all_at_once(node, prompts, greedy, stagger_s)
+        runs = {"concurrent": await all_at_once(node, prompts, greedy, stagger_s)}
+        runs["cached"] = await all_at_once(node, prompts, greedy, stagger_s)
         cached_tokens = sum(r.cached_tokens for r in runs["cached"])
     report = {"sessions": len(prompts), "tokens": n_new, "cached_tokens": cached_tokens,
               "runs": {name: [first_difference(a, b) for a, b in zip(solo, results)]

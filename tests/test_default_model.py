@@ -8,6 +8,7 @@ import pytest
 
 from dgr import _codes, _engine
 from dgr.consistency import Verdict
+from dgr.invariance import all_at_once as _all_at_once
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -63,24 +64,6 @@ def test_greedy_batch_matches_solo_over_8_prompts(gemma):
         verdict.add(i, tokens, gaps, batched)
     print("batch vs solo:", verdict.as_dict())
     assert verdict.identical == 8, verdict.details
-
-
-async def _all_at_once(node, prompts, params, stagger_s=0.0):
-    """Results of prompts[i] run together, session i arriving i * stagger_s seconds
-    after the first; `params` is one SamplingParams or one per prompt."""
-    import trio
-
-    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-    results = [None] * len(prompts)
-
-    async def run(i):
-        await trio.sleep(i * stagger_s)
-        results[i] = await node.generate(prompts[i], per_prompt[i])
-
-    async with trio.open_nursery() as nursery:
-        for i in range(len(prompts)):
-            nursery.start_soon(run, i)
-    return results
 
 
 async def _without_prefix_cache(config, prompts, params):

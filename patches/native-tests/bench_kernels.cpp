@@ -42,6 +42,28 @@ static void fill(ggml_tensor * t, uint32_t seed) {
     }
 }
 
+// The median milliseconds of computing `out` over `repeats` calls (after one that warms the
+// caches); frees ctx.
+static double median_ms(ggml_context * ctx, ggml_tensor * out, int n_threads, int repeats) {
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+    std::vector<uint8_t> work(plan.work_size);
+    plan.work_data = work.data();
+    std::vector<double> ms;
+    for (int i = 0; i <= repeats; i++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ggml_graph_compute(gf, &plan);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i > 0) {
+            ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+    }
+    ggml_free(ctx);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
 // n_seq sequences of len cells each, laid one after the other in one stream of at least pool
 // cells (the rest other sequences' cells, masked); n_rows query rows per sequence at its last
 // positions, causal.
@@ -72,23 +94,7 @@ static double time_case(const shape & s, int n_seq, int len, int n_rows, int n_t
     }
     ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, m, 1.0f / sqrtf((float) s.d), 0.0f, 0.0f);
     ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
-    ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
-    std::vector<uint8_t> work(plan.work_size);
-    plan.work_data = work.data();
-    std::vector<double> ms;
-    for (int i = 0; i <= repeats; i++) {
-        const auto t0 = std::chrono::steady_clock::now();
-        ggml_graph_compute(gf, &plan);
-        const auto t1 = std::chrono::steady_clock::now();
-        if (i > 0) {  // the first call warms the caches
-            ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        }
-    }
-    ggml_free(ctx);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return median_ms(ctx, out, n_threads, repeats);
 }
 
 // n tokens through MoE experts of Qwen3-30B-A3B's shape, 8 of 128 each (a fixed spread)
@@ -117,23 +123,7 @@ static double time_moe(ggml_type type, int n, int n_threads, int repeats) {
         }
     }
     ggml_tensor * out = ggml_mul_mat_id(ctx, w, x, ids);
-    ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
-    std::vector<uint8_t> work(plan.work_size);
-    plan.work_data = work.data();
-    std::vector<double> ms;
-    for (int i = 0; i <= repeats; i++) {
-        const auto t0 = std::chrono::steady_clock::now();
-        ggml_graph_compute(gf, &plan);
-        const auto t1 = std::chrono::steady_clock::now();
-        if (i > 0) {
-            ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        }
-    }
-    ggml_free(ctx);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return median_ms(ctx, out, n_threads, repeats);
 }
 
 static const char * filter = nullptr;

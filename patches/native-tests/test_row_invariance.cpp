@@ -57,6 +57,25 @@ static std::vector<float> randoms(size_t n, uint32_t seed, float scale = 1.0f) {
 
 // ---------------------------------------------------------------------------------- mul_mat
 
+// How many of the first n results (each as long as solo[j]) laid one after another in
+// `batched` differ from solo[j]; worst: the largest difference of an element.
+static int count_differing(const std::vector<float> & batched, const std::vector<std::vector<float>> & solo, int n,
+                           float & worst) {
+    int bad = 0;
+    for (int j = 0; j < n; j++) {
+        const size_t width = solo[j].size();
+        const float * got = batched.data() + j * width;
+        if (memcmp(got, solo[j].data(), width * sizeof(float)) != 0) {
+            bad++;
+            for (size_t i = 0; i < width; i++) {
+                worst = fmaxf(worst, fabsf(got[i] - solo[j][i]));
+            }
+        }
+    }
+    return bad;
+}
+
+
 static const int MM_K = 1024;   // a multiple of 256, as K-quants need
 static const int MM_ROWS = 88;  // not a multiple of 16: ragged tiles
 static const int MM_COLS[] = { 1, 2, 7, 8, 9, 16, 33, 64, 512 };
@@ -107,17 +126,8 @@ static int test_mul_mat() {
             solo[j] = mul_mat(type, w, xj, 1);
         }
         for (int n : MM_COLS) {
-            const std::vector<float> y = mul_mat(type, w, x, n);
-            int bad_cols = 0;
             float worst = 0.0f;
-            for (int j = 0; j < n; j++) {
-                if (memcmp(&y[(size_t) j * MM_ROWS], solo[j].data(), MM_ROWS * sizeof(float)) != 0) {
-                    bad_cols++;
-                    for (int i = 0; i < MM_ROWS; i++) {
-                        worst = fmaxf(worst, fabsf(y[(size_t) j * MM_ROWS + i] - solo[j][i]));
-                    }
-                }
-            }
+            const int bad_cols = count_differing(mul_mat(type, w, x, n), solo, n, worst);
             printf("mul_mat %-7s %2d columns: %s", ggml_type_name(type), n, bad_cols ? "DIFFERS" : "bitwise equal to solo");
             if (bad_cols) {
                 printf(" (%d of %d columns, max |diff| %g)", bad_cols, n, worst);
@@ -173,7 +183,6 @@ static int test_mul_mat_id() {
     };
     int failures = 0;
     const std::vector<float> x = randoms((size_t) MM_K * MOE_MAX_TOKENS, 17, 3.0f);
-    const size_t per_token = (size_t) MOE_USED * MM_ROWS;
     for (ggml_type type : types) {
         std::vector<uint8_t> w;
         for (int e = 0; e < MOE_EXPERTS; e++) {
@@ -185,17 +194,8 @@ static int test_mul_mat_id() {
             solo[t] = mul_mat_id(type, w, x, t, 1);
         }
         for (int n : MOE_TOKENS) {
-            const std::vector<float> y = mul_mat_id(type, w, x, 0, n);
-            int bad = 0;
             float worst = 0.0f;
-            for (int t = 0; t < n; t++) {
-                if (memcmp(&y[t * per_token], solo[t].data(), per_token * sizeof(float)) != 0) {
-                    bad++;
-                    for (size_t i = 0; i < per_token; i++) {
-                        worst = fmaxf(worst, fabsf(y[t * per_token + i] - solo[t][i]));
-                    }
-                }
-            }
+            const int bad = count_differing(mul_mat_id(type, w, x, 0, n), solo, n, worst);
             printf("mul_mat_id %-7s %2d tokens: %s", ggml_type_name(type), n, bad ? "DIFFERS" : "bitwise equal to solo");
             if (bad) {
                 printf(" (%d of %d tokens, max |diff| %g)", bad, n, worst);
