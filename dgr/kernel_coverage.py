@@ -67,7 +67,12 @@ def tensor_types(path: str) -> dict[str, int]:
 def report(path: str) -> dict:
     """{"covered": whether every weight type is one the invariance covers (flash
     attention is, over dgr's F16 KV cache), "weight_types": {name: tensors},
-    "not_covered": [names]}."""
-    types = tensor_types(path)
+    "not_covered": [names]}; a header this reader cannot follow (llama.cpp loaded the
+    model, so it is not the file's fault) gives covered False and the reason."""
+    try:
+        types = tensor_types(path)
+    except (ValueError, KeyError, struct.error, OSError) as exc:
+        return {"covered": False, "weight_types": {}, "not_covered": [],
+                "error": f"cannot read the GGUF header's tensor types: {exc}"}
     missing = sorted(set(types) - COVERED)
     return {"covered": not missing, "weight_types": types, "not_covered": missing}

@@ -35,7 +35,12 @@ def test_the_header_gives_each_types_tensor_count_and_whether_all_are_covered(tm
     assert report(covered)["covered"]
 
 
-def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+def test_a_file_that_is_not_gguf_is_refused_and_a_header_cut_short_reported(tmp_path):
     (tmp_path / "x.bin").write_bytes(b"not a model at all")
     with pytest.raises(ValueError, match="not a GGUF file"):
         tensor_types(str(tmp_path / "x.bin"))
+    whole = (tmp_path / "m.gguf")
+    write(whole, {"a.weight": (np.ones((4, 32), dtype=np.float32), None)})
+    (tmp_path / "cut.gguf").write_bytes(whole.read_bytes()[:200])  # inside the metadata
+    got = report(str(tmp_path / "cut.gguf"))
+    assert got["covered"] is False and "cannot read" in got["error"]
