@@ -57,11 +57,12 @@ static std::vector<float> randoms(size_t n, uint32_t seed, float scale = 1.0f) {
 
 // ---------------------------------------------------------------------------------- mul_mat
 
-// How many of the first n results (each as long as solo[j]) laid one after another in
-// `batched` differ from solo[j]; worst: the largest difference of an element.
-static int count_differing(const std::vector<float> & batched, const std::vector<std::vector<float>> & solo, int n,
-                           float & worst) {
+// Compares the first n results (each as long as solo[j]) laid one after another in
+// `batched` with solo[j] and prints a line for `op` on `type` with n `unit`s; 1 if any differs.
+static int check_batch(const char * op, ggml_type type, int n, const char * unit,
+                       const std::vector<float> & batched, const std::vector<std::vector<float>> & solo) {
     int bad = 0;
+    float worst = 0.0f;
     for (int j = 0; j < n; j++) {
         const size_t width = solo[j].size();
         const float * got = batched.data() + j * width;
@@ -72,7 +73,12 @@ static int count_differing(const std::vector<float> & batched, const std::vector
             }
         }
     }
-    return bad;
+    printf("%s %-7s %2d %s: %s", op, ggml_type_name(type), n, unit, bad ? "DIFFERS" : "bitwise equal to solo");
+    if (bad) {
+        printf(" (%d of %d %s, max |diff| %g)", bad, n, unit, worst);
+    }
+    printf("\n");
+    return bad != 0;
 }
 
 
@@ -126,14 +132,7 @@ static int test_mul_mat() {
             solo[j] = mul_mat(type, w, xj, 1);
         }
         for (int n : MM_COLS) {
-            float worst = 0.0f;
-            const int bad_cols = count_differing(mul_mat(type, w, x, n), solo, n, worst);
-            printf("mul_mat %-7s %2d columns: %s", ggml_type_name(type), n, bad_cols ? "DIFFERS" : "bitwise equal to solo");
-            if (bad_cols) {
-                printf(" (%d of %d columns, max |diff| %g)", bad_cols, n, worst);
-            }
-            printf("\n");
-            failures += bad_cols != 0;
+            failures += check_batch("mul_mat", type, n, "columns", mul_mat(type, w, x, n), solo);
         }
     }
     return failures;
@@ -194,14 +193,7 @@ static int test_mul_mat_id() {
             solo[t] = mul_mat_id(type, w, x, t, 1);
         }
         for (int n : MOE_TOKENS) {
-            float worst = 0.0f;
-            const int bad = count_differing(mul_mat_id(type, w, x, 0, n), solo, n, worst);
-            printf("mul_mat_id %-7s %2d tokens: %s", ggml_type_name(type), n, bad ? "DIFFERS" : "bitwise equal to solo");
-            if (bad) {
-                printf(" (%d of %d tokens, max |diff| %g)", bad, n, worst);
-            }
-            printf("\n");
-            failures += bad != 0;
+            failures += check_batch("mul_mat_id", type, n, "tokens", mul_mat_id(type, w, x, 0, n), solo);
         }
     }
     return failures;
