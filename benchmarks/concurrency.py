@@ -111,6 +111,10 @@ def main(argv=None) -> int:
                         help="workloads of the speculation case")
     parser.add_argument("--prefill-lengths", default=",".join(map(str, prefill_case.LENGTHS)),
                         help="prompt lengths of the prefill case")
+    parser.add_argument("--prefill-llama-1b", action="store_true",
+                        help="run the prefill case on a random-weight Llama of about 1B "
+                             "parameters in Q4_K_M (16 layers of full attention, 32 heads over 8 "
+                             "KV heads) that the bench writes into --out, not on --model")
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds of dgr and llama-server at each c (levels and "
                              "serving cases): each round's ratio, their median, min and max")
@@ -187,9 +191,15 @@ def main(argv=None) -> int:
                 [int(x) for x in args.kv_restore_sizes.split(",") if x])
             bar.update()
         if "prefill" in cases:
-            report["prefill"] = prefill_case.run(
-                peers, model, args.threads, [int(x) for x in args.prefill_lengths.split(",")],
-                args.rounds, bar)
+            lengths = [int(x) for x in args.prefill_lengths.split(",")]
+            if args.prefill_llama_1b:
+                report["prefill"] = prefill_case.run(
+                    peers, prefill_case.llama_1b(out), args.threads, lengths, args.rounds, bar,
+                    prefill_case.TEST_ID_RANGE)
+                report["prefill"]["model"] = "random-weight Llama ~1B Q4_K_M"
+            else:
+                report["prefill"] = prefill_case.run(peers, model, args.threads, lengths,
+                                                     args.rounds, bar)
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

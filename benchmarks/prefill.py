@@ -20,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -29,11 +30,31 @@ LENGTHS = (512, 2048, 8192)
 # token ids of ordinary text pieces in the default model's vocabulary (Gemma 3: the
 # control and special tokens lie below 108 and at the top)
 ID_RANGE = (1000, 30000)
+# ... and in dgr.testmodel's 370-token vocabulary (its control tokens lie below 10)
+TEST_ID_RANGE = (10, 370)
+# a full-attention model of realistic shape: a random-weight Llama of about 1B
+# parameters (every layer attends the whole context), in Q4_K_M
+LLAMA_1B = dict(architecture="llama", n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192,
+                n_ctx_train=32768)
 
 
-def prompt(length: int, request: int) -> list[int]:
+def llama_1b(folder) -> str:
+    """The Q4_K_M GGUF of LLAMA_1B in `folder`, written (F32, then llama.cpp's
+    quantizer) unless it is there."""
+    from dgr.testmodel import quantize, write_test_model
+
+    target = Path(folder) / "llama-1b-random-q4_k_m.gguf"
+    if not target.exists():
+        source = write_test_model(Path(folder) / "llama-1b-random-f32.gguf", **LLAMA_1B)
+        quantize(source, target, "Q4_K_M")
+        source.unlink()
+    return str(target)
+
+
+def prompt(length: int, request: int, id_range=ID_RANGE) -> list[int]:
+    """`length` token ids, the first one unique to `request` (< 300 requests)."""
     rng = random.Random(request)
-    return [ID_RANGE[0] + request] + [rng.randrange(*ID_RANGE) for _ in range(length - 1)]
+    return [id_range[0] + request] + [rng.randrange(*id_range) for _ in range(length - 1)]
 
 
 def timed(url: str, ids: list[int]) -> float:
@@ -66,15 +87,17 @@ def servers(peers, model: str, threads: int, lengths) -> dict:
     }
 
 
-def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=None) -> dict:
-    """{"lengths", "rounds": [{length: {server: tokens/s}}]}."""
+def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=None,
+        id_range=ID_RANGE) -> dict:
+    """{"lengths", "rounds": [{length: {server: tokens/s}}]}; prompts drawn from
+    `id_range` of the model's vocabulary."""
     procs = servers(peers, model, threads, lengths)
     result = {"lengths": list(lengths), "rounds": []}
     with procs["dgr"] as dgr, procs["llama-server"] as peer:
         urls = {"dgr": dgr.url, "llama-server": peer.url}
         request = 0
         for name, url in urls.items():  # warm-up: first-call costs out of the rounds
-            timed(url, prompt(64, 10_000 + len(name)))
+            timed(url, prompt(64, 299 - len(name), id_range))
         for r in range(rounds):
             order = list(urls) if r % 2 == 0 else list(urls)[::-1]
             row = {}
@@ -82,7 +105,7 @@ def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=N
                 row[length] = {}
                 for name in order:
                     request += 1
-                    row[length][name] = length / timed(urls[name], prompt(length, request))
+                    row[length][name] = length / timed(urls[name], prompt(length, request, id_range))
             result["rounds"].append(row)
             if bar is not None:
                 bar.update()
@@ -90,7 +113,8 @@ def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=N
 
 
 def markdown(result: dict) -> list[str]:
-    lines = ["", "## Cold prefill at c = 1 (dgr, no host tier, vs llama-server, no repack)", "",
+    model = f", {result['model']}" if result.get("model") else ""
+    lines = ["", f"## Cold prefill at c = 1 (dgr, no host tier, vs llama-server, no repack){model}", "",
              f"Prompt tokens/s over {len(result['rounds'])} alternating rounds (a 1-token "
              "completion of a prompt nothing is cached of):", "",
              "| prompt tokens | dgr (median) | llama-server (median) | dgr / llama-server "

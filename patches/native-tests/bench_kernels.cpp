@@ -1,7 +1,9 @@
 // Times CPU kernels of a llama.cpp tree on the shapes a serving node runs. Flash attention: a
 // prompt chunk of 512 rows at the end of a causal context (also of 2,048 cells among a 32k-cell
 // pool's), one decode row, and 16 decode rows of 16 sequences in one unified stream. MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
-// shape (2048 -> 768, 128 experts, 8 per token, Q4_K and Q6_K) for 1, 4 and 16 tokens. Built
+// shape (2048 -> 768, 128 experts, 8 per token, Q4_K and Q6_K) for 1, 4 and 16 tokens. A
+// 2048 x 2048 matmul of the types the CPU_REPACK buffer type repacks row-invariantly (Q4_0,
+// IQ4_NL, MXFP4), its weights in the plain CPU buffer and repacked, for 1, 16 and 512 columns. Built
 // against each tree to compare, run alternating:
 //
 //   bench-kernels [n_threads] [repeats] [case]
@@ -10,6 +12,8 @@
 // the median milliseconds of a call over the repeats.
 
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 
 #include <algorithm>
@@ -126,6 +130,63 @@ static double time_moe(ggml_type type, int n, int n_threads, int repeats) {
     return median_ms(ctx, out, n_threads, repeats);
 }
 
+// The median milliseconds of a 2048 x 2048 `type` matmul of n columns through the CPU backend,
+// its weights placed in `buft`
+static double time_placed(ggml_backend_buffer_type_t buft, ggml_type type, int n, int n_threads, int repeats) {
+    const int k = 2048, rows = 2048;
+    ggml_init_params p = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * wctx = ggml_init(p);
+    ggml_context * ctx = ggml_init(p);
+    ggml_tensor * w = ggml_new_tensor_2d(wctx, type, k, rows);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n);
+    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    ggml_backend_t backend = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(backend, n_threads);
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> f((size_t) k * std::max(rows, n));
+    for (auto & e : f) {
+        e = dist(rng);
+    }
+    std::vector<uint8_t> q(ggml_nbytes(w));
+    ggml_quantize_chunk(type, f.data(), q.data(), 0, rows, k, nullptr);
+    ggml_backend_tensor_set(w, q.data(), 0, q.size());
+    ggml_backend_tensor_set(x, f.data(), 0, ggml_nbytes(x));
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    std::vector<double> ms;
+    for (int i = 0; i <= repeats; i++) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend, gf);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i > 0) {
+            ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+    }
+    ggml_backend_buffer_free(buf);
+    ggml_backend_buffer_free(wbuf);
+    ggml_backend_free(backend);
+    ggml_free(ctx);
+    ggml_free(wctx);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+// The CPU backend's extra buffer type called `name`, or nullptr
+static ggml_backend_buffer_type_t extra_buffer_type(const char * name) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    auto get = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    for (ggml_backend_buffer_type_t * b = get ? get(dev) : nullptr; b && *b; b++) {
+        if (strcmp(ggml_backend_buft_name(*b), name) == 0) {
+            return *b;
+        }
+    }
+    return nullptr;
+}
+
 static const char * filter = nullptr;
 
 static void run(const shape & s, const char * what, int n_seq, int len, int n_rows, int n_threads, int repeats,
@@ -164,6 +225,20 @@ int main(int argc, char ** argv) {
             if (!filter || strstr(line, filter)) {
                 printf("%s: %9.3f ms\n", line, time_moe(type, n, n_threads, repeats * 4));
                 fflush(stdout);
+            }
+        }
+    }
+    ggml_backend_buffer_type_t repack = extra_buffer_type("CPU_REPACK");
+    for (ggml_type type : { GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4 }) {
+        for (int n : { 1, 16, 512 }) {
+            for (ggml_backend_buffer_type_t buft : { ggml_backend_cpu_buffer_type(), repack }) {
+                char line[256];
+                snprintf(line, sizeof(line), "mul_mat 2048x2048 %-6s %-10s %3d columns", ggml_type_name(type),
+                         buft ? ggml_backend_buft_name(buft) : "CPU_REPACK", n);
+                if ((!filter || strstr(line, filter)) && buft) {
+                    printf("%s: %9.3f ms\n", line, time_placed(buft, type, n, n_threads, n == 512 ? repeats : repeats * 4));
+                    fflush(stdout);
+                }
             }
         }
     }

@@ -6,17 +6,24 @@
 //   mul_mat_id: for every weight type the CPU backend tiles or vec_dots, a token's MoE expert
 //               outputs are bitwise the same alone and in batches whose experts get 1 to many
 //               tokens each.
+//   repacked_mul_mat: weights in the CPU backend's extra buffer types (CPU_REPACK, AMX), for
+//               each type they take: mul_mat columns and mul_mat_id tokens alone and in
+//               batches, printed; fails where a type dgr repacks (Q4_0, IQ4_NL, MXFP4 in
+//               CPU_REPACK) is not bitwise equal to solo.
 //   flash_attn: a query row's attention output is bitwise the same alone and beside other
 //               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
 //               lengths below and above 512, with and without a sliding window; in a unified
 //               stream also when the sequence's cells lie among other sequences' cells (in
 //               position order), for decode rows and for a prompt chunk of 96 rows (tiled path).
 //
-// Usage: test-row-invariance mul_mat|mul_mat_id|flash_attn|flash_attn_prompt_rows [n_threads]
+// Usage: test-row-invariance mul_mat|mul_mat_id|repacked_mul_mat|flash_attn|flash_attn_prompt_rows [n_threads]
 
 #include "ggml.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +31,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int n_threads = 2;
 
@@ -196,6 +206,165 @@ static int test_mul_mat_id() {
             failures += check_batch("mul_mat_id", type, n, "tokens", mul_mat_id(type, w, x, 0, n), solo);
         }
     }
+    return failures;
+}
+
+// ---------------------------------------------------------------------------- repacked mul_mat
+
+// The CPU backend's extra buffer types (AMX, CPU_REPACK): weights placed in them are repacked
+// at load and multiplied by their own kernels.
+static std::vector<ggml_backend_buffer_type_t> extra_buffer_types(ggml_backend_dev_t dev) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    std::vector<ggml_backend_buffer_type_t> out;
+    for (ggml_backend_buffer_type_t * b = get ? get(dev) : nullptr; b && *b; b++) {
+        out.push_back(*b);
+    }
+    return out;
+}
+
+static const int RP_ROWS = 96;  // a multiple of 8 (repacked tiles) and 32 (AMX tiles)
+
+// Through the CPU backend, with the weights placed in `buft`: experts == 0: W (RP_ROWS x MM_K of
+// `type`) times the first n columns of X (n x RP_ROWS floats); experts > 0: that many stacked W
+// times the tokens first..first+n-1 of X, each through MOE_USED experts (n x MOE_USED x RP_ROWS
+// floats). Empty when `buft` does not take the op (asked as llama.cpp's loader asks).
+static std::vector<float> matmul_placed(ggml_backend_t backend, ggml_backend_buffer_type_t buft, ggml_type type,
+                                        int experts, const std::vector<uint8_t> & w, const std::vector<float> & x,
+                                        int first, int n) {
+    ggml_init_params p = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * wctx = ggml_init(p);
+    ggml_context * ctx = ggml_init(p);
+    ggml_tensor * W = ggml_new_tensor_3d(wctx, type, MM_K, RP_ROWS, std::max(experts, 1));
+    ggml_tensor * X;
+    ggml_tensor * ids = nullptr;
+    ggml_tensor * Y;
+    if (experts) {
+        X = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, MM_K, 1, n);
+        ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, MOE_USED, n);
+        Y = ggml_mul_mat_id(ctx, W, X, ids);
+    } else {
+        X = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, MM_K, n);
+        Y = ggml_mul_mat(ctx, W, X);
+    }
+    std::vector<float> out;
+    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(buft, 0);
+    W->buffer = probe;
+    const bool taken = ggml_backend_dev_supports_op(ggml_backend_get_device(backend), Y);
+    W->buffer = nullptr;
+    ggml_backend_buffer_free(probe);
+    if (taken) {
+        ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft);
+        ggml_backend_tensor_set(W, w.data(), 0, ggml_nbytes(W));
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        ggml_backend_tensor_set(X, x.data() + (size_t) first * MM_K, 0, ggml_nbytes(X));
+        if (ids) {
+            std::vector<int32_t> route((size_t) n * MOE_USED);
+            for (int t = 0; t < n; t++) {
+                for (int e = 0; e < MOE_USED; e++) {
+                    route[t * MOE_USED + e] = moe_route(first + t, e);
+                }
+            }
+            ggml_backend_tensor_set(ids, route.data(), 0, ggml_nbytes(ids));
+        }
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, Y);
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            fprintf(stderr, "graph compute failed\n");
+            exit(2);
+        }
+        out.resize((size_t) ggml_nelements(Y));
+        ggml_backend_tensor_get(Y, out.data(), 0, ggml_nbytes(Y));
+        ggml_backend_buffer_free(buf);
+        ggml_backend_buffer_free(wbuf);
+    }
+    ggml_free(ctx);
+    ggml_free(wctx);
+    return out;
+}
+
+// The weight types dgr places in CPU_REPACK (dgr/weight_repack.py): their repacked kernels must
+// be row-invariant. The survey prints the others too.
+static bool dgr_repacks(ggml_backend_buffer_type_t buft, ggml_type type) {
+    return strcmp(ggml_backend_buft_name(buft), "CPU_REPACK") == 0 &&
+           (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4);
+}
+
+// Weight repacking, one extra buffer type: for each weight type it takes, whether every column
+// of W x X is bitwise the same at every batch width, and every token's expert outputs the same
+// alone and in batches; the number of cases that differ among the types dgr repacks.
+static int repacked_matmuls(ggml_backend_t backend, ggml_backend_buffer_type_t buft) {
+    const ggml_type types[] = {
+        GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4,
+        GGML_TYPE_Q2_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS,
+    };
+    const std::vector<float> x = randoms((size_t) MM_K * MM_MAX_COLS, 7, 3.0f);
+    int failures = 0;
+    for (ggml_type type : types) {
+        for (int experts : { 0, MOE_EXPERTS }) {
+            const int n_w = std::max(experts, 1);
+            std::vector<float> f = randoms((size_t) MM_K * RP_ROWS * n_w, 11 + (uint32_t) type, 0.05f);
+            std::vector<uint8_t> w(ggml_row_size(type, MM_K) * RP_ROWS * n_w);
+            ggml_quantize_chunk(type, f.data(), w.data(), 0, RP_ROWS * n_w, MM_K, nullptr);
+            const int n_max = experts ? MOE_MAX_TOKENS : MM_MAX_COLS;
+            std::vector<std::vector<float>> solo(n_max);
+            for (int j = 0; j < n_max; j++) {
+                solo[j] = matmul_placed(backend, buft, type, experts, w, x, j, 1);
+            }
+            char op[64];
+            snprintf(op, sizeof(op), "%s %s", ggml_backend_buft_name(buft), experts ? "mul_mat_id" : "mul_mat");
+            if (solo[0].empty()) {
+                printf("%s %-7s: not taken\n", op, ggml_type_name(type));
+                continue;
+            }
+            int differ = 0;
+            if (experts) {
+                for (int n : MOE_TOKENS) {
+                    differ += check_batch(op, type, n, "tokens", matmul_placed(backend, buft, type, experts, w, x, 0, n), solo);
+                }
+            } else {
+                for (int n : MM_COLS) {
+                    differ += check_batch(op, type, n, "columns", matmul_placed(backend, buft, type, 0, w, x, 0, n), solo);
+                }
+            }
+            if (differ && !dgr_repacks(buft, type)) {
+                printf("%s %-7s: differs; dgr does not repack it\n", op, ggml_type_name(type));
+            } else {
+                failures += differ;
+            }
+        }
+    }
+    return failures;
+}
+
+// Weight repacking: every extra buffer type of the CPU backend surveyed in a child process of
+// its own, so that one whose kernels crash on this machine (AMX under some hypervisors) is
+// reported and the others still run. Fails where a type dgr repacks differs; a crash of a
+// buffer type dgr does not use (AMX) is reported only.
+static int test_repacked_mul_mat() {
+    // the repacking logs a line per tensor
+    ggml_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+    ggml_backend_t backend = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(backend, n_threads);
+    int failures = 0;
+    for (ggml_backend_buffer_type_t buft : extra_buffer_types(ggml_backend_get_device(backend))) {
+        fflush(stdout);
+        const pid_t child = fork();
+        if (child == 0) {
+            const int bad = repacked_matmuls(backend, buft);
+            fflush(stdout);
+            _exit(bad ? 1 : 0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        const bool used = strcmp(ggml_backend_buft_name(buft), "CPU_REPACK") == 0;
+        if (WIFSIGNALED(status)) {
+            printf("%s: its matmul dies with signal %d on this machine%s\n", ggml_backend_buft_name(buft),
+                   WTERMSIG(status), used ? "" : "; dgr does not use it");
+        }
+        failures += status != 0 && (used || !WIFSIGNALED(status));
+    }
+    ggml_backend_free(backend);
     return failures;
 }
 
@@ -476,7 +645,7 @@ static int test_flash_attn_prompt_rows() {
 
 int main(int argc, char ** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s mul_mat|mul_mat_id|flash_attn|flash_attn_prompt_rows [n_threads]\n", argv[0]);
+        fprintf(stderr, "usage: %s mul_mat|mul_mat_id|repacked_mul_mat|flash_attn|flash_attn_prompt_rows [n_threads]\n", argv[0]);
         return 2;
     }
     if (argc > 2) {
@@ -488,6 +657,8 @@ int main(int argc, char ** argv) {
         failures = test_mul_mat();
     } else if (what == "mul_mat_id") {
         failures = test_mul_mat_id();
+    } else if (what == "repacked_mul_mat") {
+        failures = test_repacked_mul_mat();
     } else if (what == "flash_attn") {
         failures = test_flash_attn();
     } else if (what == "flash_attn_prompt_rows") {

@@ -1,0 +1,58 @@
+"""Which weights "invariant" repacking places in llama.cpp's CPU_REPACK buffer type
+(dgr/weight_repack.py), read from a GGUF header."""
+
+import re
+
+import gguf
+import numpy as np
+
+from dgr import weight_repack
+
+X86 = "AVX = 1 | AVX2 = 1 | AVX512 = 1"
+
+
+def write(path, tensors):
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, (array, raw_type) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def q4_0(rows):
+    return np.zeros((rows, 18), dtype=np.uint8), gguf.GGMLQuantizationType.Q4_0  # 32 weights a row
+
+
+def test_only_layer_matmul_weights_of_invariant_types_with_whole_tiles_are_repacked(tmp_path):
+    path = write(tmp_path / "m.gguf", {
+        "token_embd.weight": q4_0(8),                 # read by GET_ROWS, not a matmul
+        "output.weight": q4_0(8),                     # not a layer weight
+        "blk.0.attn_q.weight": q4_0(8),
+        "blk.0.attn_norm.weight": (np.ones(32, dtype=np.float32), None),
+        "blk.0.ffn_down.weight": q4_0(12),            # 12 rows: not whole 8-row tiles
+        "blk.1.attn_q.weight": q4_0(16),
+        "blk.1.ffn_up_exps.weight": (np.zeros((4, 8, 18), dtype=np.uint8),  # 4 experts
+                                     gguf.GGMLQuantizationType.Q4_0),
+        "blk.1.ffn_gate.weight": (np.zeros((8, 144), dtype=np.uint8),  # Q4_K is not invariant
+                                  gguf.GGMLQuantizationType.Q4_K),
+    })
+    names = weight_repack.invariant_tensors(path, X86)
+    assert names == ["blk.0.attn_q.weight", "blk.1.attn_q.weight", "blk.1.ffn_up_exps.weight"]
+    assert weight_repack.invariant_tensors(path, "AVX = 1 | AVX2 = 0") == []
+    patterns = weight_repack.patterns(names)
+    assert patterns == [r"^blk\.(0|1)\.attn_q\.weight$", r"^blk\.(1)\.ffn_up_exps\.weight$"]
+    every = ["token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.10.attn_q.weight",
+             "blk.0.attn_norm.weight", "blk.0.ffn_down.weight", "blk.1.attn_q.weight",
+             "blk.1.ffn_up_exps.weight", "blk.1.ffn_gate.weight"]
+    matched = [n for n in every if any(re.search(p, n) for p in patterns)]
+    assert matched == names
+
+
+def test_a_file_whose_header_cannot_be_read_repacks_nothing(tmp_path):
+    """Loading it reports what is wrong (dgr._engine); the choice does not fail first."""
+    (tmp_path / "x.gguf").write_bytes(b"not a model")
+    assert weight_repack.invariant_tensors(str(tmp_path / "x.gguf"), X86) == []
+    assert weight_repack.invariant_tensors(str(tmp_path / "gone.gguf"), X86) == []
