@@ -1,5 +1,6 @@
 """Builds dgr's Cython modules: the engine (dgr._engine), its sampling
-(dgr._sampling), the batch loop (dgr._batch) and the RPC worker (dgr._rpc)
+(dgr._sampling), the batch loop (dgr._batch), the engine's checked step for tests
+and tools (dgr._step) and the RPC worker (dgr._rpc)
 against the pinned llama.cpp, with their C helpers from dgr/csrc; the
 scheduler (dgr._scheduler), its speculation policy (dgr._speculation), the
 drafts (dgr._drafts) and the shared codes (dgr._codes) are pure C.
@@ -72,6 +73,7 @@ extensions = [
     llama_extension("dgr._vocab"),
     llama_extension("dgr._engine", "dgr_log.c"),
     llama_extension("dgr._batch"),
+    llama_extension("dgr._step"),
     llama_extension("dgr._rpc", "dgr_rpc_offer.c"),
 ]
 

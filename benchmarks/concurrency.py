@@ -35,6 +35,7 @@ from benchmarks import kv_tier as kv_tier_case  # noqa: E402
 from benchmarks import levels as levels_case  # noqa: E402
 from benchmarks import mixed_load as mixed_case  # noqa: E402
 from benchmarks import prefill as prefill_case  # noqa: E402
+from benchmarks import scaleout as scaleout_case  # noqa: E402
 from benchmarks import serving, shared_prefix  # noqa: E402
 from benchmarks import speculation as speculation_case  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
@@ -58,6 +59,8 @@ def markdown(report) -> str:
         lines.extend(kv_tier_case.markdown(report["kv_tier"]))
     if report.get("prefill"):
         lines.extend(prefill_case.markdown(report["prefill"]))
+    if report.get("scaleout"):
+        lines.extend(scaleout_case.markdown(report["scaleout"]))
     return "\n".join(lines) + "\n"
 
 
@@ -91,7 +94,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kv-servers", default=",".join(kv_tier_case.SERVERS),
                         help="servers of the kv_tier case")
     parser.add_argument("--cases",
-                        default="levels,serving,mixed,prefix,grammar,speculation,kv_tier,prefill",
+                        default="levels,serving,mixed,prefix,grammar,speculation,kv_tier,prefill,"
+                                "scaleout",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
                              "corruption check), serving (the serving path: the tiny model, "
                              "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
@@ -100,7 +104,8 @@ def main(argv=None) -> int:
                              "dgr off/auto vs llama-server without and with n-gram drafts), "
                              "kv_tier (the KV tier beyond the pool vs llama-server's "
                              "--cache-ram), prefill (cold prompts at c = 1 vs llama-server's "
-                             "defaults)")
+                             "defaults), scaleout (two nodes behind smg and vllm-router: "
+                             "affinity, cached tokens, a node killed or drained)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
@@ -158,7 +163,8 @@ def main(argv=None) -> int:
              + (1 + len(mixed_stalls) if "mixed" in cases else 0) + (3 if "prefix" in cases else 0)
              + (1 if "grammar" in cases else 0) + (1 if "speculation" in cases else 0)
              + (1 if "kv_tier" in cases else 0)
-             + (args.rounds if "prefill" in cases else 0))
+             + (args.rounds if "prefill" in cases else 0)
+             + (4 * len(scaleout_case.ROUTERS) if "scaleout" in cases else 0))
     out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
@@ -200,6 +206,8 @@ def main(argv=None) -> int:
             else:
                 report["prefill"] = prefill_case.run(peers, model, args.threads, lengths,
                                                      args.rounds, bar)
+        if "scaleout" in cases:
+            report["scaleout"] = scaleout_case.run(model, args.threads, bar=bar)
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

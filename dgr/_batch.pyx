@@ -18,6 +18,8 @@ from dgr._engine cimport Engine
 from dgr._scheduler cimport (SLOT_DECODE, SLOT_PREFILL, Event, Scheduler, Slot, StepFigures,
                              event_record)
 
+from dgr.config import SPECULATION_MODES
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
         pass
@@ -206,11 +208,11 @@ cdef class BatchLoop:
 
     # ------------------------------------------------------------ the node's side (GIL held)
 
-    def start(self, int slot, prompt, int max_tokens, params, *, int credits=1,
-              int reuse_from=-1, int n_reused=0, bint keep_kv=False, int speculate=0,
-              bytes restore=None):
-        """Run a session on a free slot (one whose EV_FINISH the node has seen),
-        sampling by SamplingParams `params`.
+    def start(self, int slot, spec, *, int credits=1, int reuse_from=-1, int n_reused=0,
+              bint keep_kv=False, bytes restore=None):
+        """Run a session on a free slot (one whose EV_FINISH the node has seen), as
+        its SessionSpec `spec` asks (dgr.spec): its prompt, sampling, tokens and
+        speculation mode.
 
         The slot's sequence first drops what it holds (a cache entry), but for
         the KV of prompt positions [0, n_reused) taken from slot `reuse_from`'s
@@ -218,25 +220,25 @@ cdef class BatchLoop:
         session then does not prefill. With `restore` (a state from `save` or
         dgr.kv_tier, of a sequence whose tokens begin with the prompt's first
         n_reused) the sequence becomes that state, cut to [0, n_reused), instead;
-        if llama.cpp refuses it, the session prefills its whole prompt. With keep_kv, when the session ends (but
-        with an error) its sequence keeps its KV: the prompt it prefilled and the
-        tokens it fed back (a prefix cache entry); otherwise it is freed. With
-        speculate (a Speculation code) its decode rows may carry drafts
-        (dgr._scheduler, Policy 3)."""
+        if llama.cpp refuses it, the session prefills its whole prompt. With
+        keep_kv, when the session ends (but with an error) its sequence keeps its
+        KV: the prompt it prefilled and the tokens it fed back (a prefix cache
+        entry); otherwise it is freed."""
         if restore is not None and not (n_reused and len(restore)):
             raise ValueError("a restored state needs n_reused >= 1 and bytes")
         if restore is None and n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
+        params = spec.params
+        cdef int speculate = SPECULATION_MODES[spec.speculation]
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
         self.engine.sampling.configure(slot, params)
         if speculate != SPECULATE_OFF:
-            self.engine.learn_words(prompt)  # the values draft source's twins
+            self.engine.learn_words(spec.prompt)  # the values draft source's twins
         pthread_mutex_lock(&self.lock)
         try:
-            self.scheduler.start(slot, prompt, max_tokens, params.logprobs, params.ignore_eos,
-                                 credits, n_reused, keep_kv,
-                                 -1 if params.prompt_logprobs is None else params.prompt_logprobs,
-                                 speculate)
+            self.scheduler.start(slot, spec.prompt, spec.max_tokens, params.logprobs,
+                                 params.ignore_eos, credits, n_reused, keep_kv,
+                                 params.prompt_logprobs if spec.scores_prompt else -1, speculate)
             if restore is not None:
                 self._queue_kv_op(slot, OP_RESTORE, n_reused, restore)
             else:

@@ -55,6 +55,7 @@ cpdef enum Speculation:
 # Failure codes of a call beside llama_decode's own (1, 2, -1, below -1): each
 # means one thing.
 cpdef enum:
+    DECODE_ABORTED = 2         # llama_decode's own: its abort callback stopped the call
     ENGINE_FAULT = -1000       # the engine raised during a step (an injected fault)
     WORKER_LOST = -1001        # an RPC worker holding layers was lost (closed, reset, timed out)
     NO_LOGITS = -1002          # llama.cpp gave no logits for an output row

@@ -26,7 +26,7 @@ never which.
   and ignored. Where the store holds many answers of one template, the place
   most recently followed is often another user's words where this one's
   differ; the longest match, cut where answers disagree, drafts fewer tokens
-  that fail (evidence/DGR-026, store-match).
+  that fail.
 - `structure_draft`: where neither has a match, the session's own context
   again, matched around a value: its last tokens follow a value of its own
   (a name, a number) that no earlier place has, after words an earlier place
@@ -70,8 +70,7 @@ cdef enum:
     STRUCTURE_MIN = 4
     VALUE_MAX = 4
     # ... and how far back it looks: a structure repeats close by (a list's objects),
-    # and the search (4 to 20 comparisons a token back) stays near 0.1 ms a row here
-    # (evidence/DGR-026/structure/draft-cost.txt)
+    # and the search (4 to 20 comparisons a token back) stays near 0.1 ms a row
     STRUCTURE_REACH = 4096
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18

@@ -24,15 +24,16 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport strcmp
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from dgr._codes cimport (ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS, WANT_LOGPROBS,
-                        WANT_SAMPLE, WORKER_LOST)
+from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS,
+                        WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
 from dgr._llama cimport *
 from dgr._sampling cimport Sampling
 from dgr._vocab cimport Vocabulary
 
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
                         InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
-from dgr.rpc_placement import device_report, place_layers
+from dgr.gguf_file import check_model_file
+from dgr.rpc_placement import connect_and_place, device_report
 
 cnp.import_array()
 
@@ -113,17 +114,6 @@ def _buffer_sizes(log_text):
     return sizes
 
 
-def _rpc_placement(path, servers, int rpc_layers, split):
-    """Connect to the RPC workers and place layers on them (dgr.rpc_placement);
-    None without workers."""
-    if not servers:
-        return None
-    from dgr import _rpc
-    devices = _rpc.connect_workers(servers)
-    return place_layers(devices, _rpc.layer_count(path), rpc_layers, split,
-                        os.path.getsize(path))
-
-
 cdef class Engine(Vocabulary):
     """A llama.cpp model and context serving up to `n_seq_max` sequences.
 
@@ -169,19 +159,12 @@ cdef class Engine(Vocabulary):
         init_backend()
         path = os.fspath(model_path)
         self.model_path = path
-        if not os.path.exists(path):
-            raise ModelLoadError(f"model file not found: {path}")
-        if not os.path.isfile(path):
-            raise ModelLoadError(f"model path is not a file: {path}")
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if magic != b"GGUF":
-            raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")
+        check_model_file(path)
         if n_seq_max < 1 or n_batch < 1 or n_ubatch < 1 or n_ctx < 1:
             raise ContextError("n_ctx, n_seq_max, n_batch and n_ubatch must be positive")
         if weight_repack and "AMX_INT8 = 1" in system_info():
-            # Seen on the CI machine type (evidence/DGR-013): the pinned llama.cpp's AMX
-            # repacked matmul dies with SIGSEGV; refuse rather than crash the process.
+            # On some machines (VMs among them) the pinned llama.cpp's AMX matmul faults
+            # at its first tile instruction; refuse rather than crash the process.
             raise ContextError("weight_repack is not supported on this CPU: llama.cpp's AMX "
                                "repacked matmul crashes here; leave weight repacking off")
 
@@ -197,7 +180,7 @@ cdef class Engine(Vocabulary):
         if rpc_servers:
             # read by ggml-rpc (patch 0006) when it connects to each worker
             os.environ["GGML_RPC_TIMEOUT"] = repr(max(0.0, rpc_timeout_s))
-        placement = _rpc_placement(path, list(rpc_servers), rpc_layers, tuple(rpc_split))
+        placement = connect_and_place(path, list(rpc_servers), rpc_layers, tuple(rpc_split))
         if placement is not None:
             devices = <ggml_backend_dev_t *> calloc(len(placement["devices"]) + 1,
                                                     sizeof(ggml_backend_dev_t))
@@ -438,84 +421,10 @@ cdef class Engine(Vocabulary):
     # ---------------------------------------------------------------- step
 
     def step(self, tokens, positions, seq_ids, want, int n_logprobs=0):
-        """Decode one batch and sample its output rows.
-
-        tokens, positions, seq_ids: int32 arrays, one entry per row.
-        want: int8 array; 0 = no output, WANT_SAMPLE = sample this row with the
-        row's slot sampler, WANT_SAMPLE | WANT_LOGPROBS = also report the top
-        `n_logprobs` log-probabilities (from the raw logits) and the sampled
-        token's log-probability.
-
-        Returns (sampled, top_ids, top_logprobs, sampled_logprobs): sampled is
-        int32[n] with -1 for rows without output; the others are None unless
-        n_logprobs > 0, then int32[n, k], float32[n, k] and float32[n].
-
-        Each slot's rows must continue its KV: positions start at pos_max + 1
-        and increase by one. On failure the KV memory is put back as it was
-        before the step and a DecodeError subclass (or InvalidBatch) is raised.
-        """
-        self.check_open()
-        cdef const int32_t[::1] tok = np.ascontiguousarray(tokens, dtype=np.int32)
-        cdef const int32_t[::1] pos = np.ascontiguousarray(positions, dtype=np.int32)
-        cdef const int32_t[::1] seq = np.ascontiguousarray(seq_ids, dtype=np.int32)
-        cdef const int8_t[::1] wnt = np.ascontiguousarray(want, dtype=np.int8)
-        cdef int n = tok.shape[0]
-        if pos.shape[0] != n or seq.shape[0] != n or wnt.shape[0] != n:
-            raise InvalidBatch("tokens, positions, seq_ids and want must have the same length")
-        if n == 0:
-            raise InvalidBatch("empty batch")
-        if n > self.batch_capacity:
-            raise InvalidBatch(f"{n} rows exceed n_batch={self.batch_capacity}")
-        if n_logprobs < 0 or n_logprobs > MAX_LOGPROBS:
-            raise InvalidBatch(f"n_logprobs must be within 0..{MAX_LOGPROBS}")
-
-        cdef int i, s
-        cdef cnp.ndarray[int32_t, ndim=1] next_pos = np.full(self.n_slots, -2, dtype=np.int32)
-        cdef cnp.ndarray[int32_t, ndim=1] pos_before = np.full(self.n_slots, -2, dtype=np.int32)
-        for i in range(n):
-            if tok[i] < 0 or tok[i] >= self.vocab_size:
-                raise InvalidBatch(f"row {i}: token id {tok[i]} out of vocabulary (n_vocab={self.vocab_size})")
-            s = seq[i]
-            if s < 0 or s >= self.n_slots:
-                raise InvalidBatch(f"row {i}: sequence id {s} out of range 0..{self.n_slots - 1}")
-            if wnt[i] < 0 or wnt[i] > (WANT_SAMPLE | WANT_LOGPROBS):
-                raise InvalidBatch(f"row {i}: want flag {wnt[i]} is not "
-                                   f"0..{WANT_SAMPLE | WANT_LOGPROBS}")
-            if next_pos[s] == -2:
-                pos_before[s] = llama_memory_seq_pos_max(self.mem, s)
-                next_pos[s] = pos_before[s] + 1
-            if pos[i] != next_pos[s]:
-                raise InvalidBatch(f"row {i}: sequence {s} position {pos[i]} does not continue its KV "
-                                   f"(expected {next_pos[s]})")
-            next_pos[s] += 1
-
-        cdef int k = n_logprobs
-        cdef cnp.ndarray[int32_t, ndim=1] sampled = np.full(n, -1, dtype=np.int32)
-        cdef cnp.ndarray[int32_t, ndim=2] top_ids = np.zeros((n, max(k, 1)), dtype=np.int32)
-        cdef cnp.ndarray[float, ndim=2] top_lp = np.zeros((n, max(k, 1)), dtype=np.float32)
-        cdef cnp.ndarray[float, ndim=1] sampled_lp = np.zeros(n, dtype=np.float32)
-        cdef int rc
-        cdef int bad_row = -1
-        cdef double times[3]
-        with nogil:
-            rc = self.run_call(n, &tok[0], &pos[0], &seq[0], &wnt[0], NULL, k,
-                               <int32_t *> sampled.data, <float *> sampled_lp.data,
-                               <int32_t *> top_ids.data, <float *> top_lp.data, &bad_row, times)
-
-        if rc == FAULT_RAISE:
-            raise RuntimeError("injected engine fault after llama_decode")
-        if rc != 0:
-            # llama.cpp keeps the ubatches it processed before an abort or a fatal
-            # error; drop them so every slot is back where the step found it
-            for s in range(self.n_slots):
-                if pos_before[s] != -2:
-                    self.kv_keep(s, pos_before[s] + 1)
-            raise decode_error(rc)
-        if bad_row >= 0:
-            raise DecodeError(f"no logits for output row {bad_row}")
-        if k == 0:
-            return sampled, None, None, None
-        return sampled, top_ids, top_lp, sampled_lp
+        """Decode one batch and sample its output rows, for tests and tools
+        (dgr._step.step says how)."""
+        from dgr._step import step
+        return step(self, tokens, positions, seq_ids, want, n_logprobs)
 
     cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
                       const int8_t * want, const int32_t * next_tok, int k,
@@ -675,23 +584,3 @@ cdef class Engine(Vocabulary):
         self.check_open()
         self._check_slot(slot)
         return (llama_memory_seq_pos_min(self.mem, slot), llama_memory_seq_pos_max(self.mem, slot))
-
-
-def decode_error(int rc):
-    """The DecodeError of a failed call's code (llama_decode's, or dgr/_codes.pxd's)."""
-    if rc == 1:
-        return KVSlotUnavailable("llama_decode: no KV slot for the batch (code 1)")
-    if rc == 2:
-        return DecodeAborted("llama_decode: aborted (code 2)")
-    if rc == -1:
-        return InvalidBatch("llama_decode: invalid input batch (code -1)")
-    if rc == WORKER_LOST:
-        return WorkerLost("an RPC worker was lost (connection closed, reset or timed out); "
-                          "restart the node once the worker is back")
-    if rc == ENGINE_FAULT:
-        return DecodeError(f"the engine raised during a step (code {rc})", rc)
-    if rc == NO_LOGITS:
-        return DecodeError(f"llama.cpp gave no logits for an output row (code {rc})", rc)
-    if rc < -1:
-        return FatalDecodeError(f"llama_decode: fatal error (code {rc})", rc)
-    return DecodeError(f"llama_decode: unexpected return code {rc}", rc)

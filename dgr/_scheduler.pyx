@@ -62,6 +62,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 
+from dgr import events
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 
 cdef object event_record(const Event * e):
@@ -83,7 +84,7 @@ cdef object event_record(const Event * e):
                       [(e.top_ids[j], e.top_lp[j]) for j in range(e.n_top)])
     if e.kind == EV_FAILURE:
         return CallFailed(e.code)
-    return StepEnded(e.step)
+    return StepEnded(events.StepFigures(**e.step))  # the C struct's fields, by name
 
 
 cdef class Scheduler:

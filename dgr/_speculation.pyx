@@ -21,19 +21,18 @@ where a long one pays.
 Expected tokens are counted at the node's trust: the "auto" drafts' tokens
 accepted over those expected, recent steps weighing more. Where many sessions
 draft on noisy estimates of p, those that draft are the ones whose p is
-overestimated, and their drafts give less than expected (evidence/DGR-026,
-step_gain.py, at c = 16); the trust takes that back into the next plans. What the
+overestimated, and their drafts give less than expected (at c = 16); the trust
+takes that back into the next plans. What the
 trust cannot take back is a draft whose edge is smaller than the plan's error (in a
 draft's tokens, or in the step's time: a count of rows last timed beside longer
-contexts reads slow, evidence/DGR-026/row-context): the step pays its rows for
-nothing (16 decoders and a draft row each planned 29.5 tokens at 217 ms, where the
-decode rows alone gave 16 in about 118; such steps gave 16-32:
-evidence/DGR-026/draft-cap). So a session drafts only where its draft raises
+contexts reads slow): the step pays its rows for nothing (16 decoders and a draft
+row each planned 29.5 tokens at 217 ms, where the decode rows alone gave 16 in about
+118; such steps gave 16-32). So a session drafts only where its draft raises
 the step's expected tokens per second by GAIN_MARGIN at least.
 
 A step's time grows with the KV cells its rows attend (the same 16 decode rows took
 134.9 ms beside sessions of 9,949-10,909 cells and 111.6 ms beside sessions of
-766-2,046: evidence/DGR-026/row-context), and while every step drafts, the step without drafts
+766-2,046), and while every step drafts, the step without drafts
 is not timed at the sessions' contexts: its count of rows, last timed beside longer
 contexts, reads slow and credits every draft with an edge it lacks. So "auto" drafts
 only where a step of the decode rows' count was timed at about the cells they attend
@@ -55,10 +54,9 @@ another's drafts. A plan that fails it loses drafts, a drafting session's that
 are not repaid at once (the fewest expected first), else those that give least
 for their rows, until it holds. (Throughput alone is not enough: in a burst of
 sessions started together, those that drafted finished early and the rest later
-than with no drafts at all, evidence/DGR-026 burst-trace-before.txt and
-burst-ab.txt. Nor is the later repayment alone: two sessions quoting their
-prompts drafted nothing beside each other where a second decode row costs
-little, evidence/DGR-026 run 34.)
+than with no drafts at all. Nor is the later repayment alone: two sessions
+quoting their prompts drafted nothing beside each other where a second decode
+row costs little.)
 
 Compute-bound steps (many decoders: the step's time grows by its one-row share
 with each row) thus draft nothing (a row costs
@@ -127,8 +125,8 @@ cdef double GAIN_MARGIN = 0.05
 
 # A step's time holds for steps of as many output rows whose rows attend a number of
 # KV cells within CONTEXT_SLACK of it, or within CONTEXT_FLOOR cells (where a row
-# attends few, its own cost dominates: 512 cells are about 1.4 ms of a step here,
-# evidence/DGR-026/row-context/fit.py)
+# attends few, its own cost dominates: 512 cells are about 1.4 ms of a step on a
+# 2-core CPU)
 cdef double CONTEXT_SLACK = 0.125
 cdef double CONTEXT_FLOOR = 512.0
 
@@ -155,7 +153,7 @@ cdef inline int _match_class(int matched) noexcept nogil:
     """The class of a draft's match of `matched` tokens (3 to the draft sources'
     MATCH_MAX): 3, 4-7, 8-15, 16 or more. A longer match is followed further:
     quoting matches 16 tokens or more; a phrase that natural text repeats, or a JSON
-    list's keys, 3 to 7 (evidence/DGR-026/natural-c1)."""
+    list's keys, 3 to 7."""
     return (matched >= 4) + (matched >= 8) + (matched >= 16)
 
 

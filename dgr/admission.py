@@ -141,7 +141,7 @@ class Admission:
             if session.reserved_cells > b.kv_cells_per_session:
                 raise AdmissionRejected(
                     "never_fits",
-                    f"prompt ({len(session.prompt)} tokens) + max_tokens ({session.max_tokens}) "
+                    f"prompt ({len(session.spec.prompt)} tokens) + max_tokens ({session.spec.max_tokens}) "
                     f"exceeds the per-session context of {b.kv_cells_per_session} tokens")
         # how many start at once (in order, if nobody waits); the rest must fit the queue
         starting, slots, cells = 0, len(self._free_slots), self._reserved_cells
@@ -155,14 +155,14 @@ class Admission:
             raise AdmissionRejected("queue_full", f"{len(self.waiting)} sessions already wait"
                                     + (f"; this request needs {len(queued)} places"
                                        if len(queued) > 1 else ""))
-        queued_tokens = sum(len(s.prompt) for s in queued)
+        queued_tokens = sum(len(s.spec.prompt) for s in queued)
         if self._waiting_tokens + queued_tokens > b.max_waiting_tokens:
             raise AdmissionRejected(
                 "queue_tokens_full",
                 f"{self._waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
         for session in sessions:
             self.waiting.append(session)
-            self._waiting_tokens += len(session.prompt)
+            self._waiting_tokens += len(session.spec.prompt)
         return self.promote()
 
     def _fits(self, session: Session) -> bool:
@@ -174,7 +174,7 @@ class Admission:
         started = []
         while self.waiting and self._fits(self.waiting[0]):
             session = self.waiting.popleft()
-            self._waiting_tokens -= len(session.prompt)
+            self._waiting_tokens -= len(session.spec.prompt)
             self._reserved_cells += session.reserved_cells
             slot = self.placement.place(session, self._free_slots, self._reserved_cells,
                                         self.running)
@@ -188,7 +188,7 @@ class Admission:
         (the batch loop has freed the cells). Returns the sessions promoted."""
         if session.phase is Phase.WAITING:
             self.waiting.remove(session)
-            self._waiting_tokens -= len(session.prompt)
+            self._waiting_tokens -= len(session.spec.prompt)
         elif session in self.running:
             self.running.remove(session)
             self._reserved_cells -= session.reserved_cells

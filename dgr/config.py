@@ -67,7 +67,7 @@ class NodeConfig:
     max_running: int = option(
         "--max-running", "Sessions decoding at once; each gets a llama.cpp sequence slot; all "
         "their decode rows share one llama_decode per step (at most 256, llama.cpp's limit). "
-        "The default is where throughput was still rising (evidence/DGR-017, DGR-021).",
+        "The default is where throughput still rises on a 2-core CPU (docs/design.md).",
         default=32)
     max_waiting: int = option(
         "--max-waiting", "Sessions that may wait for a slot; one more is rejected at once "
@@ -97,8 +97,8 @@ class NodeConfig:
         "--decode-stall", "While sessions decode, a step that also prefills takes at most "
         "this many times a decode-only step's time, by the node's model of its own step "
         "times (dgr/step_time.py); 0: --prefill-chunk tokens a step instead. Beside "
-        "decoders a long prompt's time to first token grows by about FACTOR / (FACTOR - 1) "
-        "(evidence/DGR-025).", default=3.0)
+        "decoders a long prompt's time to first token grows by about FACTOR / (FACTOR - 1).",
+        default=3.0)
     prefill_sessions_per_step: int = option(
         "--prefill-sessions", "Sessions that may prefill a chunk in one step (in the step's "
         "llama_decode with --kv-unified, each in a call of its own with split KV); bounds how "
@@ -118,7 +118,7 @@ class NodeConfig:
         "the node's Python, the HTTP server's) is scheduled SCHED_BATCH (Linux), the engine's "
         "threads normally: a wake-up of the Python thread then waits for a free core instead "
         "of preempting the engine's threads in a step, which on a machine whose cores all "
-        "compute delayed the step's llama.cpp calls (evidence/DGR-025). --no-sched-batch "
+        "compute delays the step's llama.cpp calls. --no-sched-batch "
         "leaves the thread's scheduling as it is.", default=True)
     kv_unified: bool = option(
         "--kv-unified", "One KV pool shared by all sessions, each session's cells kept in "
@@ -230,6 +230,12 @@ class NodeConfig:
         if self.memory_budget_bytes is not None:
             return self.memory_budget_bytes
         return int(_total_memory_bytes() * 0.8)
+
+    def session_speculation(self, requested: Optional[str] = None) -> str:
+        """A session's speculation mode: the request's (None: the node's), where the
+        node can draft at all: draft rows share their session's decode call, which
+        only a unified KV pool gives, so with split KV no session drafts."""
+        return (requested or self.speculation) if self.kv_unified else "off"
 
 
 @attrs.define(frozen=True)

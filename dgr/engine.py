@@ -23,8 +23,8 @@ from dgr.errors import DgrError
 # (llama-server's --cache-ram default)
 DEFAULT_CACHE_RAM = 8 << 30
 # Output rows of the steps the node times when it opens (measure_row_times): doublings,
-# and between them the multiples of 8 a CPU's matmul tiles run cheaper than the counts
-# around them (evidence/DGR-026/rows-cost-wide-pristine.txt)
+# and between them the multiples of 8, which a CPU's matmul tiles run cheaper than the
+# counts around them
 ROW_PROBES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -185,7 +185,7 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
         engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
         engine.release(0)
         row_probes = []
-        if config.speculation != "off" and config.kv_unified:
+        if config.session_speculation() != "off":
             # a decode step's most output rows: a row per slot and the draft rows
             row_probes = measure_row_times(engine, min(info["n_seq_max"] + MAX_STEP_DRAFTS,
                                                       info["n_ubatch"]), info["n_ctx_seq"])

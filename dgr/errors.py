@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dgr._codes import DECODE_ABORTED, ENGINE_FAULT, NO_LOGITS, WORKER_LOST
+
 
 class DgrError(Exception):
     """Base class of every dgr error."""
@@ -86,3 +88,23 @@ class InvalidRequest(DgrError, ValueError):
 
 class NodeClosed(DgrError):
     """The node is not running (not started yet, or shut down)."""
+
+
+def decode_error(rc: int) -> DecodeError:
+    """The DecodeError of a failed call's code (llama_decode's, or dgr/_codes.pxd's)."""
+    if rc == 1:
+        return KVSlotUnavailable("llama_decode: no KV slot for the batch (code 1)")
+    if rc == DECODE_ABORTED:
+        return DecodeAborted(f"llama_decode: aborted (code {rc})")
+    if rc == -1:
+        return InvalidBatch("llama_decode: invalid input batch (code -1)")
+    if rc == WORKER_LOST:
+        return WorkerLost("an RPC worker was lost (connection closed, reset or timed out); "
+                          "restart the node once the worker is back")
+    if rc == ENGINE_FAULT:
+        return DecodeError(f"the engine raised during a step (code {rc})", rc)
+    if rc == NO_LOGITS:
+        return DecodeError(f"llama.cpp gave no logits for an output row (code {rc})", rc)
+    if rc < -1:
+        return FatalDecodeError(f"llama_decode: fatal error (code {rc})", rc)
+    return DecodeError(f"llama_decode: unexpected return code {rc}", rc)

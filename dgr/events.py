@@ -74,8 +74,30 @@ class CallFailed:
     code: int
 
 
+@attrs.frozen
+class StepFigures:
+    """What one step did and cost: dgr/_scheduler.pxd's StepFigures, field for field."""
+
+    index: int
+    rows: int
+    decode_rows: int      # sessions with a decode row
+    draft_rows: int       # draft rows verified beside those
+    cells: float          # KV cells those rows attend in all, where speculating (else 0)
+    planned_tokens: float  # the speculation policy's expectation, when it gave "auto"
+    planned_s: float      # drafts (else 0): tokens, step seconds
+    prefill_rows: int     # rows of chunks whose call succeeded
+    generated: int
+    calls: int
+    plan_s: float         # mailbox, finish requests, policy, batch fill
+    decode_s: float       # inside llama_decode
+    sample_s: float       # sampling and log-probabilities
+    update_s: float       # post-step update, KV release, publishing
+    total_s: float        # from the step's start to its events being published
+    ended_at: float       # time.monotonic()
+
+
 @record
 class StepEnded:
-    """The step ended; `figures` as dgr/_scheduler.pxd's StepFigures."""
+    """The step ended."""
 
-    figures: dict
+    figures: StepFigures

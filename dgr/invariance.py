@@ -15,7 +15,7 @@ import trio
 
 from dgr.config import NodeConfig
 from dgr.node import open_node
-from dgr.sequence import SamplingParams
+from dgr.config import SamplingParams
 
 PROMPTS = (
     "The history of the printing press begins",

@@ -44,10 +44,10 @@ import attrs
 import trio
 
 from dgr import _batch, _engine, _scheduler
-from dgr._codes import ENGINE_FAULT, WORKER_LOST
+from dgr._codes import DECODE_ABORTED, ENGINE_FAULT, WORKER_LOST
 from dgr.admission import Admission
-from dgr.config import SPECULATION_MODES
 from dgr.engine import EngineThread
+from dgr.errors import decode_error
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
 from dgr.kv_tier import Prefix
 from dgr.placement import Evict, Save, Start
@@ -65,7 +65,6 @@ class StepSettings:
     prefill_chunk: int       # prefill rows a step beside decoders, until steps are timed
     decode_stall: float      # beside decoders: a step's time / a decode-only one's (0: off)
     prefill_sessions: int    # chunks per step
-    speculation: str = "off"  # a session's default (SPECULATION_MODES): may it draft
 
 
 # Steps kept in `StepLoop.steps` (tests and diagnostics): a few hundred bytes each
@@ -101,7 +100,7 @@ class Mark(NamedTuple):
 
 
 def failure_message(code: int) -> str:
-    return f"the model failed: {_engine.decode_error(code)}"
+    return f"the model failed: {decode_error(code)}"
 
 
 class StepLoop:
@@ -272,8 +271,8 @@ class StepLoop:
         """Requests into the BatchLoop's mailbox, a burst at a time. A start that
         restores a stored prefix is fed once the restore fed before it has been
         applied: the loop applies KV operations between two steps, so decoders
-        wait for one restore at most between two steps (evidence/DGR-027: 3.5 ms
-        for a 1,000-token prefix, 31 ms for 16,000), however many arrive at once."""
+        wait for one restore at most between two steps (3.5 ms for a 1,000-token
+        prefix, 31 ms for 16,000), however many arrive at once."""
         async for request in self._incoming:
             while True:
                 if type(request) is Start and request.session.restore is not None:
@@ -309,13 +308,10 @@ class StepLoop:
             return
         self._by_slot[session.slot] = session
         self._on_engine.add(session.id)
-        self.batch.start(session.slot, session.prompt, session.max_tokens, session.params,
-                         credits=self._replies[session].credits,
+        self.batch.start(session.slot, session.spec, credits=self._replies[session].credits,
                          reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                          n_reused=session.n_reused,
                          keep_kv=self._placement.cache is not None,
-                         speculate=SPECULATION_MODES[session.params.speculation
-                                                     or self.settings.speculation],
                          restore=None if session.restore is None else session.restore.state)
         self._placement.started(session)
         if session.restore is not None:
@@ -374,7 +370,7 @@ class StepLoop:
         reason = FinishReason.from_code(event.reason)
         if reason is not FinishReason.ERROR:
             session.finish(reason)
-        elif self._closing and event.code == 2:  # the abort that stopped the loop
+        elif self._closing and event.code == DECODE_ABORTED:  # the abort that stopped the loop
             session.finish(FinishReason.CANCELLED)
         else:
             session.finish(reason, failure_message(event.code))
@@ -393,25 +389,25 @@ class StepLoop:
         figures = event.figures
         budget = self.settings.token_budget
         self._telemetry.record_step(figures, budget)
-        self.steps.append(StepRecord(figures["index"], tuple(self._step_decode),
-                                     tuple(self._step_prefill), figures["rows"], budget,
-                                     figures["total_s"], figures["draft_rows"],
-                                     figures["generated"],
-                                     (figures["planned_tokens"], figures["planned_s"])))
+        self.steps.append(StepRecord(figures.index, tuple(self._step_decode),
+                                     tuple(self._step_prefill), figures.rows, budget,
+                                     figures.total_s, figures.draft_rows,
+                                     figures.generated,
+                                     (figures.planned_tokens, figures.planned_s)))
         chunks = [(start, end) for _, start, end in self._step_prefill]
         self._step_decode, self._step_prefill = [], []
         # a draft row costs what a decode row does: both are output rows at a context's end
-        output_rows = figures["decode_rows"] + figures["draft_rows"]
+        output_rows = figures.decode_rows + figures.draft_rows
         anew = False
         if output_rows and not chunks:
-            anew = self.row_times.observe(output_rows, figures["total_s"], figures["cells"])
-        model = self.step_time.observe(output_rows, chunks, figures["total_s"])
+            anew = self.row_times.observe(output_rows, figures.total_s, figures.cells)
+        model = self.step_time.observe(output_rows, chunks, figures.total_s)
         if model is not None:
             self.batch.set_step_time(*model)
         # a step with drafts may have run a row count the policy guessed, and a step
         # may have timed its rows at the sessions' contexts now, which the policy
         # drafts beside: the next plans see its time at once, not at the next fit
-        if model is not None or figures["draft_rows"] or anew:
+        if model is not None or figures.draft_rows or anew:
             self.batch.set_row_times(self.row_times.points())
 
     def _fail_node(self, why: str) -> None:

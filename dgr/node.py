@@ -42,6 +42,7 @@ from dgr.prefix_cache import PrefixCache
 from dgr.reply import Reply
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
+from dgr.spec import SessionSpec
 from dgr.stream import GenerationResult, SessionStream
 from dgr.telemetry import Telemetry
 
@@ -49,10 +50,9 @@ log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
 # llama.cpp built-in chat templates for model families whose GGUFs may lack one.
 _FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
-# Texts up to this many characters are tokenized on the Trio thread: here about 0.2 ms
-# for 256 characters, where a hop to a worker thread took 0.37 ms on an idle node and
-# 1.4 ms of the Trio thread's time a request under the serving load (evidence/DGR-025,
-# ninth session)
+# Texts up to this many characters are tokenized on the Trio thread: about 0.2 ms for
+# 256 characters, where a hop to a worker thread takes 0.37 ms on an idle node and
+# 1.4 ms of the Trio thread's time a request under serving load
 TOKENIZE_INLINE_CHARS = 256
 
 
@@ -83,8 +83,7 @@ class Node:
         settings = StepSettings(token_budget=budgets.step_tokens,
                                 prefill_chunk=config.prefill_chunk,
                                 decode_stall=config.decode_stall,
-                                prefill_sessions=config.prefill_sessions_per_step,
-                                speculation=config.speculation if config.kv_unified else "off")
+                                prefill_sessions=config.prefill_sessions_per_step)
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting, self.tiers)
         # the steps timed as the engine opened: what a long draft costs before one ran
@@ -158,7 +157,7 @@ class Node:
         return bytes(self._open_engine().token_to_piece(token, special=True))
 
     def chat_prompt(self, messages: list[dict], tools=None) -> str:
-        """The prompt of a chat (messages as dgr.openai.parse_chat makes them) with
+        """The prompt of a chat (messages as dgr.doors.openai.parse_chat makes them) with
         the request's tools (a dgr.tools.ToolSpec, or None) in their format."""
         tool_format = tools.format if tools is not None else tool_calls.GENERIC
         return tool_format.render(messages, tools, self.apply_chat_template)
@@ -250,7 +249,7 @@ class Node:
                                    self._admission.load(), self._loop.batch.cells_used,
                                    self.telemetry, self._admission.placement.cache is not None,
                                    devices, self.tool_format.name, self._loop.step_time.report(),
-                                   self._loop.settings.speculation,
+                                   self.config.session_speculation(),
                                    self.tiers.report() if self.tiers is not None else None)
 
     async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
@@ -369,11 +368,12 @@ class Node:
             raise InvalidRequest(f"stop_token_ids must be within 0..{self._engine.n_vocab - 1}")
         if params.temperature > 0 and params.seed is None:
             params = attrs.evolve(params, seed=random.getrandbits(32))
-        return Session(
-            id=next(self._ids), prompt=prompt_ids, params=params,
+        spec = SessionSpec(
+            prompt=prompt_ids, params=params,
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens),
-            arrived_at=time.monotonic(), leader=leader)
+            speculation=self.config.session_speculation(params.speculation))
+        return Session(id=next(self._ids), spec=spec, arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session], whole: bool):
         """Admit `sessions` together; returns (session, chunk channel) for each
@@ -394,7 +394,7 @@ class Node:
             # The reader's credits bound the token chunks unread; the final one always fits
             # (a whole answer's chunks come as one list).
             # (A session that only scores its prompt has max_tokens 0, and a credit.)
-            credits = max(session.max_tokens, 1) if whole else self.config.reply_buffer
+            credits = max(session.spec.max_tokens, 1) if whole else self.config.reply_buffer
             chunk_send, chunk_recv = trio.open_memory_channel(1 if whole else credits + 1)
             replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
                                      functools.partial(self._loop.end, session), credits, whole)

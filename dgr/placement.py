@@ -96,7 +96,7 @@ class Placement:
             session.start(slot)
             self._outbox.append(Start(session))
             return slot
-        if session.params.prompt_logprobs is not None:
+        if session.spec.scores_prompt:
             # it scores every prompt token, so it computes them all: no prefix, no leader
             holder, n_reused = None, 0
             session.follow(None, 0)
@@ -107,7 +107,7 @@ class Placement:
         if session.leader is not None:
             # it shares when it starts, from its leader or what holds the prefix then
             holder, n_reused = None, 0
-        elif self.tier is not None and session.params.prompt_logprobs is None:
+        elif self.tier is not None and not session.spec.scores_prompt:
             stored, n_stored = self.tier.match(session.prompt_array)
             if n_stored >= n_reused + self.min_restore:
                 holder, n_reused, restore = None, n_stored, stored
@@ -125,7 +125,7 @@ class Placement:
             # the entry it takes is cut (going on in place) or replaced (a copy or a
             # restore from elsewhere, however long)
             self._save(slot)
-        cache.assign(slot, session.prompt[:n_reused])
+        cache.assign(slot, session.spec.prompt[:n_reused])
         while reserved_cells + cache.cached_cells > self._kv_cells_total:
             # the entry copied from goes last
             victim = next((s for s in cache.cached_slots if s != holder), holder)
@@ -147,11 +147,11 @@ class Placement:
         if best is not None:
             common = shareable(session.prompt_array, best.prompt_array)
         else:
-            most = len(session.prompt) - 1  # shareable's bound
+            most = len(session.spec.prompt) - 1  # shareable's bound
             for other in running:
                 if other is session or other.leader is not None or other.done:
                     continue
-                if other.n_prefilled >= min(len(other.prompt), most):
+                if other.n_prefilled >= min(len(other.spec.prompt), most):
                     continue  # it has prefilled all it could share: none is to wait for
                 n = shareable(session.prompt_array, other.prompt_array)
                 if n > common and other.n_prefilled < n:
@@ -239,7 +239,7 @@ class Placement:
         prefilled enough for start."""
         if self.cache is None:
             return
-        self.cache.hold(session.slot, session.prompt[:end])
+        self.cache.hold(session.slot, session.spec.prompt[:end])
         if session.id in self._held:
             self._release_followers(session, ended=False)
 
@@ -283,7 +283,7 @@ class Placement:
                 source, n = holder, cached
             if n:
                 session.share(source, n)
-                self.cache.assign(session.slot, session.prompt[:n])
+                self.cache.assign(session.slot, session.spec.prompt[:n])
             self._outbox.append(Start(session))
         if still:
             self._held[leader.id] = still

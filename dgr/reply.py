@@ -46,12 +46,12 @@ class Reply:
         self._chunks = chunks
         self._stop = stop
         self._detok = IncrementalDetokenizer(token_to_piece)
-        self._stops = StopMatcher(session.params.stop)
+        self._stops = StopMatcher(session.spec.params.stop)
         self._held: Optional[list[Chunk]] = [] if whole else None
         # a whole answer without stop strings: (token, logprob, top) as sampled
         self._raw: Optional[list] = [] if whole and not self._stops.active else None
-        self._stop_ids = frozenset(session.params.stop_token_ids)
-        self._min_tokens = session.params.min_tokens
+        self._stop_ids = frozenset(session.spec.params.stop_token_ids)
+        self._min_tokens = session.spec.params.min_tokens
         self._n = 0
         self.closed = False
 

@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from dgr._codes import FinishCode
-from dgr.config import SamplingParams
+from dgr.spec import SessionSpec
 
 if TYPE_CHECKING:
     from dgr.kv_tier import Prefix
@@ -59,14 +59,13 @@ class Phase(enum.Enum):
 
 @attrs.define(eq=False)
 class Session:
-    """One generation request, as admission, placement and the step loop see it.
-    The fields change only through the methods below; `leader` may be given at
-    construction (the first sample of the same prompt)."""
+    """One generation request, as admission, placement and the step loop see it:
+    what it asks for (`spec`, fixed) and where it stands. The fields change only
+    through the methods below; `leader` may be given at construction (the first
+    sample of the same prompt)."""
 
     id: int
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
+    spec: SessionSpec
     arrived_at: float = 0.0
     phase: Phase = Phase.WAITING
     slot: Optional[int] = None
@@ -89,17 +88,17 @@ class Session:
 
     @prompt_array.default
     def _prompt_array(self) -> np.ndarray:
-        return np.asarray(self.prompt, dtype=np.int32)
+        return np.asarray(self.spec.prompt, dtype=np.int32)
 
     @property
     def reserved_cells(self) -> int:
         """KV cells reserved while running: the whole prompt plus every new token."""
-        return len(self.prompt) + self.max_tokens
+        return len(self.spec.prompt) + self.spec.max_tokens
 
     def kv_tokens(self, kept: int) -> list[int]:
         """The tokens of the first `kept` positions of this session's sequence: its
         prompt as far as prefilled, then what it generated and fed back."""
-        return (self.prompt[:self.n_prefilled] + self.generated)[:kept]
+        return (self.spec.prompt[:self.n_prefilled] + self.generated)[:kept]
 
     @property
     def done(self) -> bool:

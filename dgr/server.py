@@ -1,24 +1,25 @@
 """`python -m dgr run`: the node over HTTP, thin over the Node API.
 
 Starlette (on anyio's Trio backend) for routing and responses, Hypercorn's
-Trio worker for HTTP. Endpoints: /v1/completions, /v1/chat/completions,
-/v1/responses, /v1/models, /tokenize, /detokenize, /metrics, /capabilities, /health. Bad input is a 4xx with an
-OpenAI-style error body, never a 500; a full queue is a 429 with Retry-After;
-a client that disconnects mid-stream cancels its session.
+Trio worker for HTTP. The protocol doors (/v1/completions,
+/v1/chat/completions, /v1/responses, /tokenize, /detokenize) are dgr.doors;
+the node's own endpoints (/v1/models, /metrics, /capabilities, /health, the
+prefix transfer) are here. Bad input is a 4xx with an OpenAI-style error body,
+never a 500; a full queue is a 429 with Retry-After; a client that disconnects
+mid-stream cancels its session.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import math
 import signal
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -27,23 +28,13 @@ from starlette.routing import Route
 
 from dgr.config import NodeConfig, ServerConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
+from dgr.doors import completions, responses, routers, tokens
+from dgr.doors.context import ServerState, TooLarge, Unavailable
+from dgr.doors.fields import BadRequest
+from dgr.doors.sse import error_response
 from dgr.node import Node, open_node
-from dgr.stream import Chunk
-from dgr import responses as responses_api
-from dgr.http_sessions import (SessionEvents, cached_tokens, completion_events, error_response,
-                               prompt_tokens, read_whole, scored_prompt, scores_prompt)
-from dgr.openai import (BadRequest, ResponseBuilder, parse_chat, parse_completion,
-                        parse_detokenize, parse_tokenize, token_piece)
 
 log = logging.getLogger("dgr.server")
-
-
-class _State:
-    """What the app sees of the node: None while loading."""
-
-    def __init__(self) -> None:
-        self.node: Optional[Node] = None
-        self.model_id = "dgr"
 
 
 def _retry_after(node: Node) -> str:
@@ -54,156 +45,13 @@ def _retry_after(node: Node) -> str:
     return str(max(1, min(60, math.ceil(seconds))))
 
 
-def create_app(state: _State, config: ServerConfig) -> Starlette:
-    store = responses_api.ResponseStore(config.responses_stored, config.responses_store_bytes)
+def create_app(state: ServerState, config: ServerConfig) -> Starlette:
+    """The routes: the protocol doors (dgr.doors) and the node's own endpoints."""
 
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
-            raise _TooLarge()
-        body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > config.max_body_bytes:
-                raise _TooLarge()
-        try:
-            return json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise BadRequest(f"malformed JSON body: {exc}") from None
-
-    def ready_node() -> Node:
-        if state.node is None:
-            raise _Unavailable("the model is loading")
-        if state.node.draining:
-            raise _Unavailable("the server is shutting down")
-        return state.node
-
-    async def completions(request: Request) -> Response:
-        node = ready_node()
-        parsed = parse_completion(await read_json(request))
-        return await _generate(request, node, parsed, parsed.prompts)
-
-    async def chat_completions(request: Request) -> Response:
-        node = ready_node()
-        parsed, messages = parse_chat(await read_json(request), node.tool_format)
-        try:
-            prompt = node.chat_prompt(messages, parsed.tools)
-        except ValueError as exc:
-            raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
-        ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
-        return await _generate(request, node, parsed, [ids])
-
-    async def _generate(request: Request, node: Node, parsed, prompts: list) -> Response:
-        """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group)."""
-        builder = ResponseBuilder(state.model_id, parsed.chat, node.token_text, node.token_bytes,
-                                  parsed.top_logprobs, parsed.tools)
-        # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
-        echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
-                  for p in prompts for _ in range(parsed.n)]
-        if parsed.stream:
-            # Admission happens before the 200 goes out, so a refusal is a real status code.
-            group_cm = node.stream_group(prompts, parsed.params, parsed.n)
-            streams = await group_cm.__aenter__()
-            return SessionEvents(
-                lambda emit: completion_events(request, streams, builder, parsed, echoes, emit),
-                close=lambda: group_cm.__aexit__(None, None, None))
-        texts: list[list[str]] = [[echo] for echo in echoes]
-        rows: list[list[Chunk]] = [[] for _ in texts]
-
-        async def collect(i, chunks):
-            got = await chunks.read_all()
-            texts[i] += [chunk.text for chunk in got]
-            rows[i] = [chunk for chunk in got if chunk.token_id is not None]
-            request.scope["dgr.tokens"] = sum(map(len, rows))
-
-        async with node.stream_group(prompts, parsed.params, parsed.n, whole=True) as streams:
-            instead = await read_whole(request, streams, collect)
-        if instead is not None:
-            return instead
-        reasons = [chunks.finish_reason for chunks in streams]
-        completion = sum(map(len, rows))
-        return JSONResponse(builder.full(
-            [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
-            prompt_tokens(streams, parsed.n), completion, cached_tokens(streams, parsed.n),
-            [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None))
-
-    async def responses(request: Request) -> Response:
-        """OpenAI's Responses API over one chat session (dgr.responses)."""
-        node = ready_node()
-        parsed = responses_api.parse_response_request(await read_json(request), store,
-                                                      node.tool_format)
-        try:
-            prompt = node.chat_prompt(parsed.prompt, parsed.chat.tools)
-        except ValueError as exc:
-            raise BadRequest(f"cannot apply the chat template: {exc}", "input") from None
-        ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
-        builder = responses_api.ResponseBuilder(state.model_id, parsed)
-
-        def finished(text: str, chunks) -> dict:
-            usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens)
-            if parsed.store:
-                store.put(builder.id, parsed.conversation + [builder.answer(text)[1]])
-            return usage
-
-        generated: list[int] = []
-        if parsed.stream:
-            stream_cm = node.stream(ids, parsed.chat.params)
-            chunks = await stream_cm.__aenter__()
-
-            async def produce(emit) -> None:
-                for event in builder.opening():
-                    await emit(event)
-                texts = []
-                async for chunk in chunks:
-                    if chunk.token_id is not None:
-                        generated.append(chunk.token_id)
-                        request.scope["dgr.tokens"] = len(generated)
-                    if chunk.finish_reason == "error":
-                        await emit(builder.event("error", code="model_failed",
-                                                 message=chunk.error))
-                        return
-                    if chunk.text:
-                        texts.append(chunk.text)
-                        for event in builder.delta(chunk.text):
-                            await emit(event)
-                if chunks.finish_reason == "cancelled":
-                    await emit(builder.event("error", code="cancelled",
-                                             message="the session was cancelled"))
-                    return
-                text = "".join(texts)
-                for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
-                    await emit(event)
-
-            return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-        texts = []
-
-        async def collect(_, chunks):
-            got = await chunks.read_all()
-            texts.extend(chunk.text for chunk in got)
-            generated.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
-            request.scope["dgr.tokens"] = len(generated)
-
-        async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
-            instead = await read_whole(request, [chunks], collect)
-        if instead is not None:
-            return instead
-        text = "".join(texts)
-        return JSONResponse(builder.response("completed", text, chunks.finish_reason,
-                                             finished(text, chunks)))
-
-    async def tokenize(request: Request) -> Response:
-        node = ready_node()
-        content, add_special, with_pieces = parse_tokenize(await read_json(request))
-        ids = await node.tokenize_off_loop(content, add_special=add_special, parse_special=True)
-        if with_pieces:
-            return JSONResponse({"tokens": [{"id": t, "piece": token_piece(node.token_bytes(t))}
-                                            for t in ids]})
-        return JSONResponse({"tokens": ids})
-
-    async def detokenize(request: Request) -> Response:
-        node = ready_node()
-        tokens = parse_detokenize(await read_json(request))
-        return JSONResponse({"content": node.detokenize(tokens)})
+    def door(handler):
+        async def endpoint(request: Request) -> Response:
+            return await handler(request, state)
+        return endpoint
 
     async def models(request: Request) -> Response:
         node = state.node
@@ -218,12 +66,15 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         if state.node is None:
-            raise _Unavailable("the model is loading")
-        return Response(state.node.telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
+            raise Unavailable("the model is loading")
+        # dgr's own families, then the routers' gauges (read from those, so in a
+        # registry of their own)
+        return Response(state.node.telemetry.exposition() + generate_latest(state.gateway_metrics),
+                        media_type=CONTENT_TYPE_LATEST)
 
     async def capabilities(request: Request) -> Response:
         if state.node is None:
-            raise _Unavailable("the model is loading")
+            raise Unavailable("the model is loading")
         return JSONResponse(state.node.capabilities())
 
     async def health(request: Request) -> Response:
@@ -235,9 +86,16 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    async def drain(request: Request) -> Response:
+        """Drain as SIGTERM does: /health 503 at once, no new sessions, the running
+        ones finish (within --grace), then the server exits."""
+        state.ready_node()
+        state.request_shutdown()
+        return JSONResponse({"status": "draining"}, status_code=202)
+
     async def prefix_export(request: Request) -> Response:
-        node = ready_node()
-        body = await read_json(request)
+        node = state.ready_node()
+        body = await state.read_json(request)
         if not isinstance(body, dict) or ("tokens" in body) == ("prompt" in body):
             raise BadRequest("give exactly one of 'tokens' (token ids) or 'prompt' (text)",
                              "tokens")
@@ -256,7 +114,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         return Response(blob, media_type="application/octet-stream")
 
     async def prefix_import(request: Request) -> Response:
-        node = ready_node()
+        node = state.ready_node()
         limit = node.budgets.cache_ram_bytes + (1 << 20)
         blob = bytearray()
         async for part in request.stream():
@@ -267,12 +125,21 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         return JSONResponse({"tokens": n})
 
     routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/completions", door(completions.completions), methods=["POST"]),
+        Route("/v1/chat/completions", door(completions.chat_completions), methods=["POST"]),
+        Route("/v1/responses", door(responses.responses), methods=["POST"]),
+        Route("/tokenize", door(tokens.tokenize), methods=["POST"]),
+        Route("/detokenize", door(tokens.detokenize), methods=["POST"]),
+        # vLLM's render endpoints: a router's prompt tokens (vllm-router's cache-aware policy)
+        Route("/v1/completions/render", door(tokens.render_completion), methods=["POST"]),
+        Route("/v1/chat/completions/render", door(tokens.render_chat), methods=["POST"]),
+        Route("/v1/responses/render", door(tokens.render_chat), methods=["POST"]),
+        # the load routers read: SGLang's shape (smg), vLLM's (vllm-router)
+        Route("/v1/loads", door(routers.sglang_loads), methods=["GET"]),
+        Route("/loads", door(routers.sglang_loads), methods=["GET"]),
+        Route("/get_load", door(routers.vllm_load), methods=["GET"]),
+        Route("/v1/dgr/drain", drain, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/capabilities", capabilities, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -282,7 +149,7 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
         routes += [Route("/v1/dgr/prefix/export", prefix_export, methods=["POST"]),
                    Route("/v1/dgr/prefix/import", prefix_import, methods=["POST"])]
     mapper = _ErrorMapper(state, config)
-    handled = (BadRequest, InvalidRequest, _TooLarge, AdmissionRejected, _Unavailable, NodeClosed,
+    handled = (BadRequest, InvalidRequest, TooLarge, AdmissionRejected, Unavailable, NodeClosed,
                ClientDisconnect, ExceptionGroup, Exception)
     handlers = {cls: mapper for cls in handled}
     # Starlette's own 404 and 405 come as plain text; every 4xx here is OpenAI-shaped
@@ -291,19 +158,11 @@ def create_app(state: _State, config: ServerConfig) -> Starlette:
     return _Guard(app, config)
 
 
-class _TooLarge(Exception):
-    pass
-
-
-class _Unavailable(Exception):
-    pass
-
-
 class _ErrorMapper:
     """Exception -> OpenAI-style error response: 4xx for bad input and refusals,
     503 while unavailable; a 500 only for a real server fault (logged)."""
 
-    def __init__(self, state: _State, config: ServerConfig):
+    def __init__(self, state: ServerState, config: ServerConfig):
         self.state = state
         self.config = config
 
@@ -325,7 +184,7 @@ class _ErrorMapper:
                                   exc.param)
         if isinstance(exc, InvalidRequest):
             return error_response(400, str(exc), "invalid_request_error", "invalid_value")
-        if isinstance(exc, _TooLarge):
+        if isinstance(exc, TooLarge):
             return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
                                   "invalid_request_error", "body_too_large")
         if isinstance(exc, AdmissionRejected):
@@ -336,7 +195,7 @@ class _ErrorMapper:
                 return error_response(503, str(exc), "server_error", exc.reason)
             headers = {"Retry-After": _retry_after(self.state.node)} if self.state.node else None
             return error_response(429, str(exc), "rate_limit_error", exc.reason, headers=headers)
-        if isinstance(exc, (_Unavailable, NodeClosed)):
+        if isinstance(exc, (Unavailable, NodeClosed)):
             return error_response(503, str(exc), "server_error", "unavailable")
         if isinstance(exc, ClientDisconnect):
             return Response(status_code=499)
@@ -396,7 +255,7 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
     import hypercorn.config
     import hypercorn.trio
 
-    state = _State()
+    state = ServerState(server_config)
     app = create_app(state, server_config)
     hconfig = hypercorn.config.Config()
     hconfig.bind = [f"{server_config.host}:{server_config.port}"]
@@ -436,6 +295,8 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
         log.info("listening on %s", ", ".join(urls))
         async with open_node(node_config) as node:
             state.model_id = server_config.model_alias or node.engine_info["name"]
+            state.gateway_metrics.register(routers.GatewayGauges(node, state.model_id))
+            state.request_shutdown = shutdown.set
             state.node = node
             log.info("serving %s (%s)", state.model_id, node.engine_info["path"])
             task_status.started(urls)

@@ -26,9 +26,9 @@ step that prefilled and every REFIT_EVERY other steps, sane or not.
 
 Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
 step's time is not linear in its rows on a CPU (here two rows cost about two
-one-row steps and a 17th about two fifths of one: evidence/DGR-026/rows-cost-wide.txt;
-and with many decoders, rows in multiples of four cost less than the counts
-around them: 16 rows 77 ms, 17 rows 97 ms, evidence/DGR-026/rows-cost-c16.txt),
+one-row steps and a 17th about two fifths of one; and with many decoders, rows
+in multiples of four cost less than the counts around them: 16 rows 77 ms, 17
+rows 97 ms),
 and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
 the rows its drafts give, and a draft's length is chosen by what its rows cost:
 the steps the node timed as it opened (dgr.engine.measure_row_times) give the
@@ -106,8 +106,8 @@ class StepTimeModel:
         and every REFIT_EVERY other steps, sane or not. A long prompt's pieces
         beside decoders follow the attention term as their positions grow (with
         fits 16 steps apart the worst of its steps took 3.8x a decode-only step
-        where the bound was 3x, 3.3x with a fit after each: evidence/DGR-025,
-        mixed_probe.py); a solve each decode-only step is work on the Trio
+        where the bound was 3x, 3.3x with a fit after each); a solve each
+        decode-only step is work on the Trio
         thread's step path that a fit moving by ~1 % a step does not need."""
         prefill_rows = sum(end - start for start, end in chunks)
         if decode_rows == 0 and prefill_rows == 0:

@@ -64,7 +64,7 @@ class SessionStream:
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.session.prompt)
+        return len(self.session.spec.prompt)
 
     @property
     def cached_tokens(self) -> int:

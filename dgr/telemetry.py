@@ -19,6 +19,7 @@ from prometheus_client.utils import floatToGoString
 
 from dgr._codes import MAX_DRAFT, DraftSource
 from dgr.admission import REASONS
+from dgr.events import StepFigures
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason
 
@@ -147,12 +148,12 @@ class Telemetry:
         of this process's connections to it, read when scraped."""
         self.registry.register(_RpcCollector(links))
 
-    def record_step(self, figures: dict, budget: int) -> None:
-        """One step of the batch loop (dgr/_scheduler.pxd, StepFigures)."""
+    def record_step(self, figures: StepFigures, budget: int) -> None:
+        """One step of the batch loop."""
         rows = self.step_totals.add(figures, budget)
         self.batch_rows.observe(rows)
-        self.step_duration.observe(figures["total_s"])
-        self._recent.add(time.monotonic(), figures["prefill_rows"], figures["generated"])
+        self.step_duration.observe(figures.total_s)
+        self._recent.add(time.monotonic(), figures.prefill_rows, figures.generated)
 
     def record_drafts(self, source: int, drafted: int, accepted: int) -> None:
         """A decode row's drafts: `drafted` verified, the first `accepted` taken."""
@@ -262,7 +263,7 @@ class StepHistogram:
     """A Prometheus histogram in plain numbers, fed and collected on the Trio thread,
     for what is observed per step or per token: prometheus_client's Histogram takes
     a lock per observation, which per token is a measurable share of the Trio
-    thread (evidence/DGR-025)."""
+    thread."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
         self._name, self._documentation = name, documentation
@@ -304,19 +305,19 @@ class StepTotals:
         self.phase_s = dict.fromkeys(STEP_PHASES, 0.0)
         self.occupancy = 0.0
 
-    def add(self, figures: dict, budget: int) -> int:
+    def add(self, figures: StepFigures, budget: int) -> int:
         """One step's figures; returns its rows."""
         self.steps += 1
         phase_s = self.phase_s
         for phase, field in _PHASE_FIELDS:
-            phase_s[phase] += figures[field]
-        prefill, decode = figures["prefill_rows"], figures["decode_rows"]
+            phase_s[phase] += getattr(figures, field)
+        prefill, decode = figures.prefill_rows, figures.decode_rows
         tokens = self.tokens
         tokens["prefill"] += prefill
         tokens["decode"] += decode
-        tokens["generated"] += figures["generated"]
-        rows = prefill + decode + figures["draft_rows"]
-        if figures["draft_rows"]:
+        tokens["generated"] += figures.generated
+        rows = prefill + decode + figures.draft_rows
+        if figures.draft_rows:
             self.spec_steps += 1
         self.occupancy = rows / budget
         return rows

@@ -17,7 +17,7 @@ import re
 import struct
 from collections import defaultdict
 
-from dgr import kernel_coverage
+from dgr import gguf_file
 
 MODES = ("invariant", "off", "all")
 # weight types whose repacked x86 kernels are row-invariant for MUL_MAT and MUL_MAT_ID
@@ -38,7 +38,7 @@ def invariant_tensors(model_path: str, system_info: str) -> list[str]:
     if "AVX2 = 1" not in system_info:
         return []
     try:
-        found = kernel_coverage.tensors(model_path)
+        found = gguf_file.tensors(model_path)
     except (OSError, ValueError, struct.error):
         return []
     return [name for name, kind, dims in found

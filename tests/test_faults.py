@@ -82,10 +82,11 @@ async def test_node_fails_affected_sessions_and_keeps_serving(code, node_config)
 
 
 async def test_http_reports_a_model_failure_not_a_hang(node_config):
-    from dgr.server import _State, create_app
+    from dgr.doors.context import ServerState
+    from dgr.server import create_app
 
     async with dgr.open_node(node_config(**FAULTS_NODE)) as node:
-        state = _State()
+        state = ServerState(ServerConfig())
         state.node = node
         transport = httpx.ASGITransport(app=create_app(state, ServerConfig()))
         body = {"prompt": "s", "max_tokens": 40, "temperature": 0, "ignore_eos": True}

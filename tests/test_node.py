@@ -126,7 +126,7 @@ async def test_a_prefix_copy_reaches_the_loop_before_its_source_is_given_away(mo
 
     async def slow_opening_for_a(self, sessions, whole):
         opened = await opening(self, sessions, whole)  # admitted
-        if sessions[0].prompt == a_ids:
+        if sessions[0].spec.prompt == a_ids:
             await trio.sleep(0.5)  # B is admitted and prefilled meanwhile
         return opened
 
@@ -382,7 +382,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
             # tokens it fed back (a prefix cache entry)
             session = chunks.session
             assert (node._loop.batch.pos_max(slot) == session.n_prefilled + len(session.generated) - 2
-                    > len(session.prompt))
+                    > len(session.spec.prompt))
             assert chunks.session.finish_reason == "cancelled"
 
             # waiting phase: both slots busy with blockers, so this one queues
@@ -424,7 +424,7 @@ async def test_cancel_while_waiting_prefilling_or_decoding(node_config):
                     while chunks.session.n_prefilled == 0:
                         await trio.sleep(0)
                     slot = chunks.session.slot
-                    assert chunks.session.n_prefilled < len(chunks.session.prompt)
+                    assert chunks.session.n_prefilled < len(chunks.session.spec.prompt)
                     scope.cancel()
                     await trio.sleep(0)
             await wait_retired(node, chunks.session)

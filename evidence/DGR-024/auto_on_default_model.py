@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import dgr  # noqa: E402
 from dgr import tools  # noqa: E402
-from dgr.openai import parse_chat  # noqa: E402
+from dgr.doors.openai import parse_chat  # noqa: E402
 
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",

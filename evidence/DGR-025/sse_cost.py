@@ -12,8 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dgr.http_sessions import TextEvents, sse_event  # noqa: E402
-from dgr.openai import ResponseBuilder  # noqa: E402
+from dgr.doors.completions import TextEvents  # noqa: E402
+from dgr.doors.sse import sse_event  # noqa: E402
+from dgr.doors.openai import CompletionBuilder  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--events", type=int, default=200_000)
@@ -21,7 +22,7 @@ args = parser.parse_args()
 n = args.events
 print(f"us an event (a token's text ' hello'), best of 3 x {n}")
 for chat in (False, True):
-    builder = ResponseBuilder("gemma-3-270m", chat, str)
+    builder = CompletionBuilder("gemma-3-270m", chat, str)
     events = TextEvents(builder)
     whole = min(timeit.repeat(lambda: sse_event(builder.delta(" hello", [], index=0)),
                               number=n, repeat=3)) / n * 1e6

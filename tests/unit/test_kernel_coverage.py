@@ -5,7 +5,8 @@ import gguf
 import numpy as np
 import pytest
 
-from dgr.kernel_coverage import report, tensors
+from dgr.gguf_file import tensors
+from dgr.kernel_coverage import report
 
 
 def write(path, tensors):

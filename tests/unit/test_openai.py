@@ -6,8 +6,10 @@ import pytest
 
 from dgr._codes import MAX_LOGPROBS
 from dgr.config import MAX_STOP_STRINGS
-from dgr.http_sessions import TextEvents, sse_event
-from dgr.openai import BadRequest, ResponseBuilder, parse_chat, parse_completion
+from dgr.doors.completions import TextEvents
+from dgr.doors.sse import sse_event
+from dgr.doors.fields import BadRequest
+from dgr.doors.openai import CompletionBuilder, parse_chat, parse_completion
 from dgr.stream import Chunk
 from dgr.tools import GENERIC
 
@@ -108,7 +110,7 @@ def test_a_json_schema_becomes_a_grammar_and_a_bad_one_names_the_field():
 
 def test_response_shapes():
     texts = {5: "Hel", 6: "lo"}
-    builder = ResponseBuilder("m", chat=False, token_text=texts.get)
+    builder = CompletionBuilder("m", chat=False, token_text=texts.get)
     chunks = [Chunk(5, "Hel", -0.5, [(5, -0.5), (6, -1.5)]), Chunk(6, "lo", -0.25, [(6, -0.25)])]
     body = builder.full([("Hello", chunks, "length")], prompt_tokens=3, completion_tokens=2)
     assert body["object"] == "text_completion" and body["model"] == "m"
@@ -119,7 +121,7 @@ def test_response_shapes():
     assert choice["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-0.5, -0.25],
                                   "top_logprobs": [{"Hel": -0.5, "lo": -1.5}, {"lo": -0.25}],
                                   "text_offset": [0, 3]}
-    chat = ResponseBuilder("m", chat=True, token_text=texts.get, top_logprobs=1)
+    chat = CompletionBuilder("m", chat=True, token_text=texts.get, top_logprobs=1)
     first = chat.delta("Hel", chunks[:1], first=True)
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
@@ -133,7 +135,7 @@ def test_response_shapes():
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_a_text_delta_from_its_template_is_the_whole_events_bytes(chat):
-    builder = ResponseBuilder("m\u00e9 \"quoted\" \\ \x01", chat, str)
+    builder = CompletionBuilder("m\u00e9 \"quoted\" \\ \x01", chat, str)
     events = TextEvents(builder)
     texts = ["a", " hello", "\u00e9\u4e2d\U0001f600", "\"\\/\n\t\r", "\x00", "\x00\x00",
              "\u2028\u2029", "data: x\n\n", "{}[],:"]
@@ -144,7 +146,7 @@ def test_a_text_delta_from_its_template_is_the_whole_events_bytes(chat):
 
 def test_text_deltas_without_a_template_are_encoded_whole():
     """A model name holding the template's mark: no template, the same event."""
-    builder = ResponseBuilder("m\x00", False, str)
+    builder = CompletionBuilder("m\x00", False, str)
     assert TextEvents(builder)("hi", 1) == sse_event(builder.delta("hi", [], index=1))
 
 
@@ -168,14 +170,14 @@ def test_message_roles_are_openais_and_developer_is_system():
 
 
 def test_usage_carries_cached_tokens():
-    builder = ResponseBuilder("m", chat=True, token_text=str)
+    builder = CompletionBuilder("m", chat=True, token_text=str)
     assert builder.usage(10, 2, 7) == {"prompt_tokens": 10, "completion_tokens": 2,
                                        "total_tokens": 12,
                                        "prompt_tokens_details": {"cached_tokens": 7}}
 
 
 def test_tokenize_and_detokenize_requests():
-    from dgr.openai import parse_detokenize, parse_tokenize, token_piece
+    from dgr.doors.tokens import parse_detokenize, parse_tokenize, token_piece
 
     assert parse_tokenize({"content": "x"}) == ("x", False, False)
     assert parse_tokenize({"content": "x", "add_special": True, "with_pieces": True}) == (
@@ -197,7 +199,7 @@ def test_echo_with_logprobs_scores_the_prompt_and_allows_max_tokens_0():
     with pytest.raises(BadRequest) as exc:
         parse_completion({"prompt": "hi", "max_tokens": 0})
     assert exc.value.param == "max_tokens"
-    builder = ResponseBuilder("m", chat=False, token_text={1: "a", 2: "bc", 3: "d"}.get)
+    builder = CompletionBuilder("m", chat=False, token_text={1: "a", 2: "bc", 3: "d"}.get)
     prompt = [(1, None), (2, (-0.5, [(2, -0.5), (3, -1.0)]))]
     body = builder.full([("abcd", [Chunk(3, "d", -0.25, [(3, -0.25)])], "length")], 2, 1,
                         prompts=[prompt])

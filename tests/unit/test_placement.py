@@ -9,6 +9,7 @@ from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
 from dgr.placement import Evict, Placement, Save, Start
 from dgr.prefix_cache import PrefixCache
 from dgr.sequence import FinishReason, Phase, Session
+from dgr.spec import SessionSpec
 
 
 
@@ -23,7 +24,7 @@ def node(slots=3, cells=1000, min_follow=4, tier=None):
 
 
 def session(sid, prompt, max_tokens=4, leader=None):
-    return Session(id=sid, prompt=list(prompt), params=SamplingParams(), max_tokens=max_tokens,
+    return Session(id=sid, spec=SessionSpec(list(prompt), SamplingParams(), max_tokens, "off"),
                    leader=leader)
 
 
@@ -40,12 +41,12 @@ def run_to_end(adm, s, generated=()):
     """What the step loop does for a session that prefills all and ends."""
     placement = adm.placement
     placement.started(s)
-    s.record_prefill(len(s.prompt))
-    placement.prefilled(s, len(s.prompt))
+    s.record_prefill(len(s.spec.prompt))
+    placement.prefilled(s, len(s.spec.prompt))
     for t in generated:
         s.record_token(t, 0.0)
     s.finish(FinishReason.LENGTH)
-    placement.finished(s, kept=len(s.prompt) + max(0, len(generated) - 1))
+    placement.finished(s, kept=len(s.spec.prompt) + max(0, len(generated) - 1))
     placement.retired(s, reached_loop=True)
     adm.release(s)
 

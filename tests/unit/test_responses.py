@@ -2,8 +2,8 @@
 
 import pytest
 
-from dgr.openai import BadRequest
-from dgr.responses import ResponseStore, parse_response_request
+from dgr.doors.fields import BadRequest
+from dgr.doors.responses import ResponseStore, parse_response_request
 
 
 def test_the_store_keeps_recent_conversations_within_count_and_bytes():

@@ -10,6 +10,7 @@ from dgr.config import SamplingParams
 from dgr.errors import AdmissionRejected, BudgetError
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled
 from dgr.sequence import FinishReason, Phase, Session
+from dgr.spec import SessionSpec
 
 
 EOG = 99
@@ -246,8 +247,8 @@ BUDGETS = Budgets(kv_cells_total=1000, kv_cells_per_session=500, slots=2, max_wa
 
 
 def waiting(sid, prompt_len, max_tokens=10):
-    return Session(id=sid, prompt=list(range(1, prompt_len + 1)), params=SamplingParams(),
-                   max_tokens=max_tokens)
+    return Session(id=sid, spec=SessionSpec(list(range(1, prompt_len + 1)), SamplingParams(),
+                                            max_tokens, "off"))
 
 
 def test_admission_never_fits_is_rejected_at_once():
@@ -382,8 +383,8 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
     placement = adm.placement
     cached = []
     for sid, first in ((1, 1), (2, 1001)):  # two finished sessions leave 300-token entries
-        session = Session(id=sid, prompt=list(range(first, first + 300)), params=SamplingParams(),
-                          max_tokens=10)
+        session = Session(id=sid, spec=SessionSpec(list(range(first, first + 300)),
+                                                   SamplingParams(), 10, "off"))
         adm.submit(session)
         assert placement.take_ops() == [Start(session)]
         placement.started(session)  # as the step loop does once the start is fed
@@ -393,9 +394,9 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
         placement.finished(session, kept=300)
         adm.release(session)
         cached.append(session.slot)
-    sharer = Session(id=3, prompt=list(range(1, 151)) + [5000 + i for i in range(150)],
-                     params=SamplingParams(), max_tokens=10)
-    big = Session(id=4, prompt=list(range(3000, 3500)), params=SamplingParams(), max_tokens=10)
+    sharer = Session(id=3, spec=SessionSpec(list(range(1, 151)) + [5000 + i for i in range(150)],
+                                            SamplingParams(), 10, "off"))
+    big = Session(id=4, spec=SessionSpec(list(range(3000, 3500)), SamplingParams(), 10, "off"))
     adm.submit_group([sharer, big])
     assert sharer.reuse_from == cached[0] and sharer.n_reused == 150
     assert sharer.slot not in cached  # copied into the empty slot: the entry survives it

@@ -14,7 +14,7 @@ from dgr._codes import WORKER_LOST, FinishCode
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.engine import EngineThread
-from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded
+from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded, StepFigures
 from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
 from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
@@ -22,6 +22,7 @@ from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
 from dgr.reply import Reply
 from dgr.sequence import FinishReason, Phase, Session
+from dgr.spec import SessionSpec
 from dgr.telemetry import Telemetry
 
 SLOTS = 2
@@ -40,8 +41,7 @@ class FakeBatch:
         self._events = []
         self._stopped = threading.Event()
 
-    def start(self, slot, prompt, max_tokens, params, *, credits, reuse_from, n_reused, keep_kv,
-              speculate, restore):
+    def start(self, slot, spec, *, credits, reuse_from, n_reused, keep_kv, restore):
         self.calls.append(("start", slot, reuse_from, n_reused))
         self.restores += restore is not None
         self.kv_ops_queued += 1
@@ -110,7 +110,7 @@ async def step_loop(cache=True, host=None):
 
 
 def admit(loop, admission, *prompts):
-    sessions = [Session(id=i + 1, prompt=list(p), params=SamplingParams(), max_tokens=4)
+    sessions = [Session(id=i + 1, spec=SessionSpec(list(p), SamplingParams(), 4, "off"))
                 for i, p in enumerate(prompts)]
     admission.submit_group(sessions)
     channels = {s: trio.open_memory_channel(8) for s in sessions}
@@ -239,13 +239,11 @@ async def test_a_flush_returns_once_the_loop_published_the_evictions():
 
 
 def _step(index, decode_rows, prefill_rows, seconds, draft_rows=0, cells=40.0):
-    return StepEnded({"index": index, "rows": decode_rows + draft_rows + prefill_rows,
-                      "decode_rows": decode_rows, "draft_rows": draft_rows, "cells": cells,
-                      "planned_tokens": 0.0,
-                      "planned_s": 0.0, "prefill_rows": prefill_rows,
-                      "generated": decode_rows, "calls": 1, "plan_s": 0.0,
-                      "decode_s": seconds, "sample_s": 0.0, "update_s": 0.0,
-                      "total_s": seconds, "ended_at": 0.0})
+    return StepEnded(StepFigures(
+        index=index, rows=decode_rows + draft_rows + prefill_rows, decode_rows=decode_rows,
+        draft_rows=draft_rows, cells=cells, planned_tokens=0.0, planned_s=0.0,
+        prefill_rows=prefill_rows, generated=decode_rows, calls=1, plan_s=0.0, decode_s=seconds,
+        sample_s=0.0, update_s=0.0, total_s=seconds, ended_at=0.0))
 
 
 async def test_the_steps_the_loop_runs_fit_the_model_that_bounds_prefill():

@@ -1,6 +1,9 @@
 """The rate windows behind /capabilities' rates and the 429 Retry-After: bounded
 buckets, counts leave the window as time passes."""
 
+import attrs
+
+from dgr.events import StepFigures
 from dgr.telemetry import RateWindow, Telemetry
 
 
@@ -53,11 +56,13 @@ def test_a_step_histogram_counts_as_prometheus_client_does():
 
 def test_step_figures_are_summed_and_exposed_under_their_metric_names():
     telemetry = Telemetry()
-    step = {"plan_s": 0.001, "decode_s": 0.02, "sample_s": 0.002, "update_s": 0.0005,
-            "prefill_rows": 30, "decode_rows": 2, "draft_rows": 0, "generated": 3,
-            "total_s": 0.024}
+    step = StepFigures(index=0, rows=32, decode_rows=2, draft_rows=0, cells=0.0,
+                       planned_tokens=0.0, planned_s=0.0, prefill_rows=30, generated=3, calls=1,
+                       plan_s=0.001, decode_s=0.02, sample_s=0.002, update_s=0.0005,
+                       total_s=0.024, ended_at=0.0)
     telemetry.record_step(step, budget=64)
-    telemetry.record_step(step | {"prefill_rows": 0, "draft_rows": 4, "generated": 5}, budget=64)
+    telemetry.record_step(attrs.evolve(step, prefill_rows=0, draft_rows=4, generated=5),
+                          budget=64)
     value = telemetry.registry.get_sample_value
     assert value("dgr_steps_total") == 2 and value("dgr_spec_steps_total") == 1
     assert value("dgr_prefill_tokens_total") == 30

@@ -1,0 +1,59 @@
+"""What a door sees of the server: the node (None while it loads), the model's
+name, the server's config and the Responses API's store; reading a body within
+its bound; the errors the server maps to 413 and 503."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from prometheus_client import CollectorRegistry
+from starlette.requests import Request
+
+from dgr.config import ServerConfig
+from dgr.doors.fields import BadRequest
+from dgr.doors.responses import ResponseStore
+from dgr.node import Node
+
+
+class TooLarge(Exception):
+    """A body past ServerConfig.max_body_bytes (413)."""
+
+
+class Unavailable(Exception):
+    """The node is loading or shutting down (503)."""
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.node: Optional[Node] = None
+        self.model_id = "dgr"
+        self.responses = ResponseStore(config.responses_stored, config.responses_store_bytes)
+        self.request_shutdown = lambda: None  # set by dgr.server.serve: drain, then exit
+        # the gauges routers read (dgr.doors.routers), exposed after dgr's own in /metrics
+        self.gateway_metrics = CollectorRegistry(auto_describe=False)
+
+    def ready_node(self) -> Node:
+        """The node, if it takes sessions."""
+        if self.node is None:
+            raise Unavailable("the model is loading")
+        if self.node.draining:
+            raise Unavailable("the server is shutting down")
+        return self.node
+
+    async def read_json(self, request: Request) -> Any:
+        """The body as JSON, refused past max_body_bytes before it is all read."""
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise TooLarge()
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise TooLarge()
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise BadRequest(f"malformed JSON body: {exc}") from None

@@ -1,0 +1,104 @@
+"""What each door accepts: its fields, in one table.
+
+Every field a door lists is honoured; a hint (HINTS) is accepted and changes
+nothing that the protocol promises (attribution, retention, routing); anything
+else is refused with a 400 naming it: a parameter silently ignored would be a
+wrong answer that looks right.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from dgr.errors import InvalidRequest
+
+# the OpenAI sampling fields that completions and chat share; `top_k`, `min_p`,
+# `ignore_eos`, `repeat_penalty` (alias `repetition_penalty`) and `repeat_last_n` are
+# the common extensions that llama-server and vLLM accept
+_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
+             "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
+             "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
+             "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation"}
+
+FIELDS = {
+    "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
+    "/v1/chat/completions": _SAMPLING | {"messages", "logprobs", "top_logprobs",
+                                         "max_completion_tokens", "tools", "tool_choice",
+                                         "parallel_tool_calls"},
+    "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",
+                      "top_p", "top_k", "min_p", "repetition_penalty", "text", "stream", "store",
+                      "previous_response_id", "seed", "tools", "tool_choice",
+                      "parallel_tool_calls"},
+    # llama-server's shape, and vLLM's (what vllm-router's cache-aware policy sends)
+    "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
+                  "add_special_tokens", "add_generation_prompt", "continue_final_message",
+                  "return_token_strs"},
+    "/detokenize": {"tokens"},
+}
+# OpenAI's own hints, per door
+HINTS = {
+    "/v1/completions": {"user", "metadata", "store", "service_tier"},
+    "/v1/chat/completions": {"user", "metadata", "store", "service_tier"},
+    "/v1/responses": {"user", "metadata", "service_tier"},
+    "/tokenize": set(),
+    "/detokenize": set(),
+}
+
+
+# Fields routers add to every request they forward, each with the value it adds by
+# default, which asks for nothing dgr does differently: accepted at that value, a
+# 400 naming the field at any other (smg 1.13 and vllm-router 0.1.17: their
+# request structs, re-serialised with their defaults; evidence/DGR-058). The
+# sampling fields routers add (top_k -1, min_p 0, repetition_penalty 1) are
+# honoured fields of the doors above.
+ROUTER_DEFAULTS = {
+    "priority": (0, "smg (Responses)"),
+    "no_stop_trim": (False, "vllm-router"),                # stop strings are trimmed
+    "skip_special_tokens": (True, "vllm-router"),         # special tokens are not text
+    "return_hidden_states": (False, "vllm-router"),
+    "continue_final_message": (False, "vllm-router (chat)"),
+    "include_reasoning": (True, "vllm-router (chat)"),    # no reasoning is taken out
+    "separate_reasoning": (True, "vllm-router (chat)"),
+    "stream_reasoning": (True, "vllm-router (chat)"),
+}
+ROUTED = {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
+
+
+class BadRequest(InvalidRequest):
+    """A request a door refuses (400), naming the field at fault."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
+
+
+def check_fields(body: dict, door: str, names: Optional[dict] = None) -> None:
+    """Refuse a field `door` neither honours nor takes as a hint (`names` maps a
+    field to the name the error gives it)."""
+    for name, value in body.items():
+        if name in FIELDS[door] or name in HINTS[door]:
+            continue
+        shown = (names or {}).get(name, name)
+        if door in ROUTED and name in ROUTER_DEFAULTS:
+            default, _ = ROUTER_DEFAULTS[name]
+            if value == default and type(value) is type(default):
+                continue
+            raise BadRequest(f"'{shown}' is supported only at {default!r}, as routers send it",
+                             shown)
+        raise BadRequest(f"'{shown}' is not supported by this server", shown)
+
+
+def error_body(message: str, kind: str, code: Optional[str] = None,
+               param: Optional[str] = None) -> dict:
+    """An OpenAI-style error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def read_bool(body: dict, name: str) -> bool:
+    """A boolean field (absent or null: False)."""
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a boolean", name)
+    return value

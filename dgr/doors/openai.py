@@ -1,0 +1,418 @@
+"""OpenAI's completions and chat completions without I/O: a body becomes a
+ParsedRequest (the prompts, the SamplingParams and the output options of its
+sessions), and a session's results become response objects or stream chunks
+(CompletionBuilder). Requests are validated strictly by type and range against
+the door's fields (dgr.doors.fields).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from typing import Any, Optional
+
+import attrs
+
+from dgr._codes import MAX_LOGPROBS
+from dgr.config import SamplingParams
+from dgr.errors import InvalidRequest
+from dgr import tools as tool_calls
+from dgr.doors.fields import BadRequest, check_fields, read_bool
+from dgr.stream import Chunk, TopLogprobs
+
+MAX_CHOICES = 32  # prompts x n in one request
+# OpenAI's message roles, as the chat template knows them ("developer" is OpenAI's
+# newer name for "system")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
+
+def _int(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer", name)
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
+    return value
+
+
+def _float(body: dict, name: str, lo: float, hi: float) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRequest(f"'{name}' must be a number", name)
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
+    return float(value)
+
+
+def _check_stop(value) -> None:
+    """OpenAI's shape of `stop`: a string or a list of strings."""
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
+
+
+@attrs.frozen
+class ParsedRequest:
+    prompts: list  # each a str or a list of token ids (chat: filled in by the server)
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    chat: bool
+    n: int = 1  # choices per prompt
+    top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
+    echo: bool = False  # completions: each choice's text begins with its prompt
+    tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
+
+
+# OpenAI's (and llama-server's, vLLM's) name of each SamplingParams field that a
+# request passes as it is; SamplingParams validates every value and names the
+# field at fault, reported under the request's name for it.
+SAMPLING_NAMES = {
+    "max_tokens": "max_tokens", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "seed": "seed", "stop": "stop", "ignore_eos": "ignore_eos",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n", "min_tokens": "min_tokens",
+    "stop_token_ids": "stop_token_ids", "speculation": "speculation",
+}
+
+
+def _common(body: dict, logprobs: int, chat: bool, prompts: list,
+            top_logprobs: int = 0, echo: bool = False,
+            prompt_logprobs: Optional[int] = None,
+            tools: Optional[tool_calls.ToolSpec] = None) -> ParsedRequest:
+    n = _int(body, "n", 1, MAX_CHOICES) or 1
+    if len(prompts) * n > MAX_CHOICES:
+        raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
+    stream = read_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    if "repeat_penalty" in body and "repetition_penalty" in body:
+        raise BadRequest("give 'repeat_penalty' or 'repetition_penalty', not both", "repeat_penalty")
+    # SamplingParams field -> (the request's name for it, its value)
+    given = {SAMPLING_NAMES[name]: (name, value) for name, value in body.items()
+             if name in SAMPLING_NAMES and value is not None}
+    if chat and body.get("max_completion_tokens") is not None:
+        given["max_tokens"] = ("max_completion_tokens", body["max_completion_tokens"])
+    fields = {field: value for field, (_, value) in given.items()}
+    if "stop" in fields and (not isinstance(fields["stop"], str) or not fields["stop"]):
+        _check_stop(fields["stop"])
+    if fields.get("top_k") == -1:
+        fields["top_k"] = 0  # llama-server's "no top-k"
+    try:
+        params = SamplingParams(
+            **fields,
+            # OpenAI's default and range, narrower than the library's
+            temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
+            logprobs=logprobs, logit_bias=_logit_bias(body),
+            grammar=tools.format.grammar(tools) if tools is not None else _grammar(body),
+            prompt_logprobs=prompt_logprobs)
+    except BadRequest:
+        raise
+    except InvalidRequest as exc:
+        raise BadRequest(str(exc), given.get(exc.field, (exc.field,))[0]) from None
+    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo,
+                         tools)
+
+
+def _grammar(body: dict) -> Optional[str]:
+    """GBNF from `grammar` (llama.cpp's extension) or `response_format` (OpenAI's:
+    json_object, or json_schema converted by llama-cpp-python's converter)."""
+    grammar, fmt = body.get("grammar"), body.get("response_format")
+    if grammar is not None and fmt is not None:
+        raise BadRequest("give 'grammar' or 'response_format', not both", "grammar")
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise BadRequest("'grammar' must be non-empty GBNF text", "grammar")
+        return grammar
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if kind == "json_object":
+        return JSON_GBNF
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest("'response_format.json_schema.schema' must be an object",
+                             "response_format")
+        try:
+            return json_schema_to_gbnf(json.dumps(schema))
+        except Exception as exc:  # the converter's message names what it cannot handle
+            raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
+    raise BadRequest("'response_format.type' must be text, json_object or json_schema",
+                     "response_format")
+
+
+def _logit_bias(body: dict) -> dict:
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest("'logit_bias' must be an object of token ids", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise BadRequest(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
+        out[token] = bias
+    return out
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "/v1/completions")
+    prompt = body.get("prompt")
+    # one prompt (a string or token ids), or a list of prompts: one choice each (n per prompt)
+    batch = isinstance(prompt, list) and bool(prompt) and all(
+        isinstance(p, (str, list)) for p in prompt)
+    prompts = prompt if batch else [prompt]
+    for p in prompts:
+        if isinstance(p, str):
+            if not p:
+                raise BadRequest("'prompt' must not be empty", "prompt")
+        elif not (isinstance(p, list) and p
+                  and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+            raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a "
+                             "list of those", "prompt")
+    logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS) or 0
+    echo = read_bool(body, "echo")
+    # echo with logprobs: the prompt's tokens are reported too (scored, computed whole),
+    # and max_tokens may be 0 (how evaluation tools score a continuation)
+    scored = logprobs if echo and body.get("logprobs") is not None else None
+    return _common(body, logprobs, chat=False, prompts=prompts, echo=echo,
+                   prompt_logprobs=scored)
+
+
+def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
+    """The request and its messages, checked and made uniform (roles, text
+    content, tool calls and results as dgr.tools.history makes them); tools are
+    in `tool_format` (the model's, dgr.tool_formats; None: the generic one)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "/v1/chat/completions")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    try:
+        tools = tool_calls.parse_tools(body, tool_format)
+        messages = tool_calls.history(messages)
+        if tools is not None and (body.get("grammar") is not None
+                                  or body.get("response_format") is not None):
+            raise tool_calls.ToolsError("'tools' cannot be combined with 'grammar' or "
+                                        "'response_format'", "tools")
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
+    clean = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest("every message needs a string 'role'", "messages")
+        if m["role"] not in ROLES:
+            raise BadRequest(f"message role {m['role']!r} is not one of "
+                             f"{', '.join(sorted(ROLES))}", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" \
+                        or not isinstance(part.get("text"), str):
+                    raise BadRequest("only text content parts are supported", "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise BadRequest("message 'content' must be a string or a list of text parts", "messages")
+        uniform = {"role": ROLES[m["role"]], "content": content}
+        if m.get("tool_calls"):
+            uniform["tool_calls"] = m["tool_calls"]
+        if uniform["role"] == "tool":
+            uniform["tool_call_id"] = m.get("tool_call_id")
+        clean.append(uniform)
+    logprobs = top = 0
+    if read_bool(body, "logprobs"):
+        top = _int(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
+        logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
+    elif body.get("top_logprobs") is not None:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    try:
+        parsed = _common(body, logprobs, chat=True, prompts=[], top_logprobs=top, tools=tools)
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
+    return parsed, clean
+
+
+class CompletionBuilder:
+    """Builds the OpenAI response objects of one completions or chat request."""
+
+    def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0,
+                 tools: Optional[tool_calls.ToolSpec] = None):
+        self.model = model
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self._token_text = token_text  # token id -> str (for logprobs)
+        self._token_bytes = token_bytes or (lambda t: token_text(t).encode())
+        self._top = top_logprobs  # chat: alternatives per token
+        self._offsets: dict[int, int] = {}  # choice index -> text offset so far
+        self._tools = tools  # chat: answers are parsed for tool calls
+
+    def _logprobs(self, chunks: list[Chunk], index: int = 0,
+                  prompt: Optional[list] = None) -> Optional[dict]:
+        rows = [c for c in chunks if c.token_id is not None and c.top_logprobs is not None]
+        if prompt:
+            return self._with_prompt(rows, index, prompt)
+        if not rows:
+            return None
+        if self.chat:
+            return {"content": [{
+                "token": self._token_text(c.token_id), "logprob": c.logprob,
+                "bytes": list(self._token_bytes(c.token_id)),
+                "top_logprobs": [{"token": self._token_text(t), "logprob": lp,
+                                  "bytes": list(self._token_bytes(t))}
+                                 for t, lp in c.top_logprobs[:self._top]]} for c in rows]}
+        offsets = []
+        for c in rows:
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(c.text)
+        return {"tokens": [self._token_text(c.token_id) for c in rows],
+                "token_logprobs": [c.logprob for c in rows],
+                "top_logprobs": [_top_dict(c.top_logprobs, self._token_text) for c in rows],
+                "text_offset": offsets}
+
+    def _with_prompt(self, rows: list[Chunk], index: int, prompt: list) -> dict:
+        """Completions' logprobs with the prompt's tokens first (echo): `prompt` is
+        (token id, (logprob, alternatives) or None) per prompt token, None for the
+        first, as OpenAI reports it. A prompt token's text_offset counts the text
+        of the tokens before it; the generated tokens' go on from there."""
+        tokens, lps, tops, offsets, at = [], [], [], [], 0
+        for token, score in prompt:
+            text = self._token_text(token)
+            tokens.append(text)
+            lps.append(None if score is None else score[0])
+            tops.append(None if score is None else _top_dict(score[1], self._token_text))
+            offsets.append(at)
+            at += len(text)
+        self._offsets[index] = at
+        rest = self._logprobs(rows, index) if rows else None
+        if rest is not None:
+            tokens += rest["tokens"]
+            lps += rest["token_logprobs"]
+            tops += rest["top_logprobs"]
+            offsets += rest["text_offset"]
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+    def full(self, choices: list[tuple[str, list[Chunk], str]], prompt_tokens: int,
+             completion_tokens: int, cached_tokens: int = 0,
+             prompts: Optional[list] = None) -> dict:
+        """choices: (text, token chunks, finish reason) of each choice, by index;
+        prompts: each choice's scored prompt (echo with logprobs; see _with_prompt)."""
+        out = []
+        for index, (text, chunks, finish_reason) in enumerate(choices):
+            logprobs = self._logprobs(chunks, index, prompts[index] if prompts else None)
+            if self.chat:
+                message: dict = {"role": "assistant", "content": text}
+                if self._tools is not None:
+                    reader = self._tools.format.reader()
+                    reader.feed(text)
+                    message["content"], calls = reader.result()
+                    if calls:
+                        message["tool_calls"] = calls
+                        finish_reason = "tool_calls" if reader.whole else finish_reason
+                out.append({"index": index, "message": message,
+                            "logprobs": logprobs, "finish_reason": finish_reason})
+            else:
+                out.append({"index": index, "text": text, "logprobs": logprobs,
+                            "finish_reason": finish_reason})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": out,
+                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+    def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
+              first: bool = False, index: int = 0, prompt: Optional[list] = None) -> dict:
+        logprobs = self._logprobs(chunks, index, prompt)
+        if self.chat:
+            delta: dict = {"role": "assistant"} if first else {}
+            if text or not first:
+                delta["content"] = text
+            if finish_reason is not None and not text:
+                delta = {}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": index, "text": text, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice]}
+
+    def tool_deltas(self, pieces: list, index: int, first: bool) -> list[dict]:
+        """A streamed answer's pieces with tools (dgr.tools.AnswerReader) as chunks,
+        as OpenAI streams them: a call's id, type and name with empty arguments,
+        then its arguments' text piece by piece; a text answer's content."""
+        out = []
+        for piece in pieces:
+            if isinstance(piece, tool_calls.ContentPiece):
+                delta: dict = {"content": piece.text}
+            elif isinstance(piece, tool_calls.CallStarted):
+                delta = {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
+                                         "function": {"name": piece.name, "arguments": ""}}]}
+            else:
+                delta = {"tool_calls": [{"index": piece.index,
+                                         "function": {"arguments": piece.text}}]}
+            if first:
+                delta, first = {"role": "assistant"} | delta, False
+            out.append(self._chunk(index, delta))
+        return out
+
+    def tool_finish(self, reader, finish_reason: str, index: int,
+                    first: bool) -> list[dict]:
+        """The end of a streamed answer with tools: "tool_calls" once its calls are
+        whole; an answer that said nothing yet (an empty response, or one cut short
+        before a call's name) is sent as content, as it is unstreamed."""
+        out = []
+        if not reader.sent_any:
+            delta = {"content": reader.result()[0]}
+            out.append(self._chunk(index, {"role": "assistant"} | delta if first else delta))
+        elif reader.calls and reader.whole:
+            finish_reason = "tool_calls"
+        return out + [self._chunk(index, {}, finish_reason)]
+
+    def _chunk(self, index: int, delta: dict, finish_reason: Optional[str] = None) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [{"index": index, "delta": delta,
+                                                  "logprobs": None,
+                                                  "finish_reason": finish_reason}]}
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int = 0) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+
+def _top_dict(top: TopLogprobs, token_text) -> dict:
+    out: dict[str, float] = {}
+    for t, lp in top:
+        out.setdefault(token_text(t), lp)
+    return out

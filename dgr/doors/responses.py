@@ -1,0 +1,409 @@
+"""OpenAI's Responses API (`POST /v1/responses`): a request becomes a chat
+(parsed and validated as `/v1/chat/completions` is), the reply becomes a
+response object or its typed stream events, and a bounded store keeps recent
+conversations so that `previous_response_id` continues one without resending
+it (its prefix then comes from the prefix cache like any resent history).
+`responses` is the door; the rest is without I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Optional
+
+import attrs
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dgr import tools as tool_calls
+from dgr.doors.fields import BadRequest, check_fields
+from dgr.doors.openai import ParsedRequest, parse_chat
+from dgr.doors.sse import SessionEvents, ending, read_whole
+
+if TYPE_CHECKING:
+    from dgr.doors.context import ServerState
+# the chat request's name of a field -> the Responses API's (for error messages)
+_CHAT_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+_TEXT_PARTS = {"input_text", "output_text", "text"}
+
+
+@attrs.frozen
+class ResponseRequest:
+    chat: ParsedRequest
+    prompt: list[dict]       # what the chat template renders: instructions, tools, history
+    conversation: list[dict]  # the chat messages so far, as stored for a next turn
+    stream: bool
+    store: bool
+    instructions: Optional[str]
+    previous_response_id: Optional[str]
+
+
+class ResponseStore:
+    """Recent conversations by response id, least recently used out beyond
+    `max_count` entries or `max_bytes` of JSON text (0 keeps none)."""
+
+    def __init__(self, max_count: int, max_bytes: int):
+        self._max_count, self._max_bytes = max_count, max_bytes
+        self._entries: collections.OrderedDict[str, tuple[list[dict], int]] = \
+            collections.OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def put(self, response_id: str, messages: list[dict]) -> None:
+        size = len(json.dumps(messages, ensure_ascii=False).encode())
+        if size > self._max_bytes or self._max_count == 0:
+            return
+        self._entries[response_id] = (messages, size)
+        self._bytes += size
+        while len(self._entries) > self._max_count or self._bytes > self._max_bytes:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+
+    def get(self, response_id: str) -> Optional[list[dict]]:
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(response_id)
+        return entry[0]
+
+
+def _messages(value: Any) -> list[dict]:
+    """`input` as chat messages: a string (one user message) or a list of items:
+    messages, and a previous answer's function calls and their outputs."""
+    if isinstance(value, str):
+        if not value:
+            raise BadRequest("'input' must not be empty", "input")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise BadRequest("'input' must be a string or a non-empty list of items", "input")
+    messages: list[dict] = []
+    for item in value:
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            if messages and messages[-1].get("tool_calls") is not None:
+                messages[-1]["tool_calls"].append(call)  # calls of one answer: one message
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            continue
+        if kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                raise BadRequest("a function_call_output's 'output' must be a string", "input")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output})
+            continue
+        if kind != "message":
+            raise BadRequest(f"input items of type {kind!r} are not supported", "input")
+        content = item.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+                       and isinstance(p.get("text"), str) for p in content):
+                raise BadRequest("only text content parts are supported", "input")
+            content = "".join(p["text"] for p in content)
+        messages.append({"role": item.get("role"), "content": content})
+    return messages
+
+
+def _tools(body: dict) -> dict:
+    """The Responses API's function tools and tool_choice in the chat endpoint's shape."""
+    out: dict = {}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise BadRequest("'tools' must be a list of function tools", "tools")
+        out["tools"] = [{"type": t.get("type"), "function": {
+            k: t[k] for k in ("name", "description", "parameters") if k in t}} for t in tools]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        choice = {"type": choice.get("type"), "function": {"name": choice.get("name")}}
+    if choice is not None:
+        out["tool_choice"] = choice
+    if body.get("parallel_tool_calls") is not None:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return out
+
+
+def _response_format(text: Any) -> Optional[dict]:
+    """`text.format` as the chat endpoint's response_format."""
+    if text is None:
+        return None
+    if not isinstance(text, dict) or not isinstance(text.get("format", {}), dict):
+        raise BadRequest("'text' must be an object with a 'format' object", "text")
+    fmt = text.get("format")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"),
+                                                       "schema": fmt.get("schema")}}
+    return fmt  # json_object, or a type the chat parser refuses
+
+
+def parse_response_request(body: Any, store: ResponseStore,
+                           tool_format=None) -> ResponseRequest:
+    """The request as a chat (tools in `tool_format`, as parse_chat takes it)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "/v1/responses")
+    previous_id = body.get("previous_response_id")
+    history: list[dict] = []
+    if previous_id is not None:
+        if not isinstance(previous_id, str):
+            raise BadRequest("'previous_response_id' must be a string", "previous_response_id")
+        history = store.get(previous_id)
+        if history is None:
+            raise BadRequest(f"no stored response {previous_id!r} (unknown, not stored, or "
+                             "evicted)", "previous_response_id")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string", "instructions")
+    conversation = [*history, *_messages(body.get("input"))]
+    chat_body = {"messages": ([{"role": "system", "content": instructions}] if instructions
+                              else []) + conversation} | _tools(body)
+    for name, chat_name in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
+                            ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
+                            ("repetition_penalty", "repetition_penalty"), ("seed", "seed")):
+        if body.get(name) is not None:
+            chat_body[chat_name] = body[name]
+    fmt = _response_format(body.get("text"))
+    if fmt is not None:
+        chat_body["response_format"] = fmt
+    try:
+        chat, messages = parse_chat(chat_body, tool_format)
+    except BadRequest as exc:
+        raise BadRequest(str(exc), _CHAT_NAMES.get(exc.param, exc.param)) from None
+    stream, stored = body.get("stream", False), body.get("store", True)
+    if not isinstance(stream, bool) or not isinstance(stored, bool):
+        raise BadRequest("'stream' and 'store' must be booleans",
+                         "stream" if not isinstance(stream, bool) else "store")
+    # a later turn continues the conversation, without this turn's instructions
+    return ResponseRequest(chat, messages, conversation, stream, stored, instructions,
+                           previous_id)
+
+
+class ResponsesBuilder:
+    """One response's object and stream events."""
+
+    def __init__(self, model: str, request: ResponseRequest):
+        self.id = "resp_" + uuid.uuid4().hex
+        self.item_id = "msg_" + uuid.uuid4().hex
+        self.created_at = int(time.time())
+        self.model = model
+        self._request = request
+        self._sequence = 0
+        # with tools, the answer as read so far (streamed: piece by piece), the ids of
+        # its function_call items, and the item being streamed (its kind and index)
+        spec = request.chat.tools
+        self._reader = spec.format.reader() if spec is not None else None
+        self._call_items: list[str] = []
+        self._open: Optional[tuple[str, int]] = None
+
+    def answer(self, text: str) -> tuple[list[dict], dict]:
+        """The output items of the model's whole answer and the assistant message a
+        next turn continues from: a message, or (with tools) function calls (their
+        ids made once: the stream, the response and the stored conversation share
+        them)."""
+        if self._reader is None:
+            return [self.item("completed", text)], {"role": "assistant", "content": text}
+        if self._reader.text != text:  # unstreamed: read whole here
+            self._reader.feed(text[len(self._reader.text):])
+        content, calls = self._reader.result()
+        if not calls:
+            return [self.item("completed", content)], {"role": "assistant", "content": content}
+        items = [self._call_item(i, call, "completed") for i, call in enumerate(calls)]
+        return items, {"role": "assistant", "content": None, "tool_calls": calls}
+
+    def _call_item(self, index: int, call: dict, status: str) -> dict:
+        while len(self._call_items) <= index:
+            self._call_items.append("fc_" + uuid.uuid4().hex)
+        return {"type": "function_call", "id": self._call_items[index], "status": status,
+                "call_id": call["id"], "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"] if status == "completed" else ""}
+
+    def response(self, status: str, text: Optional[str] = None,
+                 finish_reason: Optional[str] = None, usage: Optional[dict] = None) -> dict:
+        params, spec = self._request.chat.params, self._request.chat.tools
+        output = [] if text is None else self.answer(text)[0]
+        incomplete = None
+        if status == "completed" and finish_reason == "length":
+            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+        return {"id": self.id, "object": "response", "created_at": self.created_at,
+                "status": status, "model": self.model, "output": output,
+                "instructions": self._request.instructions,
+                "previous_response_id": self._request.previous_response_id,
+                "incomplete_details": incomplete, "error": None, "metadata": {},
+                "max_output_tokens": params.max_tokens, "temperature": params.temperature,
+                "top_p": params.top_p, "store": self._request.store, "usage": usage,
+                "parallel_tool_calls": spec.parallel if spec else False,
+                "tool_choice": "none" if spec is None else spec.choice if spec.choice in (
+                    "auto", "required") else {"type": "function", "name": spec.choice},
+                "tools": [{"type": "function", **t} for t in spec.tools] if spec else []}
+
+    def item(self, status: str, text: Optional[str]) -> dict:
+        content = [] if text is None else [self.part(text)]
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
+                "content": content}
+
+    @staticmethod
+    def part(text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": []}
+
+    @staticmethod
+    def usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+        return {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens,
+                "input_tokens_details": {"cached_tokens": cached_tokens},
+                "output_tokens_details": {"reasoning_tokens": 0}}
+
+    def event(self, kind: str, **fields) -> str:
+        """One server-sent event of the stream (its `event:` line names its type)."""
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def opening(self) -> list[str]:
+        started = [self.event("response.created", response=self.response("in_progress")),
+                   self.event("response.in_progress", response=self.response("in_progress"))]
+        if self._reader is not None:
+            return started  # the answer's JSON says which output items follow
+        return started + self._open_message(0)
+
+    def _open_message(self, index: int) -> list[str]:
+        self._open = ("message", index)
+        return [self.event("response.output_item.added", item=self.item("in_progress", None),
+                           output_index=index),
+                self.event("response.content_part.added", item_id=self.item_id,
+                           output_index=index, content_index=0, part=self.part(""))]
+
+    def delta(self, text: str) -> list[str]:
+        """The events a piece of the model's text makes: without tools, a text delta;
+        with tools, what the answer read so far adds (a text delta of a text answer,
+        a function call's item once its name is read, then its arguments' pieces)."""
+        if self._reader is None:
+            return self._text_delta(0, text)
+        events = []
+        for piece in self._reader.feed(text):
+            if isinstance(piece, tool_calls.ContentPiece):
+                events += self._text_delta(0, piece.text)
+            elif isinstance(piece, tool_calls.CallStarted):
+                events += self._close_open()
+                call = {"id": piece.id, "function": {"name": piece.name}}
+                self._open = ("call", piece.index)
+                events.append(self.event("response.output_item.added", output_index=piece.index,
+                                         item=self._call_item(piece.index, call, "in_progress")))
+            else:
+                events.append(self.event("response.function_call_arguments.delta",
+                                         item_id=self._call_items[piece.index],
+                                         output_index=piece.index, delta=piece.text))
+        return events
+
+    def _text_delta(self, index: int, text: str) -> list[str]:
+        events = self._open_message(index) if self._open is None else []
+        return events + [self.event("response.output_text.delta", item_id=self.item_id,
+                                    output_index=index, content_index=0, delta=text)]
+
+    def _close_open(self, output: Optional[list[dict]] = None) -> list[str]:
+        """The done events of the item being streamed, as it ends up in `output`
+        (the final response's items; None only for a call whose next call has
+        begun: an answer is calls or a text, never a text then calls)."""
+        if self._open is None:
+            return []
+        kind, index = self._open
+        self._open = None
+        if kind == "message":
+            item = output[index]
+            text = item["content"][0]["text"]
+            where = {"item_id": self.item_id, "output_index": index, "content_index": 0}
+            return [self.event("response.output_text.done", text=text, **where),
+                    self.event("response.content_part.done", part=self.part(text), **where),
+                    self.event("response.output_item.done", item=item, output_index=index)]
+        content, calls = self._reader.result()
+        item = self._call_item(index, calls[index], "completed")
+        return [self.event("response.function_call_arguments.done", item_id=item["id"],
+                           output_index=index, arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def closing(self, text: str, finish_reason: str, usage: dict) -> list[str]:
+        final = self.response("completed", text, finish_reason, usage)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        if self._reader is not None and not self._reader.sent_any:
+            # an answer that said nothing yet (an empty text answer, or one cut short
+            # before a call's name): its text as one message
+            events = self._open_message(0)
+            content = final["output"][0]["content"][0]["text"]
+            if content:
+                events += self._text_delta(0, content)
+            return events + self._close_open(final["output"]) + [self.event(kind, response=final)]
+        return self._close_open(final["output"]) + [self.event(kind, response=final)]
+
+
+async def responses(request: Request, server: "ServerState") -> Response:
+    """One chat session, answered whole or as the Responses API's events."""
+    node = server.ready_node()
+    store = server.responses
+    parsed = parse_response_request(await server.read_json(request), store, node.tool_format)
+    try:
+        prompt = node.chat_prompt(parsed.prompt, parsed.chat.tools)
+    except ValueError as exc:
+        raise BadRequest(f"cannot apply the chat template: {exc}", "input") from None
+    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+    builder = ResponsesBuilder(server.model_id, parsed)
+    generated: list[int] = []
+
+    def finished(text: str, chunks) -> dict:
+        usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens)
+        if parsed.store:
+            store.put(builder.id, parsed.conversation + [builder.answer(text)[1]])
+        return usage
+
+    if parsed.stream:
+        stream_cm = node.stream(ids, parsed.chat.params)
+        chunks = await stream_cm.__aenter__()
+
+        async def produce(emit) -> None:
+            for event in builder.opening():
+                await emit(event)
+            texts = []
+            async for chunk in chunks:
+                if chunk.token_id is not None:
+                    generated.append(chunk.token_id)
+                    request.scope["dgr.tokens"] = len(generated)
+                if chunk.text and chunk.finish_reason != "error":
+                    texts.append(chunk.text)
+                    for event in builder.delta(chunk.text):
+                        await emit(event)
+            ended = ending([chunks])
+            if ended is not None:
+                _, message, code = ended
+                await emit(builder.event("error", code=code, message=message))
+                return
+            text = "".join(texts)
+            for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
+                await emit(event)
+
+        return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+    texts: list[str] = []
+
+    async def collect(_, chunks):
+        got = await chunks.read_all()
+        texts.extend(chunk.text for chunk in got)
+        generated.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
+        request.scope["dgr.tokens"] = len(generated)
+
+    async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
+        instead = await read_whole(request, [chunks], collect)
+    if instead is not None:
+        return instead
+    text = "".join(texts)
+    return JSONResponse(builder.response("completed", text, chunks.finish_reason,
+                                         finished(text, chunks)))

@@ -1,0 +1,123 @@
+"""llama-server's /tokenize and /detokenize, /tokenize also in vLLM's shape, and
+vLLM's render endpoints: what a router that routes by prompt tokens (vllm-router's
+cache-aware policy) asks a worker, answered with the tokens the node's own doors
+compute for the same body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dgr.doors.context import ServerState
+from dgr.doors.fields import BadRequest, check_fields, read_bool
+from dgr.doors.openai import parse_chat, parse_completion
+from dgr.doors.responses import parse_response_request
+
+
+async def tokenize(request: Request, server: ServerState) -> Response:
+    node = server.ready_node()
+    body = await server.read_json(request)
+    if isinstance(body, dict) and ("prompt" in body or "messages" in body):
+        ids = await vllm_tokens(node, body)
+        return JSONResponse({"count": len(ids), "max_model_len": node.engine_info["n_ctx_seq"],
+                             "tokens": ids, "token_strs": None})
+    content, add_special, with_pieces = parse_tokenize(body)
+    ids = await node.tokenize_off_loop(content, add_special=add_special, parse_special=True)
+    if with_pieces:
+        return JSONResponse({"tokens": [{"id": t, "piece": token_piece(node.token_bytes(t))}
+                                        for t in ids]})
+    return JSONResponse({"tokens": ids})
+
+
+async def render_completion(request: Request, server: ServerState) -> Response:
+    """vLLM's POST /v1/completions/render: a completion body's prompts as token ids."""
+    node = server.ready_node()
+    parsed = parse_completion(await server.read_json(request))
+    rendered = []
+    for prompt in parsed.prompts:
+        ids = (await node.tokenize_off_loop(prompt) if isinstance(prompt, str) else prompt)
+        rendered.append({"token_ids": ids})
+    return JSONResponse(rendered)
+
+
+async def render_chat(request: Request, server: ServerState) -> Response:
+    """vLLM's POST /v1/chat/completions/render (and /v1/responses/render): the prompt
+    the chat template makes of the body, as token ids."""
+    node = server.ready_node()
+    body = await server.read_json(request)
+    if request.url.path.startswith("/v1/responses"):
+        parsed = parse_response_request(body, server.responses, node.tool_format)
+        messages, tools = parsed.prompt, parsed.chat.tools
+    else:
+        chat, messages = parse_chat(body, node.tool_format)
+        tools = chat.tools
+    return JSONResponse({"token_ids": await _chat_tokens(node, messages, tools)})
+
+
+async def vllm_tokens(node, body: dict) -> list[int]:
+    """vLLM's /tokenize: a prompt ({"model", "prompt"}) or a chat ({"model",
+    "messages"}) as the completions and chat doors tokenize it."""
+    check_fields(body, "/tokenize")
+    if read_bool(body, "continue_final_message"):
+        raise BadRequest("'continue_final_message' is not supported", "continue_final_message")
+    if "messages" in body:
+        chat, messages = parse_chat({"messages": body["messages"]}, node.tool_format)
+        return await _chat_tokens(node, messages, chat.tools)
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a string", "prompt")
+    add_special = body.get("add_special_tokens", True)
+    if not isinstance(add_special, bool):
+        raise BadRequest("'add_special_tokens' must be a boolean", "add_special_tokens")
+    return await node.tokenize_off_loop(prompt, add_special=add_special)
+
+
+async def _chat_tokens(node, messages, tools) -> list[int]:
+    try:
+        prompt = node.chat_prompt(messages, tools)
+    except ValueError as exc:
+        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+    return await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+
+
+async def detokenize(request: Request, server: ServerState) -> Response:
+    node = server.ready_node()
+    tokens = parse_detokenize(await server.read_json(request))
+    return JSONResponse({"content": node.detokenize(tokens)})
+
+
+def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
+    """llama-server's POST /tokenize: (content, add_special, with_pieces)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "/tokenize")
+    if body.get("add_generation_prompt") is not None or body.get("return_token_strs"):
+        raise BadRequest("'add_generation_prompt' and 'return_token_strs' go with vLLM's "
+                         "'prompt' or 'messages'", "content")
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise BadRequest("'content' must be a string", "content")
+    return content, read_bool(body, "add_special"), read_bool(body, "with_pieces")
+
+
+def parse_detokenize(body: Any) -> list[int]:
+    """llama-server's POST /detokenize: the token ids."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "/detokenize")
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("'tokens' must be a list of token ids", "tokens")
+    return tokens
+
+
+def token_piece(piece: bytes) -> Any:
+    """A token's piece as llama-server reports it: its text, or its bytes when
+    they are not valid UTF-8 on their own (part of a character)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)

@@ -1,0 +1,75 @@
+"""A GGUF file as dgr reads it before llama.cpp does: whether it is one at all,
+and its tensors' names, types and shapes from the header (no tensor data)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+from dgr.errors import ModelLoadError
+
+# ggml_type numbers (ggml.h) and names
+TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
+              9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+              15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+              20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
+              26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
+              35: "TQ2_0", 39: "MXFP4"}
+
+# GGUF metadata value types: fixed sizes; 8 is a string, 9 an array
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def tensors(path: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, type name, dimensions) of each tensor of a GGUF file (its header only)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        _, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        at = 24
+
+        def skip_string(at: int) -> int:
+            return at + 8 + struct.unpack_from("<Q", m, at)[0]
+
+        def skip_value(kind: int, at: int) -> int:
+            if kind == _STRING:
+                return skip_string(at)
+            if kind == _ARRAY:
+                item, count = struct.unpack_from("<IQ", m, at)
+                at += 12
+                if item in _SIZES:
+                    return at + count * _SIZES[item]
+                for _ in range(count):
+                    at = skip_value(item, at)
+                return at
+            return at + _SIZES[kind]
+
+        for _ in range(n_kv):
+            at = skip_string(at)
+            kind = struct.unpack_from("<I", m, at)[0]
+            at = skip_value(kind, at + 4)
+        found = []
+        for _ in range(n_tensors):
+            end = skip_string(at)
+            name = m[at + 8:end].decode("utf-8", "replace")
+            n_dims = struct.unpack_from("<I", m, end)[0]
+            dims = struct.unpack_from(f"<{n_dims}Q", m, end + 4)
+            at = end + 4 + 8 * n_dims
+            kind = struct.unpack_from("<I", m, at)[0]
+            at += 4 + 8
+            found.append((name, TYPE_NAMES.get(kind, f"type {kind}"), dims))
+        return found
+
+
+def check_model_file(path: str) -> None:
+    """A clear error for a path that is not a GGUF file, before llama.cpp reads it."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model file not found: {path}")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model path is not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {path}")

@@ -1,0 +1,156 @@
+"""Nodes behind the routers people run (smg, vllm-router): the fields routers
+add, the load and token endpoints they read, draining, and the everyday calls of
+the official `openai` client through each router to two nodes."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+import trio
+
+from test_server import start_server  # noqa: F401  (the fixture)
+
+# what vllm-router adds to every completions and chat body, and smg to a Responses body
+VLLM_ROUTER_EXTRAS = {"ignore_eos": False, "no_stop_trim": False, "return_hidden_states": False,
+                      "skip_special_tokens": True}
+VLLM_ROUTER_CHAT_EXTRAS = VLLM_ROUTER_EXTRAS | {
+    "continue_final_message": False, "include_reasoning": True, "separate_reasoning": True,
+    "stream_reasoning": True, "logprobs": False}
+SMG_RESPONSES_EXTRAS = {"priority": 0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                        "store": True}
+CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4,
+        "temperature": 0}
+
+
+async def test_the_fields_routers_add_are_taken_at_their_defaults_and_refused_otherwise(
+        start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        done = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4,
+                                                          "temperature": 0} | VLLM_ROUTER_EXTRAS)
+        assert done.status_code == 200, done.text
+        done = await client.post("/v1/chat/completions", json=CHAT | VLLM_ROUTER_CHAT_EXTRAS)
+        assert done.status_code == 200, done.text
+        done = await client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 4,
+                                                        "temperature": 0} | SMG_RESPONSES_EXTRAS)
+        assert done.status_code == 200, done.text
+        for field, value in (("no_stop_trim", True), ("skip_special_tokens", False),
+                             ("include_reasoning", False)):
+            refused = await client.post("/v1/chat/completions", json=CHAT | {field: value})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+        refused = await client.post("/v1/responses", json={"input": "hi", "priority": 3})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+
+
+async def test_routers_read_the_load_and_the_tokens_the_doors_compute(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        loads = (await client.get("/v1/loads")).json()["loads"]
+        assert loads[0]["num_running_reqs"] == 0 and loads[0]["max_total_num_tokens"] > 0
+        assert (await client.get("/loads")).json()["loads"] == loads
+        assert (await client.get("/get_load")).json() == {"load": 0}
+        metrics = (await client.get("/metrics")).text
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                     "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total"):
+            assert name + "{" in metrics
+        # vLLM's /tokenize and render: the tokens the chat door prefills
+        chat = (await client.post("/v1/chat/completions", json=CHAT)).json()
+        rendered = (await client.post("/v1/chat/completions/render", json=CHAT)).json()
+        tokenized = (await client.post("/tokenize", json={"model": "m",
+                                                          "messages": CHAT["messages"]})).json()
+        assert len(rendered["token_ids"]) == chat["usage"]["prompt_tokens"]
+        assert tokenized["tokens"] == rendered["token_ids"] and tokenized["count"] > 0
+        completion = (await client.post("/v1/completions/render",
+                                         json={"prompt": "hi there", "max_tokens": 1})).json()
+        plain = (await client.post("/tokenize", json={"model": "m", "prompt": "hi there"})).json()
+        assert completion[0]["token_ids"] == plain["tokens"]
+        # llama-server's shape is unchanged
+        llama = await client.post("/tokenize", json={"content": "hi there", "add_special": True})
+        assert llama.json()["tokens"] == plain["tokens"]
+
+
+async def test_a_drained_node_says_so_at_once_and_finishes_what_it_runs(start_server):  # noqa: F811
+    server = await start_server(grace_s=30)
+    async with server.client() as client:
+        async with client.stream("POST", "/v1/completions", json={
+                "prompt": "a", "max_tokens": 40, "ignore_eos": True, "stream": True}) as running:
+            assert running.status_code == 200
+            drained = await client.post("/v1/dgr/drain")
+            assert drained.status_code == 202
+            assert (await client.get("/health")).status_code == 503
+            refused = await client.post("/v1/completions", json={"prompt": "b", "max_tokens": 2})
+            assert refused.status_code == 503
+            body = "".join([part async for part in running.aiter_text()])
+        assert body.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in \
+            body.replace(" ", "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("router", ["smg", "vllm-router"])
+async def test_the_everyday_calls_work_through_a_router_to_two_nodes(start_server,  # noqa: F811
+                                                                      router):
+    # installed beside the interpreter (the test extra), or on PATH
+    binary = shutil.which(router, path=os.pathsep.join([os.path.dirname(sys.executable),
+                                                        os.environ.get("PATH", "")]))
+    if binary is None:
+        pytest.skip(f"{router} is not installed (the test extra installs it)")
+    nodes = [await start_server(), await start_server()]
+    port = _free_port()
+    argv = [binary, *(["launch"] if router == "smg" else []), "--worker-urls",
+            *[node.url for node in nodes], "--policy", "cache_aware", "--host", "127.0.0.1",
+            "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=5) as probe:
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        listed = await probe.get("/v1/models")
+                        if listed.status_code == 200 and listed.json()["data"]:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await trio.sleep(0.2)
+        model = listed.json()["data"][0]["id"]  # smg routes by the workers' model ids
+        async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused",
+                                      max_retries=0) as client:
+            messages = [{"role": "user", "content": "hello"}]
+            done = await client.completions.create(model=model, prompt="hi", max_tokens=4,
+                                                   temperature=0)
+            assert done.choices[0].finish_reason in ("stop", "length")
+            pieces = [c async for c in await client.completions.create(
+                model=model, prompt="hi", max_tokens=4, temperature=0, stream=True)]
+            assert pieces
+            chat = await client.chat.completions.create(model=model, messages=messages,
+                                                        max_tokens=4, temperature=0)
+            assert chat.choices[0].message.role == "assistant"
+            pieces = [c async for c in await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=4, temperature=0, stream=True)]
+            assert pieces
+            response = await client.responses.create(model=model, input="hi",
+                                                     max_output_tokens=4, temperature=0)
+            assert response.status in ("completed", "incomplete")
+            events = [e async for e in await client.responses.create(
+                model=model, input="hi", max_output_tokens=4, temperature=0, stream=True)]
+            assert events[-1].type in ("response.completed", "response.incomplete")
+            assert [m.id async for m in client.models.list()]
+        async with httpx.AsyncClient(base_url=base, timeout=30) as plain:
+            tokenized = await plain.post("/tokenize", json={"content": "hi"})
+            # smg does not forward /tokenize; where a router does, it answers
+            assert tokenized.status_code in (200, 404)
+            if router == "vllm-router":
+                assert tokenized.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
