@@ -253,8 +253,15 @@ class ServerConfig:
         default=False)
     max_body_bytes: int = option("--max-body-bytes", "Largest request body; larger gets HTTP "
                                  "413.", default=1 << 20)
-    grace_s: float = option("--grace", "Seconds running sessions may finish after "
-                            "SIGINT/SIGTERM; a second signal exits at once.", default=30.0)
+    grace_s: float = option("--grace", "Seconds a drain (SIGINT/SIGTERM, POST /v1/dgr/drain) "
+                            "may take before the sessions left are cancelled; a second signal "
+                            "exits at once.", default=30.0)
+    drain_quiet_s: float = option(
+        "--drain-quiet", "While draining, /health answers 503 at once, but the node still "
+        "takes the requests routers send until none has come for this many seconds (a "
+        "router notices a node's health only every few seconds; within --grace); then it "
+        "admits no more, lets its sessions finish and exits. 0: admits no more at once.",
+        default=5.0)
     model_alias: Optional[str] = option("--model-alias", "Model id reported by the API.",
                                         "the GGUF's general.name", default=None)
     responses_stored: int = option(
@@ -268,8 +275,9 @@ class ServerConfig:
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
-        if self.max_body_bytes < 1 or self.grace_s < 0:
-            raise ValueError("max_body_bytes must be positive and grace_s not negative")
+        if self.max_body_bytes < 1 or self.grace_s < 0 or self.drain_quiet_s < 0:
+            raise ValueError("max_body_bytes must be positive, grace_s and drain_quiet_s "
+                             "not negative")
         if self.responses_stored < 0 or self.responses_store_bytes < 0:
             raise ValueError("responses_stored and responses_store_bytes must not be negative")
 

@@ -50,6 +50,7 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
 
     def door(handler):
         async def endpoint(request: Request) -> Response:
+            state.last_request_at = time.monotonic()  # a drain waits for these to stop
             return await handler(request, state)
         return endpoint
 
@@ -82,13 +83,12 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
             return JSONResponse({"status": "loading"}, status_code=503)
         if state.node.failure is not None:
             return JSONResponse({"status": "failed", "reason": state.node.failure}, status_code=503)
-        if state.node.draining:
+        if state.leaving or state.node.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def drain(request: Request) -> Response:
-        """Drain as SIGTERM does: /health 503 at once, no new sessions, the running
-        ones finish (within --grace), then the server exits."""
+        """Drain as SIGTERM does (serve's drain)."""
         state.ready_node()
         state.request_shutdown()
         return JSONResponse({"status": "draining"}, status_code=202)
@@ -243,11 +243,27 @@ class _Guard:
         return False
 
 
+async def _until_requests_stop(state: ServerState, quiet_s: float, deadline: float) -> None:
+    """The first part of a drain: /health answers 503 from now on, and requests are
+    still taken (routers send them until their next health check) until none has
+    come for quiet_s, or the deadline."""
+    state.leaving = True
+    state.last_request_at = max(state.last_request_at, time.monotonic())
+    while True:
+        quiet_for = time.monotonic() - state.last_request_at
+        left = min(quiet_s - quiet_for, deadline - trio.current_time())
+        if left <= 0:
+            return
+        await trio.sleep(left)
+
+
 async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
                 task_status=trio.TASK_STATUS_IGNORED, shutdown: Optional[trio.Event] = None,
                 handle_signals: bool = True) -> Optional[int]:
-    """Serve until SIGINT/SIGTERM (or `shutdown` is set): then stop admitting, let
-    running sessions finish for up to grace_s, and return. A second signal ends at once.
+    """Serve until SIGINT/SIGTERM, POST /v1/dgr/drain or `shutdown`: then drain
+    (/health 503; requests still taken until they stop for drain_quiet_s; then no
+    more admitted and the running sessions finish), all within grace_s, and return.
+    A second signal ends at once.
 
     task_status.started() reports the bound URLs once the node is ready. Signals are
     handled only with handle_signals (and only Python's main thread can). Returns the
@@ -301,7 +317,9 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
             log.info("serving %s (%s)", state.model_id, node.engine_info["path"])
             task_status.started(urls)
             await shutdown.wait()
-            drained = await node.drain(server_config.grace_s)
+            deadline = trio.current_time() + server_config.grace_s
+            await _until_requests_stop(state, server_config.drain_quiet_s, deadline)
+            drained = await node.drain(max(0.0, deadline - trio.current_time()))
             log.info("drained" if drained else "grace period over: cancelling remaining sessions")
         stop_http.set()
         with trio.move_on_after(hconfig.graceful_timeout + 2):

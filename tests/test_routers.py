@@ -74,8 +74,10 @@ async def test_routers_read_the_load_and_the_tokens_the_doors_compute(start_serv
         assert llama.json()["tokens"] == plain["tokens"]
 
 
-async def test_a_drained_node_says_so_at_once_and_finishes_what_it_runs(start_server):  # noqa: F811
-    server = await start_server(grace_s=30)
+async def test_a_drained_node_says_so_at_once_and_loses_nothing(start_server):  # noqa: F811
+    """/health answers 503 at once; what routers still send before they notice is
+    served, and what runs finishes; with --drain-quiet 0 new work is refused at once."""
+    server = await start_server(grace_s=30, drain_quiet_s=0.5)
     async with server.client() as client:
         async with client.stream("POST", "/v1/completions", json={
                 "prompt": "a", "max_tokens": 40, "ignore_eos": True, "stream": True}) as running:
@@ -83,11 +85,22 @@ async def test_a_drained_node_says_so_at_once_and_finishes_what_it_runs(start_se
             drained = await client.post("/v1/dgr/drain")
             assert drained.status_code == 202
             assert (await client.get("/health")).status_code == 503
-            refused = await client.post("/v1/completions", json={"prompt": "b", "max_tokens": 2})
-            assert refused.status_code == 503
+            late = await client.post("/v1/completions", json={"prompt": "b", "max_tokens": 2})
+            assert late.status_code == 200
             body = "".join([part async for part in running.aiter_text()])
         assert body.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in \
             body.replace(" ", "")
+    strict = await start_server(drain_quiet_s=0)
+    async with strict.client() as client:
+        async with client.stream("POST", "/v1/completions", json={
+                "prompt": "a", "max_tokens": 40, "ignore_eos": True, "stream": True}) as running:
+            assert (await client.post("/v1/dgr/drain")).status_code == 202
+            with trio.fail_after(10):
+                while (await client.get("/health")).status_code != 503:
+                    await trio.sleep(0.01)
+            refused = await client.post("/v1/completions", json={"prompt": "b", "max_tokens": 2})
+            assert refused.status_code == 503
+            assert [part async for part in running.aiter_text()]
 
 
 def _free_port() -> int:

@@ -31,6 +31,8 @@ class ServerState:
         self.model_id = "dgr"
         self.responses = ResponseStore(config.responses_stored, config.responses_store_bytes)
         self.request_shutdown = lambda: None  # set by dgr.server.serve: drain, then exit
+        self.leaving = False  # draining: /health says so, requests are still taken
+        self.last_request_at = 0.0  # time.monotonic() of the last door request
         # the gauges routers read (dgr.doors.routers), exposed after dgr's own in /metrics
         self.gateway_metrics = CollectorRegistry(auto_describe=False)
 
