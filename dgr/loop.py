@@ -317,8 +317,7 @@ class StepLoop:
         if session.restore is not None:
             self._tiers.restored(session.n_reused)
         elif session.n_reused:
-            self._telemetry.prefix_hits.inc()
-            self._telemetry.prefix_tokens_reused.inc(session.n_reused)
+            self._telemetry.record_prefix_reuse(session.n_reused)
 
     async def _pump(self) -> None:
         """The BatchLoop's events into sessions, placement, telemetry and readers' chunks."""

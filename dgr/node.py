@@ -237,6 +237,21 @@ class Node:
                 token_logprobs=[c.logprob for c in tokens] if params.logprobs else None,
                 cached_tokens=chunks.cached_tokens)
 
+    def router_load(self) -> dict:
+        """The node's load as routers read it (dgr.doors.routers): plain figures,
+        cheap enough for a poll a second (the capability report reads the metrics
+        registry several times)."""
+        load = self._admission.load()
+        total = self.budgets.kv_cells_total
+        used = self._loop.batch.cells_used
+        prefilled = self.telemetry.step_totals.tokens["prefill"]
+        return {"running": load.active, "waiting": load.waiting,
+                "waiting_tokens": load.waiting_tokens, "kv_cells_used": used,
+                "kv_cells_total": total, "kv_usage": used / total if total else 0.0,
+                "prompt_tokens": self.telemetry.tokens_reused + prefilled,
+                "prompt_tokens_cached": self.telemetry.tokens_reused,
+                "decode_tokens_per_s": self.telemetry.recent_rates()["decode_tokens_per_s"]}
+
     def capabilities(self) -> dict:
         """Model facts, budgets and live load: what a coordinator routes on
         (dgr.capabilities)."""

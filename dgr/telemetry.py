@@ -91,6 +91,7 @@ class Telemetry:
         self.finished = Counter("dgr_sessions_finished", "Sessions ended, by finish reason.",
                                 ["reason"], registry=r)
         self.step_totals = StepTotals()
+        self.tokens_reused = 0  # dgr_prefix_tokens_reused_total, read without the registry
         r.register(self.step_totals)
         self.batch_rows = StepHistogram("dgr_batch_rows", "Rows (tokens) per llama_decode step.",
                                         (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
@@ -147,6 +148,12 @@ class Telemetry:
         """Per RPC worker, bytes each way and the kernel's smoothed round-trip time
         of this process's connections to it, read when scraped."""
         self.registry.register(_RpcCollector(links))
+
+    def record_prefix_reuse(self, tokens: int) -> None:
+        """A session started with `tokens` prompt tokens shared in the pool."""
+        self.prefix_hits.inc()
+        self.prefix_tokens_reused.inc(tokens)
+        self.tokens_reused += tokens
 
     def record_step(self, figures: StepFigures, budget: int) -> None:
         """One step of the batch loop."""

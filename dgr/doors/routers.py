@@ -3,7 +3,7 @@
 /get_load`: vllm-router's power-of-two policy), and in /metrics the gauges of the
 Gateway API Inference Extension's model-server protocol under vLLM's names
 (waiting and running requests, KV-cache usage, prefix-cache queries and hits),
-beside dgr's own. All from the node's live figures (`Node.capabilities`)."""
+beside dgr's own. All from the node's live figures (`Node.router_load`)."""
 
 from __future__ import annotations
 
@@ -16,26 +16,6 @@ from starlette.responses import JSONResponse, Response
 from dgr.doors.context import ServerState, Unavailable
 
 
-def load_figures(node) -> dict:
-    """The node's load as routers count it."""
-    report = node.capabilities()
-    load = report["load"]
-    kv_total = report["budgets"]["kv"]["cells_total"]
-    prefix = report["prefix_cache"]
-    prompt_tokens = prefix["tokens_reused"] + prefix["tokens_prefilled"]
-    return {
-        "running": load["active"],
-        "waiting": load["waiting"],
-        "waiting_tokens": load["waiting_tokens"],
-        "kv_cells_used": load["kv_cells_used"],
-        "kv_cells_total": kv_total,
-        "kv_usage": load["kv_cells_used"] / kv_total if kv_total else 0.0,
-        "prompt_tokens": prompt_tokens,
-        "prompt_tokens_cached": prefix["tokens_reused"],
-        "decode_tokens_per_s": load["decode_tokens_per_s"],
-    }
-
-
 def _node(server: ServerState):
     if server.node is None:
         raise Unavailable("the model is loading")
@@ -44,7 +24,7 @@ def _node(server: ServerState):
 
 async def sglang_loads(request: Request, server: ServerState) -> Response:
     """SGLang's load snapshot: one entry (a node is one data-parallel rank)."""
-    f = load_figures(_node(server))
+    f = _node(server).router_load()
     prompt = f["prompt_tokens"]
     return JSONResponse({"timestamp": time.time(), "loads": [{
         "dp_rank": 0,
@@ -61,7 +41,7 @@ async def sglang_loads(request: Request, server: ServerState) -> Response:
 
 async def vllm_load(request: Request, server: ServerState) -> Response:
     """vLLM's `GET /get_load`: the requests the node holds, running and waiting."""
-    f = load_figures(_node(server))
+    f = _node(server).router_load()
     return JSONResponse({"load": f["running"] + f["waiting"]})
 
 
@@ -77,7 +57,7 @@ class GatewayGauges:
         return []
 
     def collect(self):
-        f = load_figures(self._node)
+        f = self._node.router_load()
         labels = ["model_name"]
         gauges = [
             ("vllm:num_requests_running", "Requests running (sessions decoding or prefilling).",
