@@ -45,12 +45,11 @@ HINTS = {
 }
 
 
-# Fields routers add to every request they forward, each with the value it adds by
-# default, which asks for nothing dgr does differently: accepted at that value, a
-# 400 naming the field at any other (smg 1.13 and vllm-router 0.1.17: their
-# request structs, re-serialised with their defaults; evidence/DGR-058). The
-# sampling fields routers add (top_k -1, min_p 0, repetition_penalty 1) are
-# honoured fields of the doors above.
+# Fields routers add to every request they forward (smg 1.13 and vllm-router 0.1.17
+# re-serialise bodies from their request structs, defaults included), each with the
+# value it adds, which asks for nothing dgr does differently: accepted at that value,
+# a 400 naming the field at any other. The sampling fields routers add (top_k -1,
+# min_p 0, repetition_penalty 1) are honoured fields of the doors above.
 ROUTER_DEFAULTS = {
     "priority": (0, "smg (Responses)"),
     "no_stop_trim": (False, "vllm-router"),                # stop strings are trimmed
