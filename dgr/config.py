@@ -35,7 +35,7 @@ def _total_memory_bytes() -> int:
 
 
 def _endpoints(value) -> tuple[str, ...]:
-    """host:port list from "a:1,b:2" (a flag) or a list (TOML)."""
+    """A list from "a:1,b:2" (a flag) or a list (TOML): host:port, origins."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
     return tuple(str(item).strip() for item in items if str(item).strip())
 
@@ -245,8 +245,13 @@ class ServerConfig:
     host: str = option("--host", "Bind address (loopback only by default).",
                        default="127.0.0.1")
     port: int = option("--port", "Port.", default=8080)
-    api_key: Optional[str] = option("--api-key", "Require 'Authorization: Bearer KEY' on every "
-                                    "endpoint but /health.", "none", default=None)
+    api_key: Optional[str] = option("--api-key", "Require 'Authorization: Bearer KEY' (or "
+                                    "'X-Api-Key: KEY', Anthropic's header) on every endpoint "
+                                    "but /health.", "none", default=None)
+    cors_origins: tuple[str, ...] = option(
+        "--cors-origins", "Origins whose web pages may call the node (CORS), comma-separated, "
+        "or '*' for any; preflights are answered before the API key check, as browsers "
+        "need.", "none: no CORS headers", default=(), converter=lambda v: _endpoints(v))
     cache_transfer: bool = option(
         "--cache-transfer", "Serve POST /v1/dgr/prefix/export and /v1/dgr/prefix/import: a "
         "coordinator moves a conversation's KV between nodes (behind --api-key when set).",

@@ -21,6 +21,7 @@ from typing import Optional
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -128,6 +129,11 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         Route("/v1/completions", door(completions.completions), methods=["POST"]),
         Route("/v1/chat/completions", door(completions.chat_completions), methods=["POST"]),
         Route("/v1/responses", door(responses.responses), methods=["POST"]),
+        # the same without /v1, as llama-server serves them (an SDK's base_url without it)
+        Route("/completions", door(completions.completions), methods=["POST"]),
+        Route("/chat/completions", door(completions.chat_completions), methods=["POST"]),
+        Route("/responses", door(responses.responses), methods=["POST"]),
+        Route("/models", models, methods=["GET"]),
         Route("/tokenize", door(tokens.tokenize), methods=["POST"]),
         Route("/detokenize", door(tokens.detokenize), methods=["POST"]),
         # vLLM's render endpoints: a router's prompt tokens (vllm-router's cache-aware policy)
@@ -155,7 +161,13 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     # Starlette's own 404 and 405 come as plain text; every 4xx here is OpenAI-shaped
     handlers[404] = handlers[405] = mapper
     app = Starlette(routes=routes, exception_handlers=handlers)
-    return _Guard(app, config)
+    guarded = _Guard(app, config)
+    if not config.cors_origins:
+        return guarded
+    # outside the key check: a browser's preflight carries no credentials
+    return CORSMiddleware(guarded, allow_origins=list(config.cors_origins),
+                          allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                          max_age=600)
 
 
 class _ErrorMapper:
@@ -237,9 +249,12 @@ class _Guard:
                      scope.get("dgr.tokens", 0), (time.perf_counter() - started) * 1000)
 
     def _authorized(self, scope) -> bool:
+        """`Authorization: Bearer KEY` (OpenAI's clients) or `X-Api-Key: KEY` (Anthropic's)."""
         for name, value in scope["headers"]:
-            if name == b"authorization":
-                return value.startswith(b"Bearer ") and hmac.compare_digest(value[7:], self.key)
+            if name == b"authorization" and value.startswith(b"Bearer "):
+                return hmac.compare_digest(value[7:], self.key)
+            if name == b"x-api-key":
+                return hmac.compare_digest(value, self.key)
         return False
 
 

@@ -137,22 +137,35 @@ def _grammar(body: dict) -> Optional[str]:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+    from llama_cpp.llama_grammar import JSON_GBNF
 
     if kind == "json_object":
-        return JSON_GBNF
+        # llama-server's extension: a schema beside json_object constrains the object
+        extra = set(fmt) - {"type", "schema"}
+        if extra:
+            raise BadRequest(f"'response_format.{sorted(extra)[0]}' is not supported",
+                             "response_format")
+        if "schema" not in fmt:
+            return JSON_GBNF
+        return _schema_grammar(fmt["schema"], "'response_format.schema'")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise BadRequest("'response_format.json_schema.schema' must be an object",
-                             "response_format")
-        try:
-            return json_schema_to_gbnf(json.dumps(schema))
-        except Exception as exc:  # the converter's message names what it cannot handle
-            raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
+        return _schema_grammar(spec.get("schema") if isinstance(spec, dict) else None,
+                               "'response_format.json_schema.schema'")
     raise BadRequest("'response_format.type' must be text, json_object or json_schema",
                      "response_format")
+
+
+def _schema_grammar(schema, where: str) -> str:
+    """GBNF of a JSON schema (llama-cpp-python's converter)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    if not isinstance(schema, dict):
+        raise BadRequest(f"{where} must be an object", "response_format")
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter's message names what it cannot handle
+        raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
 
 
 def _logit_bias(body: dict) -> dict:

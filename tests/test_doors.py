@@ -1,0 +1,61 @@
+"""Doors clients knock on: OpenAI paths without /v1, Anthropic's X-Api-Key header,
+CORS for web pages (preflights before the key check), and json_object's schema."""
+
+import json
+
+from test_server import start_server  # noqa: F401  (the fixture)
+
+
+async def test_the_openai_paths_without_v1_are_the_same_doors(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        body = {"prompt": "hi", "max_tokens": 3, "temperature": 0}
+        with_v1 = (await client.post("/v1/completions", json=body)).json()
+        without = (await client.post("/completions", json=body)).json()
+        assert without["choices"][0]["text"] == with_v1["choices"][0]["text"]
+        chat = await client.post("/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert chat.status_code == 200
+        assert (await client.get("/models")).json()["data"]
+
+
+async def test_x_api_key_is_a_key_and_cors_preflights_come_before_it(start_server):  # noqa: F811
+    server = await start_server(api_key="sekret", cors_origins=("https://app.example",))
+    async with server.client() as client:
+        assert (await client.get("/v1/models")).status_code == 401
+        assert (await client.get("/v1/models", headers={"x-api-key": "wrong"})).status_code == 401
+        assert (await client.get("/v1/models", headers={"x-api-key": "sekret"})).status_code == 200
+        preflight = await client.options("/v1/chat/completions", headers={
+            "origin": "https://app.example", "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        listed = await client.get("/v1/models", headers={"origin": "https://app.example",
+                                                         "authorization": "Bearer sekret"})
+        assert listed.headers["access-control-allow-origin"] == "https://app.example"
+        stranger = await client.options("/v1/models", headers={
+            "origin": "https://evil.example", "access-control-request-method": "GET"})
+        assert stranger.status_code == 400
+        assert "access-control-allow-origin" not in stranger.headers
+    plain = await start_server()
+    async with plain.client() as client:
+        answer = await client.get("/v1/models", headers={"origin": "https://app.example"})
+        assert "access-control-allow-origin" not in answer.headers  # off by default
+
+
+async def test_json_object_with_a_schema_follows_the_schema(start_server):  # noqa: F811
+    server = await start_server()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    async with server.client() as client:
+        done = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "a number"}], "max_tokens": 60,
+            "temperature": 0, "response_format": {"type": "json_object", "schema": schema}})
+        assert done.status_code == 200, done.text
+        answer = json.loads(done.json()["choices"][0]["message"]["content"])
+        assert set(answer) == {"n"} and isinstance(answer["n"], int)
+        odd = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object", "strict": True}})
+        assert odd.status_code == 400 and odd.json()["error"]["param"] == "response_format"
