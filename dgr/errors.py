@@ -67,10 +67,11 @@ class AdmissionRejected(DgrError):
     """A session was refused by admission. `reason` is a stable code such as
     "queue_full", "queue_tokens_full", "never_fits" or "draining"."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", figures: dict | None = None):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.figures = figures or {}  # never_fits: n_prompt_tokens and n_ctx
 
 
 class GenerationFailed(DgrError):

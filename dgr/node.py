@@ -162,6 +162,10 @@ class Node:
         tool_format = tools.format if tools is not None else tool_calls.GENERIC
         return tool_format.render(messages, tools, self.apply_chat_template)
 
+    def chat_template(self) -> str | None:
+        """The model's chat template (its GGUF's, or its family's built-in one)."""
+        return self._open_engine().chat_template()
+
     def apply_chat_template(self, messages: list[dict]) -> str:
         """Render a chat with the model's template from its GGUF metadata. A GGUF
         without one gets llama.cpp's built-in template of its model family."""

@@ -73,7 +73,8 @@ class Reply:
         text, stopped = self._stops.feed(text)
         if stopped:
             self._stop(FinishReason.STOP)
-            self._end(Chunk(token, text, logprob, top, finish_reason=FinishReason.STOP))
+            self._end(Chunk(token, text, logprob, top, finish_reason=FinishReason.STOP,
+                            stop_sequence=self._stops.matched))
             return
         self._keep(Chunk(token, text, logprob, top))
 

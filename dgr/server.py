@@ -29,9 +29,9 @@ from starlette.routing import Route
 
 from dgr.config import NodeConfig, ServerConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
-from dgr.doors import completions, responses, routers, tokens
+from dgr.doors import anthropic, completions, llama_native, responses, routers, tokens
 from dgr.doors.context import ServerState, TooLarge, Unavailable
-from dgr.doors.fields import BadRequest
+from dgr.doors.fields import BadRequest, error_body
 from dgr.doors.sse import error_response
 from dgr.node import Node, open_node
 
@@ -129,11 +129,17 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         Route("/v1/completions", door(completions.completions), methods=["POST"]),
         Route("/v1/chat/completions", door(completions.chat_completions), methods=["POST"]),
         Route("/v1/responses", door(responses.responses), methods=["POST"]),
+        Route("/v1/messages", door(anthropic.messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens", door(anthropic.count_tokens), methods=["POST"]),
         # the same without /v1, as llama-server serves them (an SDK's base_url without it)
         Route("/completions", door(completions.completions), methods=["POST"]),
         Route("/chat/completions", door(completions.chat_completions), methods=["POST"]),
         Route("/responses", door(responses.responses), methods=["POST"]),
         Route("/models", models, methods=["GET"]),
+        # llama.cpp's native API
+        Route("/completion", door(llama_native.completion), methods=["POST"]),
+        Route("/props", door(llama_native.props), methods=["GET"]),
+        Route("/apply-template", door(llama_native.apply_template), methods=["POST"]),
         Route("/tokenize", door(tokens.tokenize), methods=["POST"]),
         Route("/detokenize", door(tokens.detokenize), methods=["POST"]),
         # vLLM's render endpoints: a router's prompt tokens (vllm-router's cache-aware policy)
@@ -201,8 +207,10 @@ class _ErrorMapper:
                                   "invalid_request_error", "body_too_large")
         if isinstance(exc, AdmissionRejected):
             if exc.reason == "never_fits":
-                return error_response(400, str(exc), "invalid_request_error",
-                                      "context_length_exceeded")
+                # llama-server's type and figures, which its clients read to trim a history
+                body = error_body(str(exc), "exceed_context_size_error", "context_length_exceeded")
+                body["error"] |= exc.figures
+                return JSONResponse(body, status_code=400)
             if exc.reason in ("draining", "unhealthy"):
                 return error_response(503, str(exc), "server_error", exc.reason)
             headers = {"Retry-After": _retry_after(self.state.node)} if self.state.node else None
@@ -235,8 +243,10 @@ class _Guard:
 
         try:
             if self.key is not None and scope["path"] != "/health" and not self._authorized(scope):
-                response = error_response(401, "missing or invalid API key",
-                                          "invalid_request_error", "invalid_api_key")
+                response = (anthropic.error(401, "authentication_error", "invalid x-api-key")
+                            if scope["path"].startswith("/v1/messages") else
+                            error_response(401, "missing or invalid API key",
+                                           "invalid_request_error", "invalid_api_key"))
                 await response(scope, receive, send_logged)
             else:
                 await self.app(scope, receive, send_logged)

@@ -16,6 +16,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]):
         self._stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text
 
     @property
     def active(self) -> bool:
@@ -26,9 +27,10 @@ class StopMatcher:
         if not self._stops:
             return text, False
         self._held += text
-        hits = [i for i in (self._held.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self._held.find(s), s) for s in self._stops) if i >= 0]
         if hits:
-            visible = self._held[:min(hits)]
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            visible = self._held[:at]
             self._held = ""
             return visible, True
         keep = self._longest_stop_prefix_suffix()

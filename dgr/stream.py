@@ -31,6 +31,7 @@ class Chunk:
     top_logprobs: Optional[TopLogprobs] = None
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
+    stop_sequence: Optional[str] = None  # the stop string that ended the session
 
 
 @attrs.frozen
@@ -61,6 +62,7 @@ class SessionStream:
         self._pending: collections.deque[Chunk] = collections.deque()  # taken, not yet read
         self.finish_reason: Optional[FinishReason] = None
         self.error: Optional[str] = None
+        self.stop_sequence: Optional[str] = None  # the stop string that ended it, if one did
 
     @property
     def prompt_tokens(self) -> int:
@@ -135,9 +137,11 @@ class SessionStream:
         if type(item) is list:
             last = item[-1]
             self.finish_reason, self.error = last.finish_reason, last.error
+            self.stop_sequence = last.stop_sequence
             return item
         if item.finish_reason is not None:
             self.finish_reason, self.error = item.finish_reason, item.error
+            self.stop_sequence = item.stop_sequence
         elif item.token_id is not None:
             self._took_token()
         return [item]

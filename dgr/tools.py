@@ -101,12 +101,25 @@ def call_schema(tools: list[dict]) -> dict:
                        "required": ["name", "arguments"]} for t in tools]}
 
 
-def schema_grammar(schema: dict) -> str:
-    """GBNF of a JSON schema (llama-cpp-python's converter; root rule "root")."""
+# llama-cpp-python's converter lets a string hold raw control characters, which no
+# strict JSON parser takes (the anthropic SDK's, Python's json.loads): its string
+# character, and llama.cpp's own converter's, which leaves them out
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_STRICT_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
+def json_grammar(schema: dict) -> str:
+    """GBNF of a JSON schema (llama-cpp-python's converter; root rule "root"), its
+    strings without raw control characters. Raises what the converter raises."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    return json_schema_to_gbnf(json.dumps(schema)).replace(_LOOSE_CHAR, _STRICT_CHAR)
+
+
+def schema_grammar(schema: dict) -> str:
+    """json_grammar, a ToolsError naming what the converter cannot express."""
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return json_grammar(schema)
     except Exception as exc:  # the converter's message names what it cannot express
         raise ToolsError(f"a tool's parameters cannot be turned into a grammar: {exc}",
                          "tools") from None

@@ -59,3 +59,40 @@ async def test_json_object_with_a_schema_follows_the_schema(start_server):  # no
             "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_object", "strict": True}})
         assert odd.status_code == 400 and odd.json()["error"]["param"] == "response_format"
+
+
+async def test_llama_cpps_native_completion_props_and_template(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        body = {"prompt": "Once upon", "n_predict": 12, "temperature": 0, "return_tokens": True,
+                "cache_prompt": True, "id_slot": -1}
+        whole = (await client.post("/completion", json=body)).json()
+        assert whole["stop"] and whole["stop_type"] == "limit"
+        assert whole["timings"]["predicted_n"] == 12 and len(whole["tokens"]) == 12
+        assert whole["tokens_evaluated"] > 0 and isinstance(whole["has_new_line"], bool)
+        streamed = await client.post("/completion", json=body | {"stream": True})
+        events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                  if line.startswith("data: ")]
+        assert events[-1]["stop"] and not any(e["stop"] for e in events[:-1])
+        assert "".join(e["content"] for e in events) == whole["content"]
+        word = whole["content"][3:5]
+        stopped = (await client.post("/completion", json=body | {"stop": [word]})).json()
+        assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+        refused = await client.post("/completion", json=body | {"samplers": ["top_k"]})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "samplers"
+        props = (await client.get("/props")).json()
+        assert props["default_generation_settings"]["n_ctx"] > 0 and props["total_slots"] > 0
+        applied = (await client.post("/apply-template", json={
+            "messages": [{"role": "user", "content": "hi"}]})).json()
+        assert "hi" in applied["prompt"]
+
+
+async def test_a_prompt_past_the_context_says_how_far(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        long = await client.post("/v1/completions", json={"prompt": "word " * 3000,
+                                                          "max_tokens": 4})
+        assert long.status_code == 400
+        error = long.json()["error"]
+        assert error["type"] == "exceed_context_size_error"
+        assert error["n_prompt_tokens"] > error["n_ctx"] > 0

@@ -239,12 +239,13 @@ async def test_api_key(start_server):
 
 
 async def test_graceful_shutdown_lets_a_request_in_flight_finish(start_server):
-    """Draining refuses new requests (503) and lets a running one finish. The running
-    one is streamed and read only after the checks; it asks for 3,000 tokens, a step
-    each, so it is still in flight then (its events fit the socket's buffers, which
-    hold nothing back: with 300 tokens the late request often found no listener, the
-    session and so the server having ended)."""
-    server = await start_server(grace_s=30)
+    """Draining (with --drain-quiet 0: no wait for routers to look away) refuses new
+    requests (503) and lets a running one finish. The running one is streamed and read
+    only after the checks; it asks for 3,000 tokens, a step each, so it is still in
+    flight then (its events fit the socket's buffers, which hold nothing back: with 300
+    tokens the late request often found no listener, the session and so the server
+    having ended)."""
+    server = await start_server(grace_s=30, drain_quiet_s=0)
     body = {"prompt": "finish me", "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     async with server.client() as client:

@@ -30,6 +30,17 @@ FIELDS = {
                       "previous_response_id", "seed", "tools", "tool_choice",
                       "parallel_tool_calls"},
     # llama-server's shape, and vLLM's (what vllm-router's cache-aware policy sends)
+    # Anthropic's Messages API (`thinking` only as {"type": "disabled"})
+    "/v1/messages": {"model", "max_tokens", "messages", "system", "stop_sequences",
+                     "temperature", "top_p", "top_k", "stream", "tools", "tool_choice",
+                     "thinking"},
+    "/v1/messages/count_tokens": {"model", "messages", "system", "tools", "tool_choice",
+                                  "thinking"},
+    # llama.cpp's native completion
+    "/completion": {"prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "seed",
+                    "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
+                    "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
+                    "grammar", "json_schema", "return_tokens"},
     "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
                   "add_special_tokens", "add_generation_prompt", "continue_final_message",
                   "return_token_strs"},
@@ -40,6 +51,11 @@ HINTS = {
     "/v1/completions": {"user", "metadata", "store", "service_tier"},
     "/v1/chat/completions": {"user", "metadata", "store", "service_tier"},
     "/v1/responses": {"user", "metadata", "service_tier"},
+    "/v1/messages": {"metadata", "service_tier"},
+    "/v1/messages/count_tokens": set(),
+    # a slot preference, prompt caching and n_keep change no output here (the node
+    # places sessions and caches prefixes itself, bitwise, and never shifts a context)
+    "/completion": {"id_slot", "cache_prompt", "n_keep"},
     "/tokenize": set(),
     "/detokenize": set(),
 }

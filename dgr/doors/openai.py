@@ -158,12 +158,10 @@ def _grammar(body: dict) -> Optional[str]:
 
 def _schema_grammar(schema, where: str) -> str:
     """GBNF of a JSON schema (llama-cpp-python's converter)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     if not isinstance(schema, dict):
         raise BadRequest(f"{where} must be an object", "response_format")
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return tool_calls.json_grammar(schema)
     except Exception as exc:  # the converter's message names what it cannot handle
         raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
 

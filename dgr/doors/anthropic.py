@@ -1,0 +1,307 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): a
+request becomes a chat, parsed and validated as `/v1/chat/completions` is (its
+tools grammar-sure as the chat door's), and the session's answer becomes a
+message of text and tool_use blocks, whole or as Anthropic's stream events.
+Errors are in Anthropic's shape."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING, Any, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dgr import tools as tool_calls
+from dgr.doors.fields import BadRequest, check_fields
+from dgr.doors.openai import parse_chat
+from dgr.doors.sse import SessionEvents, ending, read_whole
+from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
+
+if TYPE_CHECKING:
+    from dgr.doors.context import ServerState
+
+# the chat request's name of a field -> the Messages API's (for error messages)
+_CHAT_NAMES = {"stop": "stop_sequences", "parallel_tool_calls": "tool_choice"}
+_STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
+
+
+def error(status: int, kind: str, message: str) -> JSONResponse:
+    """An error in Anthropic's shape."""
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}},
+                        status_code=status)
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or text blocks joined (cache_control on a block is a hint: the
+    node caches prefixes by itself)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"'{where}' must be a string or a list of text blocks", where)
+    parts = []
+    for block in content:
+        if not isinstance(block, dict) or block.get("type") != "text" \
+                or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, dict) else None
+            raise BadRequest(f"'{where}' blocks of type {kind!r} are not supported here", where)
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _messages(body: dict) -> list[dict]:
+    """The conversation as chat messages: text, tool_use and tool_result blocks."""
+    system = body.get("system")
+    out = [{"role": "system", "content": _text(system, "system")}] if system else []
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise BadRequest("every message needs the role 'user' or 'assistant'", "messages")
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append({"role": message["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest("a message's 'content' must be a string or blocks", "messages")
+        text, calls = [], []
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                text.append(block["text"])
+            elif kind == "tool_use" and message["role"] == "assistant":
+                calls.append({"id": block.get("id"), "type": "function", "function": {
+                    "name": block.get("name"), "arguments": json.dumps(block.get("input", {}))}})
+            elif kind == "tool_result" and message["role"] == "user":
+                result = block.get("content", "")
+                out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                            "content": _text(result, "messages")})
+            else:
+                raise BadRequest(f"content blocks of type {kind!r} are not supported",
+                                 "messages")
+        if text or calls:
+            out.append({"role": message["role"], "content": "".join(text) or None}
+                       | ({"tool_calls": calls} if calls else {}))
+    return out
+
+
+def _tools(body: dict) -> dict:
+    """`tools` and `tool_choice` as the chat door takes them."""
+    tools = body.get("tools")
+    if tools is None:
+        if body.get("tool_choice") is not None:
+            raise BadRequest("'tool_choice' needs 'tools'", "tool_choice")
+        return {}
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list", "tools")
+    chat_tools = []
+    for tool in tools:
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise BadRequest(f"tools of type {kind!r} (server tools) are not supported",
+                             "tools")
+        chat_tools.append({"type": "function", "function": {
+            "name": tool.get("name"), "description": tool.get("description", ""),
+            "parameters": tool.get("input_schema")}})
+    out: dict = {"tools": chat_tools}
+    choice = body.get("tool_choice")
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        named = {"type": "function", "function": {"name": choice.get("name")}} \
+            if kind == "tool" else None
+        mapped = {"auto": "auto", "any": "required", "none": "none", "tool": named}
+        if kind not in mapped:
+            raise BadRequest("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
+        out["tool_choice"] = mapped[kind]
+        if choice.get("disable_parallel_tool_use"):
+            out["parallel_tool_calls"] = False
+    return out
+
+
+def parse_messages(body: Any, tool_format=None, door: str = "/v1/messages"):
+    """(ParsedRequest, chat messages) of a Messages API body."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, door)
+    thinking = body.get("thinking")
+    if thinking is not None and thinking != {"type": "disabled"}:
+        raise BadRequest("'thinking' is not supported", "thinking")
+    chat_body = {"messages": _messages(body)} | _tools(body)
+    if door == "/v1/messages":
+        if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+            raise BadRequest("'max_tokens' must be a positive integer", "max_tokens")
+        for name, chat_name in (("max_tokens", "max_tokens"), ("temperature", "temperature"),
+                                ("top_p", "top_p"), ("top_k", "top_k"),
+                                ("stop_sequences", "stop"), ("stream", "stream")):
+            if body.get(name) is not None:
+                chat_body[chat_name] = body[name]
+    try:
+        return parse_chat(chat_body, tool_format)
+    except BadRequest as exc:
+        raise BadRequest(str(exc), _CHAT_NAMES.get(exc.param, exc.param)) from None
+
+
+def _event(kind: str, **fields) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind} | fields, ensure_ascii=False)}\n\n"
+
+
+class _Blocks:
+    """The answer's content blocks as they stream: text, then tool_use blocks."""
+
+    def __init__(self, reader):
+        self.reader = reader  # dgr.tools.AnswerReader, or None without tools
+        self.index = -1
+        self.open: Optional[str] = None
+
+    def _start(self, block: dict) -> list[str]:
+        events = self.stop()
+        self.index += 1
+        self.open = block["type"]
+        return events + [_event("content_block_start", index=self.index, content_block=block)]
+
+    def stop(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [_event("content_block_stop", index=self.index)]
+
+    def _text(self, text: str) -> list[str]:
+        events = [] if self.open == "text" else self._start({"type": "text", "text": ""})
+        return events + [_event("content_block_delta", index=self.index,
+                                delta={"type": "text_delta", "text": text})]
+
+    def feed(self, text: str) -> list[str]:
+        if self.reader is None:
+            return self._text(text) if text else []
+        events = []
+        for piece in self.reader.feed(text):
+            if isinstance(piece, tool_calls.ContentPiece):
+                events += self._text(piece.text) if piece.text else []
+            elif isinstance(piece, tool_calls.CallStarted):
+                events += self._start({"type": "tool_use", "id": piece.id, "name": piece.name,
+                                       "input": {}})
+            else:
+                events.append(_event("content_block_delta", index=self.index, delta={
+                    "type": "input_json_delta", "partial_json": piece.text}))
+        return events
+
+
+def _content(text: str, reader) -> tuple[list[dict], bool]:
+    """(content blocks, whether the answer is tool calls) of a whole answer."""
+    if reader is None:
+        return ([{"type": "text", "text": text}] if text else []), False
+    reader.feed(text)
+    content, calls = reader.result()
+    blocks = [{"type": "text", "text": content}] if content else []
+    for call in calls:
+        try:
+            arguments = json.loads(call["function"]["arguments"], strict=False)
+        except ValueError:
+            arguments = {}  # cut short by max_tokens
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": arguments})
+    return blocks, bool(calls) and reader.whole
+
+
+def _stop(chunks, tool_use: bool) -> tuple[str, Optional[str]]:
+    if tool_use:
+        return "tool_use", None
+    if chunks.stop_sequence is not None:
+        return "stop_sequence", chunks.stop_sequence
+    return _STOP_REASONS.get(str(chunks.finish_reason), "end_turn"), None
+
+
+async def messages(request: Request, server: "ServerState") -> Response:
+    """One chat session, answered as a message or as Anthropic's stream events."""
+    try:
+        node = server.ready_node()
+        parsed, chat = parse_messages(await server.read_json(request), node.tool_format)
+        ids = await _prompt_ids(node, chat, parsed.tools)
+        stream_cm = node.stream(ids, parsed.params, whole=not parsed.stream)
+        chunks = await stream_cm.__aenter__()
+    except (BadRequest, InvalidRequest) as exc:
+        return error(400, "invalid_request_error", str(exc))
+    except AdmissionRejected as exc:
+        if exc.reason in ("draining", "unhealthy"):
+            return error(503, "overloaded_error", str(exc))
+        return error(429 if exc.reason != "never_fits" else 400,
+                     "rate_limit_error" if exc.reason != "never_fits" else "invalid_request_error",
+                     str(exc))
+    except NodeClosed as exc:
+        return error(503, "overloaded_error", str(exc))
+    message_id = "msg_" + uuid.uuid4().hex
+    reader = parsed.tools.format.reader() if parsed.tools is not None else None
+    head = {"id": message_id, "type": "message", "role": "assistant", "model": server.model_id}
+    cached = chunks.cached_tokens
+
+    def usage(output_tokens: int) -> dict:
+        return {"input_tokens": chunks.prompt_tokens - cached, "output_tokens": output_tokens,
+                "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+    generated = [0]
+    if parsed.stream:
+        async def produce(emit) -> None:
+            await emit(_event("message_start", message=head | {
+                "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(0)}))
+            await emit(_event("ping"))
+            blocks = _Blocks(reader)
+            async for chunk in chunks:
+                if chunk.token_id is not None:
+                    generated[0] += 1
+                    request.scope["dgr.tokens"] = generated[0]
+                if chunk.text and chunk.finish_reason != "error":
+                    events = blocks.feed(chunk.text)
+                    if events:
+                        await emit("".join(events))
+            ended = ending([chunks])
+            if ended is not None:
+                await emit(_event("error", error={"type": "api_error", "message": ended[1]}))
+                return
+            tool_use = reader is not None and reader.calls > 0 and reader.whole
+            reason, sequence = _stop(chunks, tool_use)
+            await emit("".join(blocks.stop()) + _event(
+                "message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
+                usage={"output_tokens": generated[0]}) + _event("message_stop"))
+
+        return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+    texts: list[str] = []
+
+    async def collect(_, chunks):
+        got = await chunks.read_all()
+        texts.extend(chunk.text for chunk in got)
+        generated[0] = sum(1 for chunk in got if chunk.token_id is not None)
+        request.scope["dgr.tokens"] = generated[0]
+
+    try:
+        instead = await read_whole(request, [chunks], collect)
+    finally:
+        await stream_cm.__aexit__(None, None, None)
+    if instead is not None:
+        ended = ending([chunks])
+        return error(ended[0], "api_error", ended[1]) if ended else instead
+    blocks, tool_use = _content("".join(texts), reader)
+    reason, sequence = _stop(chunks, tool_use)
+    return JSONResponse(head | {"content": blocks, "stop_reason": reason,
+                                "stop_sequence": sequence, "usage": usage(generated[0])})
+
+
+async def count_tokens(request: Request, server: "ServerState") -> Response:
+    """`POST /v1/messages/count_tokens`: the prompt's tokens, as /v1/messages makes it."""
+    try:
+        node = server.ready_node()
+        parsed, chat = parse_messages(await server.read_json(request), node.tool_format,
+                                      "/v1/messages/count_tokens")
+        ids = await _prompt_ids(node, chat, parsed.tools)
+    except (BadRequest, InvalidRequest) as exc:
+        return error(400, "invalid_request_error", str(exc))
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+async def _prompt_ids(node, chat: list[dict], tools) -> list[int]:
+    try:
+        prompt = node.chat_prompt(chat, tools)
+    except ValueError as exc:
+        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+    return await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)

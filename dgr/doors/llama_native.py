@@ -1,0 +1,154 @@
+"""llama.cpp's native API, as llama-server serves it to the GGUF tools that speak
+it: `POST /completion` (its fields, its response and stream shapes), `GET /props`,
+`POST /apply-template`. A completion becomes an OpenAI completion body, parsed and
+validated as `/v1/completions` is; a llama.cpp field with no meaning here is taken
+only at a value that changes nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from dgr.doors.fields import BadRequest, check_fields, read_bool
+from dgr.doors.openai import parse_completion
+from dgr.doors.sse import SessionEvents, ending, read_whole
+
+if TYPE_CHECKING:
+    from dgr.doors.context import ServerState
+
+# llama.cpp's name -> the OpenAI completion body's
+_RENAMED = {"n_predict": "max_tokens", "n_probs": "logprobs", "temperature": "temperature",
+            "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
+            "ignore_eos": "ignore_eos", "repeat_penalty": "repeat_penalty",
+            "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+            "frequency_penalty": "frequency_penalty", "grammar": "grammar", "stream": "stream"}
+# llama-server's default temperature for /completion
+_TEMPERATURE = 0.8
+
+
+def _completion_body(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    check_fields(body, "/completion")
+    out: dict = {"prompt": body.get("prompt"), "temperature": _TEMPERATURE}
+    for name, value in body.items():
+        if name in _RENAMED and value is not None:
+            out[_RENAMED[name]] = value
+    if out.get("max_tokens") == -1:
+        del out["max_tokens"]  # llama.cpp's "until the end": the node's default
+    if body.get("json_schema") is not None:
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"schema": body["json_schema"]}}
+    bias = body.get("logit_bias")
+    if isinstance(bias, list):  # llama.cpp's [[token, bias], ...]
+        out["logit_bias"] = {str(pair[0]): pair[1] for pair in bias
+                             if isinstance(pair, list) and len(pair) == 2}
+    elif bias is not None:
+        out["logit_bias"] = bias
+    return out
+
+
+def _result(parsed, chunks, text: str, tokens: list[int], model: str, started: float,
+            return_tokens: bool) -> dict:
+    cached = chunks.cached_tokens
+    reason = str(chunks.finish_reason)
+    stop_type = ("word" if chunks.stop_sequence is not None else
+                 "limit" if reason == "length" else "eos")
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    return {"index": 0, "content": text, "tokens": tokens if return_tokens else [],
+            "id_slot": chunks.session.slot if chunks.session.slot is not None else -1,
+            "stop": True, "model": model, "tokens_predicted": len(tokens),
+            "tokens_evaluated": chunks.prompt_tokens, "tokens_cached": cached,
+            "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
+            "stopping_word": chunks.stop_sequence or "",
+            "generation_settings": {"n_predict": parsed.params.max_tokens or -1,
+                                    "temperature": parsed.params.temperature,
+                                    "seed": parsed.params.seed},
+            "timings": {"prompt_n": chunks.prompt_tokens - cached, "cache_n": cached,
+                        "predicted_n": len(tokens), "predicted_ms": elapsed_ms}}
+
+
+async def completion(request: Request, server: "ServerState") -> Response:
+    node = server.ready_node()
+    body = await server.read_json(request)
+    parsed = parse_completion(_completion_body(body))
+    if len(parsed.prompts) != 1 or parsed.n != 1:
+        raise BadRequest("give one prompt (text or token ids)", "prompt")
+    return_tokens = read_bool(body, "return_tokens")
+    started = time.perf_counter()
+    tokens: list[int] = []
+    if parsed.stream:
+        stream_cm = node.stream(parsed.prompts[0], parsed.params)
+        chunks = await stream_cm.__aenter__()
+
+        async def produce(emit) -> None:
+            texts = []
+            async for chunk in chunks:
+                if chunk.token_id is not None:
+                    tokens.append(chunk.token_id)
+                    request.scope["dgr.tokens"] = len(tokens)
+                if chunk.finish_reason is None:
+                    texts.append(chunk.text)
+                    await emit("data: " + json.dumps({
+                        "index": 0, "content": chunk.text,
+                        "tokens": [chunk.token_id] if return_tokens and chunk.token_id
+                        is not None else [], "stop": False}, ensure_ascii=False) + "\n\n")
+                else:
+                    texts.append(chunk.text)
+            ended = ending([chunks])
+            if ended is not None:
+                await emit("data: " + json.dumps({"error": {"code": ended[0],
+                                                            "message": ended[1]}}) + "\n\n")
+                return
+            final = _result(parsed, chunks, "".join(texts), tokens, server.model_id, started,
+                            return_tokens)
+            last = texts[-1] if texts and chunks.finish_reason is not None else ""
+            await emit("data: " + json.dumps(final | {"content": last}, ensure_ascii=False)
+                       + "\n\n")
+
+        return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+    texts: list[str] = []
+
+    async def collect(_, chunks):
+        got = await chunks.read_all()
+        texts.extend(chunk.text for chunk in got)
+        tokens.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
+        request.scope["dgr.tokens"] = len(tokens)
+
+    async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
+        instead = await read_whole(request, [chunks], collect)
+    if instead is not None:
+        return instead
+    return JSONResponse(_result(parsed, chunks, "".join(texts), tokens, server.model_id,
+                                started, return_tokens))
+
+
+async def props(request: Request, server: "ServerState") -> Response:
+    node = server.ready_node()
+    info = node.engine_info
+    return JSONResponse({
+        "default_generation_settings": {"n_ctx": info["n_ctx_seq"],
+                                        "params": {"temperature": _TEMPERATURE}},
+        "total_slots": info["n_seq_max"], "model_alias": server.model_id,
+        "model_path": info["path"], "modalities": {"vision": False, "audio": False},
+        "chat_template": node.chat_template() or "", "build_info": "dgr"})
+
+
+async def apply_template(request: Request, server: "ServerState") -> Response:
+    node = server.ready_node()
+    body = await server.read_json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        raise BadRequest("'messages' must be a list", "messages")
+    from dgr.doors.openai import parse_chat
+
+    chat, messages = parse_chat({"messages": body["messages"]} |
+                                {k: body[k] for k in ("tools", "tool_choice") if k in body},
+                                node.tool_format)
+    try:
+        return JSONResponse({"prompt": node.chat_prompt(messages, chat.tools)})
+    except ValueError as exc:
+        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
