@@ -47,19 +47,30 @@ def set_scheduling(policy: Optional[int]) -> Optional[int]:
     return before
 
 
+# per thread: (nodes open in it with sched_batch, its policy before the first)
+_batch_holders = threading.local()
+
+
 @contextlib.contextmanager
 def python_yields(enabled: bool):
     """While open, the calling thread (the node's Trio thread) is SCHED_BATCH: Linux then
     does not let its wake-ups preempt a running thread, so the pump, woken as a step
     begins, waits for a core rather than stopping the engine thread before its
-    llama.cpp calls (NodeConfig.sched_batch). Its policy before is restored at the
-    end."""
-    before = set_scheduling(SCHED_BATCH) if enabled else None
+    llama.cpp calls (NodeConfig.sched_batch). The thread's policy before the first
+    node open in it is restored when the last one closes, in whatever order they close."""
+    if not enabled:
+        yield
+        return
+    held = getattr(_batch_holders, "count", 0)
+    if held == 0:
+        _batch_holders.before = set_scheduling(SCHED_BATCH)
+    _batch_holders.count = held + 1
     try:
         yield
     finally:
-        if before is not None:
-            set_scheduling(before)
+        _batch_holders.count -= 1
+        if _batch_holders.count == 0 and _batch_holders.before is not None:
+            set_scheduling(_batch_holders.before)
 
 
 class EngineThread:

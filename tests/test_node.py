@@ -923,6 +923,30 @@ async def test_the_nodes_thread_is_sched_batch_while_it_is_open_and_the_engines_
         assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+async def test_nodes_sharing_a_thread_restore_its_policy_when_the_last_closes(node_config):
+    """Two nodes open in one Trio thread (two tasks), the first opened closing first:
+    the thread stays SCHED_BATCH while one is open and gets its policy back after."""
+    before = os.sched_getscheduler(0)
+    opened, close, closed = ([trio.Event(), trio.Event()] for _ in range(3))
+
+    async def node(i):
+        async with dgr.open_node(node_config()):
+            opened[i].set()
+            await close[i].wait()
+        closed[i].set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node, 0)
+        await opened[0].wait()
+        nursery.start_soon(node, 1)
+        await opened[1].wait()
+        close[0].set()
+        await closed[0].wait()
+        assert os.sched_getscheduler(0) == os.SCHED_BATCH  # the second is still open
+        close[1].set()
+    assert os.sched_getscheduler(0) == before
+
+
 async def test_a_system_that_refuses_the_policy_still_opens_the_node(node_config, monkeypatch):
     def refuse(*_):
         raise PermissionError("not allowed here")
