@@ -46,7 +46,7 @@ from typing import Iterable, Optional, Sequence
 import attrs
 import numpy as np
 
-from dgr.prefix_cache import common_prefix, tokens_array
+from dgr.prefix_cache import common_prefix
 
 log = logging.getLogger("dgr.kv_tier")
 

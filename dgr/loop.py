@@ -44,7 +44,7 @@ import attrs
 import trio
 
 from dgr import _batch, _engine, _scheduler
-from dgr._codes import DECODE_ABORTED, ENGINE_FAULT, WORKER_LOST
+from dgr._codes import DECODE_ABORTED, WORKER_LOST
 from dgr.admission import Admission
 from dgr.engine import EngineThread
 from dgr.errors import decode_error

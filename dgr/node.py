@@ -305,7 +305,7 @@ class Node:
         node holds, in its pool's cache, host memory or on disk, whose tokens all
         begin `token_ids` (so it carries nothing of another conversation); None
         if it holds none. Another node with the same key imports it."""
-        key = await self._kv_key()
+        await self._kv_key()  # the blob carries it; refuses a node without tiers
         tokens = np.asarray(self._checked_ids(token_ids), dtype=np.int32)
         stored, name, n_stored = self.tiers.held_prefix(tokens)
         slot, n_pool = self._admission.placement.cached_within(tokens)

@@ -7,7 +7,6 @@ the door's fields (dgr.doors.fields).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid

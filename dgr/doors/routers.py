@@ -7,7 +7,7 @@ beside dgr's own. All from the node's live figures (`Node.router_load`)."""
 
 from __future__ import annotations
 
-import time
+import datetime
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
@@ -26,7 +26,8 @@ async def sglang_loads(request: Request, server: ServerState) -> Response:
     """SGLang's load snapshot: one entry (a node is one data-parallel rank)."""
     f = _node(server).router_load()
     prompt = f["prompt_tokens"]
-    return JSONResponse({"timestamp": time.time(), "loads": [{
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return JSONResponse({"timestamp": stamp, "version": "dgr", "dp_rank_count": 1, "loads": [{
         "dp_rank": 0,
         "num_running_reqs": f["running"],
         "num_waiting_reqs": f["waiting"],

@@ -62,6 +62,10 @@ async def vllm_tokens(node, body: dict) -> list[int]:
     check_fields(body, "/tokenize")
     if read_bool(body, "continue_final_message"):
         raise BadRequest("'continue_final_message' is not supported", "continue_final_message")
+    if body.get("add_generation_prompt", True) is not True:
+        # the chat door always prompts the assistant's turn
+        raise BadRequest("'add_generation_prompt' is supported only as true",
+                         "add_generation_prompt")
     if "messages" in body:
         chat, messages = parse_chat({"messages": body["messages"]}, node.tool_format)
         return await _chat_tokens(node, messages, chat.tools)
