@@ -345,6 +345,19 @@ cdef class BatchLoop:
             self.op_state[self.n_ops - 1] = <const uint8_t *> (<const char *> state)
             self.op_state_len[self.n_ops - 1] = len(state)
 
+    def statistics(self):
+        """Its bounds in use, as Trio's channels report theirs: the event ring (events
+        published, not yet drained), the queued KV operations, the saves held for the
+        node (entries and bytes)."""
+        pthread_mutex_lock(&self.lock)
+        try:
+            return {"event_ring": {"used": self.ring_len, "capacity": self.ring_cap},
+                    "kv_operations": {"used": self.n_ops, "capacity": self.ops_cap},
+                    "saves_held": {"used": self.n_saved, "capacity": self.ops_cap,
+                                   "bytes": self.saved_bytes, "bytes_bound": self.save_bound}}
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
     @property
     def kv_ops_queued(self):
         """KV changes asked for so far (starts and evictions)."""

@@ -180,6 +180,19 @@ class StepLoop:
         if slot is not None and self._by_slot.get(slot) is session:
             self.batch.credit(slot)
 
+    def statistics(self) -> dict:
+        """Every bound between the sessions and the batch loop, in use and in all: the
+        request channel into the loop, the loop's own (BatchLoop.statistics), and the
+        readers' chunk channels (their sum)."""
+        requests = self._requests.statistics()
+        readers = [reply.statistics() for reply in self._replies.values()]
+        return {"requests": {"used": requests.current_buffer_used,
+                             "capacity": requests.max_buffer_size},
+                **self.batch.statistics(),
+                "reply_chunks": {"used": sum(r.current_buffer_used for r in readers),
+                                 "capacity": sum(r.max_buffer_size for r in readers),
+                                 "readers": len(readers)}}
+
     def end(self, session: Session, reason: FinishReason, error: str | None = None) -> None:
         """Finish the session (first reason wins) and free its queue place or slot."""
         if session.finish(reason, error):

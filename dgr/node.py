@@ -241,6 +241,19 @@ class Node:
                 token_logprobs=[c.logprob for c in tokens] if params.logprobs else None,
                 cached_tokens=chunks.cached_tokens)
 
+    def statistics(self) -> dict:
+        """The node's bounds in use and in all: the admission queue, then the step
+        loop's (StepLoop.statistics). Also under /capabilities' "bounds"."""
+        load = self._admission.load()
+        b = self.budgets
+        return {"waiting_sessions": {"used": load.waiting, "capacity": b.max_waiting},
+                "waiting_tokens": {"used": load.waiting_tokens,
+                                   "capacity": b.max_waiting_tokens},
+                "slots": {"used": b.slots - load.free_slots, "capacity": b.slots},
+                "kv_cells_reserved": {"used": load.reserved_cells,
+                                      "capacity": b.kv_cells_total},
+                **self._loop.statistics()}
+
     def router_load(self) -> dict:
         """The node's load as routers read it (dgr.doors.routers): plain figures,
         cheap enough for a poll a second (the capability report reads the metrics
@@ -264,12 +277,13 @@ class Node:
         devices = capabilities.device_list(self._engine.info["devices"], links,
                                            self._rpc_at_start, self._engine.workers_connected(),
                                            steps)
-        return capabilities.report(self._engine.info, self.config, self.budgets,
-                                   self._admission.load(), self._loop.batch.cells_used,
-                                   self.telemetry, self._admission.placement.cache is not None,
-                                   devices, self.tool_format.name, self._loop.step_time.report(),
-                                   self.config.session_speculation(),
-                                   self.tiers.report() if self.tiers is not None else None)
+        report = capabilities.report(
+            self._engine.info, self.config, self.budgets, self._admission.load(),
+            self._loop.batch.cells_used, self.telemetry,
+            self._admission.placement.cache is not None, devices, self.tool_format.name,
+            self._loop.step_time.report(), self.config.session_speculation(),
+            self.tiers.report() if self.tiers is not None else None)
+        return report | {"bounds": self.statistics()}
 
     async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
         """Empty the named tiers of stored prefixes: "pool" evicts every cached

@@ -85,6 +85,10 @@ class Reply:
         else:
             self._held.append(chunk)
 
+    def statistics(self) -> trio.MemoryChannelStatistics:
+        """The reader's channel: chunks written and not yet read, and its bound."""
+        return self._chunks.statistics()
+
     def finish(self, reason: FinishReason, error: Optional[str]) -> None:
         if not self.closed:
             self._end(self._final(reason, error))

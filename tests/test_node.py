@@ -954,3 +954,20 @@ async def test_a_system_that_refuses_the_policy_still_opens_the_node(node_config
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
     async with dgr.open_node(node_config()) as node:
         assert (await node.generate("Hello", dgr.SamplingParams(max_tokens=2))).completion_tokens
+
+
+async def test_every_bound_is_in_one_statistics_call_and_in_capabilities(node_config):
+    """Trio's channels' way: each bound between a caller and the batch loop, in use
+    and in all (the queue, slots, KV, the request channel, the event ring, the KV
+    operations, the saves held, the readers' chunks)."""
+    async with dgr.open_node(node_config()) as node:
+        params = dgr.SamplingParams(max_tokens=50, ignore_eos=True)
+        async with node.stream("count on", params) as chunks:
+            await chunks.__anext__()
+            stats = node.statistics()
+            for name in ("waiting_sessions", "waiting_tokens", "slots", "kv_cells_reserved",
+                         "requests", "event_ring", "kv_operations", "saves_held",
+                         "reply_chunks"):
+                assert 0 <= stats[name]["used"] <= stats[name]["capacity"], name
+            assert stats["slots"]["used"] == 1 and stats["reply_chunks"]["readers"] == 1
+            assert node.capabilities()["bounds"].keys() == stats.keys()
