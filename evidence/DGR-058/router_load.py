@@ -72,11 +72,12 @@ def main() -> int:
                     for node in (a, b):  # the node's own count, at the same moment
                         own = httpx.get(node.url + "/get_load", timeout=5).json()["load"]
                         held[node.url] = max(held.get(node.url, 0), own)
-                print(f"## {router} ({policy}): the largest load each node held, and the "
+                print(("" if router == "smg" else "\n")
+                      + f"## {router} ({policy}): the largest load each node held, and the "
                       "largest the router read of it")
                 for worker in sorted(held):
                     print(f"{worker} held {held[worker]:g}, read {seen.get(worker, 0):g}")
-                print(flush=True)
+                sys.stdout.flush()
             finally:
                 proc.terminate()
                 proc.wait(10)
