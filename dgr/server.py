@@ -125,16 +125,15 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         n = await node.import_prefix(bytes(blob))
         return JSONResponse({"tokens": n})
 
-    routes = [
-        Route("/v1/completions", door(completions.completions), methods=["POST"]),
-        Route("/v1/chat/completions", door(completions.chat_completions), methods=["POST"]),
-        Route("/v1/responses", door(responses.responses), methods=["POST"]),
+    openai_doors = [("/completions", completions.completions),
+                    ("/chat/completions", completions.chat_completions),
+                    ("/responses", responses.responses)]
+    # OpenAI's paths with /v1 and, as llama-server serves them, without
+    routes = [Route(prefix + path, door(handler), methods=["POST"])
+              for prefix in ("/v1", "") for path, handler in openai_doors]
+    routes += [
         Route("/v1/messages", door(anthropic.messages), methods=["POST"]),
         Route("/v1/messages/count_tokens", door(anthropic.count_tokens), methods=["POST"]),
-        # the same without /v1, as llama-server serves them (an SDK's base_url without it)
-        Route("/completions", door(completions.completions), methods=["POST"]),
-        Route("/chat/completions", door(completions.chat_completions), methods=["POST"]),
-        Route("/responses", door(responses.responses), methods=["POST"]),
         Route("/models", models, methods=["GET"]),
         # llama.cpp's native API
         Route("/completion", door(llama_native.completion), methods=["POST"]),

@@ -129,6 +129,23 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
 QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4_MOE")
 
 
+def write_tensors(path: str | os.PathLike, tensors: dict) -> str:
+    """A GGUF of `tensors` ({name: (array, raw ggml type or None)}) and a little
+    metadata (a string array, a number), no model: for header readers' tests."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(1000)])
+    writer.add_uint32("test.number", 7)
+    for name, (array, raw_type) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=raw_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
 def quantize(source: str | os.PathLike, path: str | os.PathLike, kind: str) -> Path:
     """Write `source` as weight type `kind` (one of QUANT_TYPES) to `path` with the
     installed llama.cpp's quantizer (tensors whose rows do not fit the type's blocks

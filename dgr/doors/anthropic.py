@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields
 from dgr.doors.openai import parse_chat
-from dgr.doors.sse import SessionEvents, ending, read_whole
+from dgr.doors.sse import SessionEvents, ending, read_one
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 
 if TYPE_CHECKING:
@@ -266,25 +266,18 @@ async def messages(request: Request, server: "ServerState") -> Response:
                 usage={"output_tokens": generated[0]}) + _event("message_stop"))
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-    texts: list[str] = []
-
-    async def collect(_, chunks):
-        got = await chunks.read_all()
-        texts.extend(chunk.text for chunk in got)
-        generated[0] = sum(1 for chunk in got if chunk.token_id is not None)
-        request.scope["dgr.tokens"] = generated[0]
-
+    tokens: list[int] = []
     try:
-        instead = await read_whole(request, [chunks], collect)
+        text, instead = await read_one(request, chunks, tokens)
     finally:
         await stream_cm.__aexit__(None, None, None)
     if instead is not None:
         ended = ending([chunks])
         return error(ended[0], "api_error", ended[1]) if ended else instead
-    blocks, tool_use = _content("".join(texts), reader)
+    blocks, tool_use = _content(text, reader)
     reason, sequence = _stop(chunks, tool_use)
     return JSONResponse(head | {"content": blocks, "stop_reason": reason,
-                                "stop_sequence": sequence, "usage": usage(generated[0])})
+                                "stop_sequence": sequence, "usage": usage(len(tokens))})
 
 
 async def count_tokens(request: Request, server: "ServerState") -> Response:

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest, check_fields, read_bool
 from dgr.doors.openai import parse_completion
-from dgr.doors.sse import SessionEvents, ending, read_whole
+from dgr.doors.sse import SessionEvents, ending, read_one
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
@@ -111,20 +111,12 @@ async def completion(request: Request, server: "ServerState") -> Response:
                        + "\n\n")
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-    texts: list[str] = []
-
-    async def collect(_, chunks):
-        got = await chunks.read_all()
-        texts.extend(chunk.text for chunk in got)
-        tokens.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
-        request.scope["dgr.tokens"] = len(tokens)
-
     async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
-        instead = await read_whole(request, [chunks], collect)
+        text, instead = await read_one(request, chunks, tokens)
     if instead is not None:
         return instead
-    return JSONResponse(_result(parsed, chunks, "".join(texts), tokens, server.model_id,
-                                started, return_tokens))
+    return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, started,
+                                return_tokens))
 
 
 async def props(request: Request, server: "ServerState") -> Response:

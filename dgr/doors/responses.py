@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields
 from dgr.doors.openai import ParsedRequest, parse_chat
-from dgr.doors.sse import SessionEvents, ending, read_whole
+from dgr.doors.sse import SessionEvents, ending, read_one
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
@@ -392,18 +392,9 @@ async def responses(request: Request, server: "ServerState") -> Response:
                 await emit(event)
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-    texts: list[str] = []
-
-    async def collect(_, chunks):
-        got = await chunks.read_all()
-        texts.extend(chunk.text for chunk in got)
-        generated.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
-        request.scope["dgr.tokens"] = len(generated)
-
     async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
-        instead = await read_whole(request, [chunks], collect)
+        text, instead = await read_one(request, chunks, generated)
     if instead is not None:
         return instead
-    text = "".join(texts)
     return JSONResponse(builder.response("completed", text, chunks.finish_reason,
                                          finished(text, chunks)))

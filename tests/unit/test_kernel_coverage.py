@@ -7,19 +7,7 @@ import pytest
 
 from dgr.gguf_file import tensors
 from dgr.kernel_coverage import report
-
-
-def write(path, tensors):
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_token_list([f"t{i}" for i in range(1000)])  # a string array to skip
-    writer.add_uint32("test.number", 7)
-    for name, (array, raw_type) in tensors.items():
-        writer.add_tensor(name, array, raw_dtype=raw_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
+from dgr.testmodel import write_tensors as write
 
 
 def test_the_header_gives_each_types_tensor_count_and_whether_all_are_covered(tmp_path):

@@ -7,19 +7,9 @@ import gguf
 import numpy as np
 
 from dgr import weight_repack
+from dgr.testmodel import write_tensors as write
 
 X86 = "AVX = 1 | AVX2 = 1 | AVX512 = 1"
-
-
-def write(path, tensors):
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for name, (array, raw_type) in tensors.items():
-        writer.add_tensor(name, array, raw_dtype=raw_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
 
 
 def q4_0(rows):
