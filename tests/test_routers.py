@@ -79,7 +79,8 @@ async def test_routers_read_the_load_and_the_tokens_the_doors_compute(start_serv
 async def test_a_drained_node_says_so_at_once_and_loses_nothing(start_server):  # noqa: F811
     """/health answers 503 at once; what routers still send before they notice is
     served, and what runs finishes; with --drain-quiet 0 new work is refused at once."""
-    server = await start_server(grace_s=30, drain_quiet_s=0.5)
+    # a quiet period longer than the test: no timing decides what it sees
+    server = await start_server(grace_s=60, drain_quiet_s=30)
     async with server.client() as client:
         async with client.stream("POST", "/v1/completions", json={
                 "prompt": "a", "max_tokens": 40, "ignore_eos": True, "stream": True}) as running:
