@@ -64,6 +64,7 @@ def llama_extension(name: str, *c_sources: str, openmp: bool = False) -> Extensi
 extensions = [
     # pure C, no llama.cpp: their tests need no model
     Extension("dgr._codes", sources=["dgr/_codes.pyx"]),
+    Extension("dgr._events", sources=["dgr/_events.pyx"]),
     Extension("dgr._drafts", sources=["dgr/_drafts.pyx"], extra_compile_args=["-O3"]),
     Extension("dgr._speculation", sources=["dgr/_speculation.pyx"], extra_compile_args=["-O3"]),
     Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"]),
@@ -72,6 +73,7 @@ extensions = [
     # llama.cpp's log goes to one process-wide callback: its buffer lives here only
     llama_extension("dgr._vocab"),
     llama_extension("dgr._engine", "dgr_log.c"),
+    llama_extension("dgr._kv_ops"),
     llama_extension("dgr._batch"),
     llama_extension("dgr._step"),
     llama_extension("dgr._rpc", "dgr_rpc_offer.c"),

@@ -5,18 +5,19 @@ call, KV operations, sampling) only through dgr/_engine.pxd and the step policy
 only through dgr/_scheduler.pxd.
 """
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
                         MAX_LOGPROBS, SPECULATE_OFF, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE,
                         WANT_SCORE)
+from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
-from dgr._scheduler cimport (SLOT_DECODE, SLOT_PREFILL, Event, Scheduler, Slot, StepFigures,
-                             event_record)
+from dgr._events cimport Event, StepFigures, event_record
+from dgr._kv_ops cimport OP_RESTORE, OP_SAVE, KvOperations
+from dgr._scheduler cimport SLOT_DECODE, Scheduler, Slot
 
 from dgr.config import SPECULATION_MODES
 
@@ -34,18 +35,6 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_wait(pthread_cond_t * cond, pthread_mutex_t * mutex)
     int pthread_cond_signal(pthread_cond_t * cond)
     int pthread_cond_broadcast(pthread_cond_t * cond)
-
-
-# KV ops' src beyond slots (see _apply_kv_ops)
-cdef enum:
-    OP_SAVE = -2
-    OP_RESTORE = -3
-
-
-cdef inline double _now() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef class BatchLoop:
@@ -69,11 +58,10 @@ cdef class BatchLoop:
     what a slot was told to keep (a prefix cache entry).
 
     KV changes the node asks for (a start that reuses cells of another slot's
-    sequence or restores a saved state, a save, an eviction) are queued and
-    applied by the loop between steps, in order, since llama.cpp's KV cache may
-    only change on its thread. A save's bytes wait in the loop until the node
-    takes them (`take_saved`), within a bound of bytes (`set_save_bound`): a
-    save beyond it is dropped (the tiers are a cache; nothing waits on a save).
+    sequence or restores a saved state, a save, an eviction) are queued in a
+    dgr._kv_ops.KvOperations and applied by the loop between steps; a save's
+    bytes wait there until the node takes them (`take_saved`), within a bound
+    of bytes (`set_save_bound`).
     """
 
     cdef Engine engine
@@ -104,21 +92,7 @@ cdef class BatchLoop:
     cdef double mark
     cdef int cells_used_now
     cdef int * pos_max_now
-    cdef int * op_slot             # queued KV changes: see _apply_kv_ops
-    cdef int * op_src
-    cdef int * op_keep
-    cdef const uint8_t ** op_state  # OP_RESTORE: the state's bytes (held alive in `states`)
-    cdef size_t * op_state_len
-    cdef int n_ops, ops_cap
-    cdef int64_t ops_queued, ops_done
-    cdef dict states                # ticket -> bytes of a queued restore, until applied
-    cdef int64_t * saved_ticket     # saves done that the node has not taken yet
-    cdef uint8_t ** saved_data
-    cdef size_t * saved_len
-    cdef int n_saved
-    cdef size_t saved_bytes, save_bound
-    cdef int64_t saves, saves_dropped, restores, restores_failed
-    cdef double save_s, restore_s
+    cdef KvOperations kv_ops
 
     def __cinit__(self):
         self.sync_ready = False
@@ -128,12 +102,6 @@ cdef class BatchLoop:
         self.row_next = NULL
         self.chosen_lp = self.top_lp = NULL
         self.call_rc = self.pos_max_now = NULL
-        self.op_slot = self.op_src = self.op_keep = NULL
-        self.op_state = NULL
-        self.op_state_len = NULL
-        self.saved_ticket = NULL
-        self.saved_data = NULL
-        self.saved_len = NULL
 
     def __init__(self, Engine engine, Scheduler scheduler, int wake_fd, int ring_steps=32):
         engine.check_open()
@@ -159,23 +127,7 @@ cdef class BatchLoop:
         self.top_lp = <float *> calloc(rows * MAX_LOGPROBS, sizeof(float))
         self.call_rc = <int *> calloc(1 + scheduler.n_slots, sizeof(int))
         self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
-        # a start and an eviction or two per slot between two loop iterations; more
-        # waits for the loop (_queue_kv_op)
-        self.ops_cap = 4 * scheduler.n_slots + 4
-        self.op_slot = <int *> calloc(self.ops_cap, sizeof(int))
-        self.op_src = <int *> calloc(self.ops_cap, sizeof(int))
-        self.op_keep = <int *> calloc(self.ops_cap, sizeof(int))
-        self.op_state = <const uint8_t **> calloc(self.ops_cap, sizeof(uint8_t *))
-        self.op_state_len = <size_t *> calloc(self.ops_cap, sizeof(size_t))
-        self.saved_ticket = <int64_t *> calloc(self.ops_cap, sizeof(int64_t))
-        self.saved_data = <uint8_t **> calloc(self.ops_cap, sizeof(uint8_t *))
-        self.saved_len = <size_t *> calloc(self.ops_cap, sizeof(size_t))
-        if (self.op_slot == NULL or self.op_src == NULL or self.op_keep == NULL
-                or self.op_state == NULL or self.op_state_len == NULL
-                or self.saved_ticket == NULL or self.saved_data == NULL
-                or self.saved_len == NULL):
-            raise MemoryError()
-        self.states = {}
+        self.kv_ops = KvOperations(engine, scheduler)
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
                 or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
                 or self.row_next == NULL
@@ -199,12 +151,6 @@ cdef class BatchLoop:
         free(self.row_next)
         free(self.sampled); free(self.chosen_lp); free(self.top_ids); free(self.top_lp)
         free(self.call_rc); free(self.pos_max_now)
-        free(self.op_slot); free(self.op_src); free(self.op_keep)
-        free(self.op_state); free(self.op_state_len)
-        if self.saved_data != NULL:
-            for i in range(self.n_saved):
-                free(self.saved_data[i])
-        free(self.saved_ticket); free(self.saved_data); free(self.saved_len)
 
     # ------------------------------------------------------------ the node's side (GIL held)
 
@@ -267,83 +213,45 @@ cdef class BatchLoop:
         try:
             self._queue_kv_op(slot, OP_SAVE, 0)
             pthread_cond_signal(&self.wake)
-            return self.ops_queued
+            return self.kv_ops.queued
         finally:
             pthread_mutex_unlock(&self.lock)
 
     def set_save_bound(self, size_t nbytes):
         """Bytes of saves the loop may hold for the node; a save beyond them is dropped."""
         pthread_mutex_lock(&self.lock)
-        self.save_bound = nbytes
+        self.kv_ops.save_bound = nbytes
         pthread_mutex_unlock(&self.lock)
 
     def take_saved(self):
         """(ops applied, [(ticket, bytes)]): the saves done since the last call (a
         dropped or failed save has bytes None or is left out: no save with a ticket
         up to `ops applied` comes later); the states of restores applied are let go."""
-        cdef int n, i
-        cdef int64_t done
-        cdef int64_t * tickets
-        cdef uint8_t ** data
-        cdef size_t * lens
         pthread_mutex_lock(&self.lock)
-        n, done = self.n_saved, self.ops_done
-        tickets = <int64_t *> malloc(max(n, 1) * sizeof(int64_t))
-        data = <uint8_t **> malloc(max(n, 1) * sizeof(uint8_t *))
-        lens = <size_t *> malloc(max(n, 1) * sizeof(size_t))
-        if tickets != NULL and data != NULL and lens != NULL:
-            memcpy(tickets, self.saved_ticket, n * sizeof(int64_t))
-            memcpy(data, self.saved_data, n * sizeof(uint8_t *))
-            memcpy(lens, self.saved_len, n * sizeof(size_t))
-            self.n_saved = 0
-            self.saved_bytes = 0
-        pthread_mutex_unlock(&self.lock)
-        if tickets == NULL or data == NULL or lens == NULL:
-            free(tickets); free(data); free(lens)
-            raise MemoryError()
-        for ticket in [t for t in self.states if t <= done]:
-            del self.states[ticket]
-        out = []
         try:
-            for i in range(n):
-                out.append((tickets[i], None if data[i] == NULL
-                            else (<char *> data[i])[:lens[i]]))
+            taken = self.kv_ops.take_saves()
         finally:
-            for i in range(n):
-                free(data[i])
-            free(tickets); free(data); free(lens)
-        return done, out
+            pthread_mutex_unlock(&self.lock)
+        return taken.done, taken.records()
 
     @property
     def tier_figures(self):
         """Saves and restores done by the loop: counts, seconds and drops."""
         pthread_mutex_lock(&self.lock)
         try:
-            return {"saves": self.saves, "saves_dropped": self.saves_dropped,
-                    "save_s": self.save_s, "restores": self.restores,
-                    "restores_failed": self.restores_failed, "restore_s": self.restore_s}
+            return self.kv_ops.figures()
         finally:
             pthread_mutex_unlock(&self.lock)
 
     cdef void _queue_kv_op(self, int slot, int src, int keep, bytes state=None) except *:
         """Queue a KV change (lock held). A full queue (sessions started and cancelled
         faster than one step) waits for the loop to apply it."""
-        while self.n_ops == self.ops_cap and not self.stopping:
+        while self.kv_ops.full() and not self.stopping:
             pthread_cond_signal(&self.wake)
             pthread_cond_wait(&self.ops_room, &self.lock)
-        if self.n_ops == self.ops_cap:
+        if self.kv_ops.full():
             raise RuntimeError("the batch loop stopped with KV changes queued")
-        self.op_slot[self.n_ops] = slot
-        self.op_src[self.n_ops] = src
-        self.op_keep[self.n_ops] = keep
-        self.op_state[self.n_ops] = NULL
-        self.op_state_len[self.n_ops] = 0
-        self.n_ops += 1
-        self.ops_queued += 1
-        if state is not None:
-            self.states[self.ops_queued] = state
-            self.op_state[self.n_ops - 1] = <const uint8_t *> (<const char *> state)
-            self.op_state_len[self.n_ops - 1] = len(state)
+        self.kv_ops.push(slot, src, keep, state)
 
     def statistics(self):
         """Its bounds in use, as Trio's channels report theirs: the event ring (events
@@ -352,21 +260,19 @@ cdef class BatchLoop:
         pthread_mutex_lock(&self.lock)
         try:
             return {"event_ring": {"used": self.ring_len, "capacity": self.ring_cap},
-                    "kv_operations": {"used": self.n_ops, "capacity": self.ops_cap},
-                    "saves_held": {"used": self.n_saved, "capacity": self.ops_cap,
-                                   "bytes": self.saved_bytes, "bytes_bound": self.save_bound}}
+                    **self.kv_ops.statistics()}
         finally:
             pthread_mutex_unlock(&self.lock)
 
     @property
     def kv_ops_queued(self):
         """KV changes asked for so far (starts and evictions)."""
-        return self.ops_queued
+        return self.kv_ops.queued
 
     @property
     def kv_ops_published(self):
         """KV changes applied by the loop and published (cells_used, pos_max show them)."""
-        return self.ops_done
+        return self.kv_ops.published
 
     def set_step_time(self, double a, double b, double c, double e):
         """The node's model of its step times (dgr.step_time), for the scheduler's
@@ -456,28 +362,30 @@ cdef class BatchLoop:
     cdef void _run(self) noexcept nogil:
         cdef int n_events, rows, n_ops
         pthread_mutex_lock(&self.lock)
-        self.mark = _now()
+        self.mark = monotonic()
         while not self.stopping:
             if self.ring_cap - self.ring_len < self.step_cap:
                 self._wake_node()
                 pthread_cond_wait(&self.wake, &self.lock)  # until the node drains
-                self.mark = _now()
+                self.mark = monotonic()
                 continue
-            n_ops = self._apply_kv_ops()
+            n_ops = self.kv_ops.apply()
+            if n_ops:
+                pthread_cond_broadcast(&self.ops_room)
             n_events = self.scheduler.take_finish_requests(self.scratch)
             rows = self.scheduler.plan()
             if rows > 0:
                 self._step(n_events)
-                self.ops_done += n_ops
+                self.kv_ops.published += n_ops
                 continue
             if n_events or n_ops:
                 self._release_finished(n_events)
-                self.ops_done += n_ops
+                self.kv_ops.published += n_ops
                 self._publish(n_events)
                 continue
             self._wake_node()
             pthread_cond_wait(&self.wake, &self.lock)
-            self.mark = _now()
+            self.mark = monotonic()
         self._wake_node()
         pthread_mutex_unlock(&self.lock)
 
@@ -501,7 +409,7 @@ cdef class BatchLoop:
         cdef int rows = self.scheduler.plan_rows(), call, start, end, bad_row, rc, n_calls = 0
         memset(&figures, 0, sizeof(StepFigures))
         self._fill_rows()
-        unlocked = _now()
+        unlocked = monotonic()
         pthread_mutex_unlock(&self.lock)
         self._wake_node()
         # one_call: every row in call 0. Otherwise call 0: the decode rows (when there
@@ -528,7 +436,7 @@ cdef class BatchLoop:
             fill_s += times[0]
             decode_s += times[1]
             sample_s += times[2]
-        relocked = _now()
+        relocked = monotonic()
         pthread_mutex_lock(&self.lock)
         n_events += self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
                               self.top_lp, self.scratch + n_events, &figures)
@@ -541,7 +449,7 @@ cdef class BatchLoop:
         figures.plan_s = unlocked - started + fill_s
         figures.decode_s = decode_s
         figures.sample_s = sample_s
-        ended = _now()
+        ended = monotonic()
         figures.update_s = ended - relocked
         figures.total_s = ended - started
         figures.ended_at = ended
@@ -594,75 +502,6 @@ cdef class BatchLoop:
             if self.scheduler.chunk_end[c] == sl.n_prompt and sl.max_tokens > 0:
                 self.row_want[row - 1] = WANT_SAMPLE | (WANT_LOGPROBS if sl.n_logprobs else 0)
 
-    cdef int _apply_kv_ops(self) noexcept nogil:
-        """The queued KV changes, in order: a slot's sequence keeps positions
-        [0, keep) of its own (src == slot), of another slot's (src: copied, which
-        in a unified cache only adds the sequence to those cells), of a saved
-        state (OP_RESTORE) or nothing (src == -1, keep == 0: an eviction); or
-        what it holds is saved (OP_SAVE)."""
-        cdef int i, s, src, keep, n
-        cdef int64_t first = self.ops_queued - self.n_ops
-        for i in range(self.n_ops):
-            s, src, keep = self.op_slot[i], self.op_src[i], self.op_keep[i]
-            if src == OP_SAVE:
-                self._save(s, first + i + 1)
-                continue
-            if src == OP_RESTORE:
-                self._restore(s, self.op_state[i], self.op_state_len[i])
-                self.engine.kv_keep(s, keep)
-            elif src >= 0 and src != s:
-                self.engine.kv_copy(src, s, keep)
-            else:
-                self.engine.kv_keep(s, keep)
-            if keep > 0 and not self.engine.kv_holds(s, keep):
-                # the sequence lacks positions the node counted on (a bug, never expected):
-                # prefill the whole prompt rather than compute on missing KV
-                self.engine.kv_keep(s, 0)
-                if self.scheduler.slots[s].phase == SLOT_PREFILL:
-                    self.scheduler.slots[s].n_prefilled = 0
-        n, self.n_ops = self.n_ops, 0
-        if n:
-            pthread_cond_broadcast(&self.ops_room)
-        return n
-
-    cdef void _save(self, int slot, int64_t ticket) noexcept nogil:
-        """The slot's state into a buffer the node takes (take_saved); dropped (bytes
-        NULL) when it would pass the save bound or llama.cpp cannot save it."""
-        cdef double t0 = _now()
-        cdef size_t size = self.engine.kv_state_size(slot)
-        cdef uint8_t * data = NULL
-        if self.n_saved == self.ops_cap:
-            # the node has not taken the saves before it: this one is dropped (a
-            # ticket take_saved's count has passed without its bytes is forgotten)
-            self.saves_dropped += 1
-            return
-        if size and self.saved_bytes + size <= self.save_bound:
-            data = <uint8_t *> malloc(size)
-        if data != NULL:
-            size = self.engine.kv_save(slot, data, size)
-            if size == 0:
-                free(data)
-                data = NULL
-        if data == NULL:
-            self.saves_dropped += 1
-            size = 0
-        else:
-            self.saves += 1
-            self.saved_bytes += size
-        self.saved_ticket[self.n_saved] = ticket
-        self.saved_data[self.n_saved] = data
-        self.saved_len[self.n_saved] = size
-        self.n_saved += 1
-        self.save_s += _now() - t0
-
-    cdef void _restore(self, int slot, const uint8_t * state, size_t size) noexcept nogil:
-        cdef double t0 = _now()
-        if self.engine.kv_restore(slot, state, size):
-            self.restores += 1
-        else:
-            self.restores_failed += 1
-        self.restore_s += _now() - t0
-
     cdef void _release_finished(self, int n_events) noexcept nogil:
         """Ended slots: their samplers reset, their KV freed but for the positions
         the scheduler says they keep (a prefix cache entry)."""
@@ -683,4 +522,4 @@ cdef class BatchLoop:
             self.pos_max_now[s] = self.engine.kv_pos_max(s)
         self.cells_used_now = self.engine.kv_cells()
         self.wake_pending = True
-        self.mark = _now()
+        self.mark = monotonic()

@@ -22,8 +22,8 @@ cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport strcmp
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from dgr._clock cimport monotonic
 from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS,
                         WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
 from dgr._llama cimport *
@@ -48,12 +48,6 @@ cdef extern from "dgr_abort.h" nogil:
     void dgr_set_flag(int * flag, int value) noexcept
 
 cdef bint _backend_ready = False
-
-
-cdef inline double _now() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef void init_backend() except *:
@@ -438,7 +432,7 @@ cdef class Engine(Vocabulary):
         a row without logits ends sampling with its index in bad_row. times:
         batch fill, decode and sampling seconds. Shared by step() and BatchLoop."""
         cdef int i, rc, injected = 0
-        cdef double t0 = _now(), t1, t2
+        cdef double t0 = monotonic(), t1, t2
         if self.fault_step >= 0 and self.steps_done == self.fault_step:
             injected = self.fault_code
             self.fault_step = -1
@@ -450,7 +444,7 @@ cdef class Engine(Vocabulary):
             self.batch.seq_id[i][0] = seq[i]
             self.batch.logits[i] = 1 if want[i] != 0 else 0
         self.batch.n_tokens = n
-        t1 = _now()
+        t1 = monotonic()
         if injected == 1 or injected == -1:
             rc = injected
         else:
@@ -461,13 +455,13 @@ cdef class Engine(Vocabulary):
             self._resolve_logits(n, want)
         if self.n_rpc and (rc == 0 or rc < -1) and self._worker_lost(rc != 0):
             rc = WORKER_LOST
-        t2 = _now()
+        t2 = monotonic()
         if rc == 0:
             self.sampling.sample_rows(n, self.row_logits, seq, want, next_tok, k, out_ids, out_lp,
                                       out_top, out_top_lp, bad_row)
         times[0] = t1 - t0
         times[1] = t2 - t1
-        times[2] = _now() - t2
+        times[2] = monotonic() - t2
         return rc
 
     def workers_connected(self):

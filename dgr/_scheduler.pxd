@@ -7,6 +7,7 @@ from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_OFF, EV_DECODE, EV_FAILURE,
                         EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN, FINISH_CANCELLED, FINISH_ERROR,
                         FINISH_LENGTH, FINISH_NONE, FINISH_STOP, MAX_LOGPROBS, MAX_STEP_DRAFTS,
                         MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
+from dgr._events cimport Event, StepFigures
 from dgr._speculation cimport Drafting, DraftRow, Speculation
 
 cdef enum SlotPhase:
@@ -30,43 +31,6 @@ cdef struct Slot:
     int prompt_logprobs        # -1, or it scores its prompt tokens (with this many alternatives)
     int64_t order              # admission order: prefill goes oldest first
     Drafting drafting          # its speculation state (dgr/_speculation.pyx)
-
-cdef struct StepFigures:
-    int64_t index
-    int rows
-    int decode_rows            # sessions with a decode row
-    int draft_rows             # draft rows verified beside those
-    double cells               # KV cells those rows attend in all, where speculating (else 0)
-    double planned_tokens      # the speculation policy's expectation, when it gave
-    double planned_s           # "auto" drafts (else 0): tokens, step seconds
-    int prefill_rows           # rows of chunks whose call succeeded
-    int generated
-    int calls
-    double plan_s              # mailbox, finish requests, policy, batch fill
-    double decode_s            # inside llama_decode
-    double sample_s            # sampling and log-probabilities
-    double update_s            # post-step update, KV release, publishing
-    double total_s             # from the step's start to its events being published
-    double ended_at            # CLOCK_MONOTONIC (= Python's time.monotonic())
-
-cdef struct Event:
-    int kind
-    int slot
-    int32_t token
-    int start
-    int end
-    int reason
-    int code
-    int kept                   # EV_FINISH: positions [0, kept) stay in its sequence
-    int drafted                # EV_DECODE: draft rows verified, and how many were accepted
-    int accepted
-    int source                 # EV_DECODE: the drafts' DraftSource
-    float logprob
-    int n_top
-    int32_t top_ids[MAX_LOGPROBS]
-    float top_lp[MAX_LOGPROBS]
-    StepFigures step
-
 
 cdef class Scheduler:
     cdef Slot * slots
@@ -115,6 +79,3 @@ cdef class Scheduler:
                      Event * out, StepFigures * figures) noexcept nogil
     cdef int _scores(self, int c, const float * chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil
-
-
-cdef object event_record(const Event * e)
