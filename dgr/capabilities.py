@@ -1,8 +1,9 @@
-"""The capability report (`Node.capabilities`, `GET /capabilities`): model
-facts, budgets, live load, the prefix cache and the devices holding layers,
-what an operator or a DGR coordinator routes on. Built from what each part
-owns: the engine's facts, the budgets, admission's load, telemetry's rates and
-the RPC links; nothing here keeps state."""
+"""The capability report's sections (`Node.capabilities`, `GET /capabilities`):
+model facts, budgets, live load, speculation, the prefix cache, the KV tiers
+and the devices holding layers, what an operator or a DGR coordinator routes
+on. Each section is built from what the part that owns it gives (the engine's
+facts, the budgets, admission's load, telemetry's rates, the RPC links);
+nothing here keeps state."""
 
 from __future__ import annotations
 
@@ -15,66 +16,70 @@ from dgr.rpc_stats import LinkFigures
 from dgr.telemetry import Telemetry
 
 
-def report(info: dict, config: NodeConfig, budgets: Budgets, load: Load, kv_cells_used: int,
-           telemetry: Telemetry, prefix_cache: bool, devices: list[dict],
-           tool_format: str, step_time: Optional[dict], speculation: str,
-           kv_tiers: Optional[dict]) -> dict:
+def model_facts(info: dict, budgets: Budgets, tool_format: str) -> dict:
+    return ({k: info[k] for k in ("name", "architecture", "description", "model_bytes",
+                                  "n_params", "n_vocab", "n_ctx_train")}
+            | {"context_per_session": budgets.kv_cells_per_session,
+               # how tools are rendered and called (dgr.tool_formats)
+               "tool_format": tool_format})
+
+
+def engine_facts(info: dict) -> dict:
+    return {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
+                                 "kv_unified", "weight_repack", "repacked_bytes")}
+
+
+def budget_facts(info: dict, config: NodeConfig, budgets: Budgets,
+                 step_time: Optional[dict]) -> dict:
     b = budgets
     return {
-        "model": {k: info[k] for k in ("name", "architecture", "description", "model_bytes",
-                                       "n_params", "n_vocab", "n_ctx_train")}
-                 | {"context_per_session": b.kv_cells_per_session,
-                    # how tools are rendered and called (dgr.tool_formats)
-                    "tool_format": tool_format},
-        "engine": {k: info[k] for k in ("n_ctx", "n_seq_max", "n_batch", "n_ubatch", "n_threads",
-                                        "kv_unified", "weight_repack", "repacked_bytes")},
-        # this machine (endpoint None) and each RPC worker: its layers, memory and link
-        "devices": devices,
-        "budgets": {
-            "weights": {"model_bytes": info["model_bytes"], "memory_budget_bytes": b.memory_bytes},
-            "kv": {"cells_total": b.kv_cells_total, "cells_per_session": b.kv_cells_per_session,
-                   "bytes_per_cell": info["kv_bytes_per_cell"], "bytes_total": info["kv_bytes"]},
-            "scratch": {"compute_bytes": info["compute_bytes"], "output_bytes": info["output_bytes"],
-                        "step_tokens": b.step_tokens, "step_outputs": b.step_outputs,
-                        "prefill_chunk": config.prefill_chunk,
-                        "decode_stall": config.decode_stall,
-                        # seconds: a + b decode rows + c prefill rows + e cells they attend
-                        # (1,024s); None until fitted (dgr.step_time)
-                        "step_time_model": step_time},
-            "queue": {"max_running": b.slots, "max_waiting": b.max_waiting,
-                      "max_waiting_tokens": b.max_waiting_tokens},
-        },
-        "load": {
-            "active": load.active,
-            "waiting": load.waiting,
-            "waiting_tokens": load.waiting_tokens,
-            "kv_cells_reserved": load.reserved_cells,
-            "kv_cells_free": load.free_cells,
-            "kv_cells_used": kv_cells_used,
-            "kv_cells_cached": load.cached_cells,
-            "slots_free": load.free_slots,
-            "draining": load.draining,
-            "failure": load.failure,
-            **telemetry.recent_rates(),
-        },
-        # whether the patch stack's row-invariance covers the model's weight types
-        # (dgr.kernel_coverage); `python -m dgr check-invariance` checks it on this CPU
-        "invariance": info["invariance"],
-        # exact speculative decoding (dgr/_drafts.pyx; dgr/_scheduler.pyx, Policy 3)
-        "speculation": {
-            "mode": speculation,  # the node's default (off with split KV)
-            "max_draft": MAX_DRAFT, "max_step_drafts": MAX_STEP_DRAFTS,
-            **telemetry.speculation_totals(),
-        },
-        "prefix_cache": {
-            "enabled": prefix_cache,
-            "cached_cells": load.cached_cells,
-            **telemetry.prefix_totals(),
-        },
-        # host memory and disk beyond the pool (dgr.kv_tiers): bounds, use, counters
-        "kv_tiers": ({**kv_tiers, **telemetry.tier_totals()} if kv_tiers is not None
-                     else {"host": {"enabled": False}, "disk": {"enabled": False}}),
+        "weights": {"model_bytes": info["model_bytes"], "memory_budget_bytes": b.memory_bytes},
+        "kv": {"cells_total": b.kv_cells_total, "cells_per_session": b.kv_cells_per_session,
+               "bytes_per_cell": info["kv_bytes_per_cell"], "bytes_total": info["kv_bytes"]},
+        "scratch": {"compute_bytes": info["compute_bytes"], "output_bytes": info["output_bytes"],
+                    "step_tokens": b.step_tokens, "step_outputs": b.step_outputs,
+                    "prefill_chunk": config.prefill_chunk,
+                    "decode_stall": config.decode_stall,
+                    # seconds: a + b decode rows + c prefill rows + e cells they attend
+                    # (1,024s); None until fitted (dgr.step_time)
+                    "step_time_model": step_time},
+        "queue": {"max_running": b.slots, "max_waiting": b.max_waiting,
+                  "max_waiting_tokens": b.max_waiting_tokens},
     }
+
+
+def live_load(load: Load, kv_cells_used: int, telemetry: Telemetry) -> dict:
+    return {
+        "active": load.active,
+        "waiting": load.waiting,
+        "waiting_tokens": load.waiting_tokens,
+        "kv_cells_reserved": load.reserved_cells,
+        "kv_cells_free": load.free_cells,
+        "kv_cells_used": kv_cells_used,
+        "kv_cells_cached": load.cached_cells,
+        "slots_free": load.free_slots,
+        "draining": load.draining,
+        "failure": load.failure,
+        **telemetry.recent_rates(),
+    }
+
+
+def speculation_facts(mode: str, telemetry: Telemetry) -> dict:
+    """Exact speculative decoding (dgr/_drafts.pyx; dgr/_scheduler.pyx, Policy 3):
+    the node's default mode (off with split KV), its bounds, its totals."""
+    return {"mode": mode, "max_draft": MAX_DRAFT, "max_step_drafts": MAX_STEP_DRAFTS,
+            **telemetry.speculation_totals()}
+
+
+def prefix_cache_facts(enabled: bool, load: Load, telemetry: Telemetry) -> dict:
+    return {"enabled": enabled, "cached_cells": load.cached_cells, **telemetry.prefix_totals()}
+
+
+def kv_tier_facts(kv_tiers: Optional[dict], telemetry: Telemetry) -> dict:
+    """Host memory and disk beyond the pool (dgr.kv_tiers): bounds, use, counters."""
+    if kv_tiers is None:
+        return {"host": {"enabled": False}, "disk": {"enabled": False}}
+    return {**kv_tiers, **telemetry.tier_totals()}
 
 
 def device_list(info_devices: list[dict], links: dict[str, LinkFigures],

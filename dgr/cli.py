@@ -20,7 +20,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         meta = field.metadata
         shown = meta["default_text"] or field.default
         text = f"{meta['help']} (default: {shown})".replace("%", "%%")
-        if str(field.type) == "bool":
+        if field.type in (bool, "bool"):  # a string until cattrs resolves the annotations
             parser.add_argument(meta["flag"], dest=field.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=text)
         else:
@@ -42,8 +42,6 @@ def _value_type(annotation) -> type:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dgr", description="dgr node runtime")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("bench", help="benchmark dgr against llama-server, llama-cpp-python and "
-                   "llama-batched-bench (see `python -m dgr bench --help`)")
     run = sub.add_parser("run", help="serve the model over OpenAI-compatible HTTP",
                          description="Serve one GGUF model with continuous batching and bounded "
                          "admission, on loopback by default.")
@@ -156,24 +154,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ServerConfi
     return load_configs(data | {"server": server})
 
 
-def run_bench(argv: list[str]) -> int:
-    """`python -m dgr bench`: the benchmark lives in the repository's benchmarks/ folder."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "concurrency.py").exists():
-        print("dgr: error: bench needs a source checkout (benchmarks/ next to dgr/)", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(root))
-    from benchmarks.concurrency import main as bench_main
-
-    return bench_main(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        return run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "worker":

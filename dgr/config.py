@@ -92,7 +92,8 @@ class NodeConfig:
     prefill_chunk: int = option(
         "--prefill-chunk", "Prompt tokens a step prefills while sessions decode, until the "
         "node has timed its steps (always, with --decode-stall 0); a step with no session "
-        "decoding prefills its whole token budget.", default=256)
+        "decoding prefills its whole token budget.", "256, or the step token budget when smaller",
+        default=attrs.Factory(lambda config: min(256, config.step_token_budget), takes_self=True))
     decode_stall: float = option(
         "--decode-stall", "While sessions decode, a step that also prefills takes at most "
         "this many times a decode-only step's time, by the node's model of its own step "
@@ -242,8 +243,8 @@ class NodeConfig:
 class ServerConfig:
     """The HTTP server's settings (the [server] table of a config file)."""
 
-    host: str = option("--host", "Bind address (loopback only by default).",
-                       default="127.0.0.1")
+    host: str = option("--host", "Bind address, or several comma-separated (loopback only by "
+                       "default).", default="127.0.0.1")
     port: int = option("--port", "Port.", default=8080)
     api_key: Optional[str] = option("--api-key", "Require 'Authorization: Bearer KEY' (or "
                                     "'X-Api-Key: KEY', Anthropic's header) on every endpoint "
@@ -252,6 +253,9 @@ class ServerConfig:
         "--cors-origins", "Origins whose web pages may call the node (CORS), comma-separated, "
         "or '*' for any; preflights are answered before the API key check, as browsers "
         "need.", "none: no CORS headers", default=(), converter=lambda v: _endpoints(v))
+    slots_endpoint: bool = option(
+        "--slots", "Serve GET /slots, llama-server's view of each slot (its state and token "
+        "counts, never its text); --no-slots answers it 501.", default=True)
     cache_transfer: bool = option(
         "--cache-transfer", "Serve POST /v1/dgr/prefix/export and /v1/dgr/prefix/import: a "
         "coordinator moves a conversation's KV between nodes (behind --api-key when set).",

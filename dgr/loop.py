@@ -38,7 +38,7 @@ import collections
 import contextlib
 import os
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import attrs
 import trio
@@ -126,6 +126,7 @@ class StepLoop:
         # eviction, and a flush's mark are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
             2 * max_sessions + n_slots + 1)
+        self._n_slots = n_slots
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
         self._replies: dict[Session, Reply] = {}
@@ -179,6 +180,10 @@ class StepLoop:
         slot = session.slot
         if slot is not None and self._by_slot.get(slot) is session:
             self.batch.credit(slot)
+
+    def slot_sessions(self) -> list[Optional[Session]]:
+        """The session on each slot, None where it is free."""
+        return [self._by_slot.get(slot) for slot in range(self._n_slots)]
 
     def statistics(self) -> dict:
         """Every bound between the sessions and the batch loop, in use and in all: the

@@ -269,6 +269,24 @@ class Node:
                 "prompt_tokens_cached": self.telemetry.tokens_reused,
                 "decode_tokens_per_s": self.telemetry.recent_rates()["decode_tokens_per_s"]}
 
+    def slots(self) -> list[dict]:
+        """Each slot's state as llama-server's GET /slots shows it: its context, whether
+        it drafts and runs a session, and that session's token counts (never its text)."""
+        speculative = self.config.session_speculation() != "off"
+        states = []
+        for slot, session in enumerate(self._loop.slot_sessions()):
+            state = {"id": slot, "n_ctx": self.budgets.kv_cells_per_session,
+                     "speculative": speculative, "is_processing": session is not None}
+            if session is not None:
+                state |= {"id_task": session.id, "n_prompt_tokens": len(session.spec.prompt),
+                          "n_prompt_tokens_processed": session.n_prefilled - session.n_reused,
+                          "n_prompt_tokens_cache": session.n_reused,
+                          "next_token": [{"has_next_token": not session.done,
+                                          "n_remain": session.spec.max_tokens - len(session.generated),
+                                          "n_decoded": len(session.generated)}]}
+            states.append(state)
+        return states
+
     def capabilities(self) -> dict:
         """Model facts, budgets and live load: what a coordinator routes on
         (dgr.capabilities)."""
@@ -277,13 +295,25 @@ class Node:
         devices = capabilities.device_list(self._engine.info["devices"], links,
                                            self._rpc_at_start, self._engine.workers_connected(),
                                            steps)
-        report = capabilities.report(
-            self._engine.info, self.config, self.budgets, self._admission.load(),
-            self._loop.batch.cells_used, self.telemetry,
-            self._admission.placement.cache is not None, devices, self.tool_format.name,
-            self._loop.step_time.report(), self.config.session_speculation(),
-            self.tiers.report() if self.tiers is not None else None)
-        return report | {"bounds": self.statistics()}
+        info, load, telemetry = self._engine.info, self._admission.load(), self.telemetry
+        return {
+            "model": capabilities.model_facts(info, self.budgets, self.tool_format.name),
+            "engine": capabilities.engine_facts(info),
+            "devices": devices,
+            "budgets": capabilities.budget_facts(info, self.config, self.budgets,
+                                                 self._loop.step_time.report()),
+            "load": capabilities.live_load(load, self._loop.batch.cells_used, telemetry),
+            # whether the patch stack's row-invariance covers the model's weight types
+            # (dgr.kernel_coverage); `python -m dgr check-invariance` checks it on this CPU
+            "invariance": info["invariance"],
+            "speculation": capabilities.speculation_facts(self.config.session_speculation(),
+                                                          telemetry),
+            "prefix_cache": capabilities.prefix_cache_facts(
+                self._admission.placement.cache is not None, load, telemetry),
+            "kv_tiers": capabilities.kv_tier_facts(
+                self.tiers.report() if self.tiers is not None else None, telemetry),
+            "bounds": self.statistics(),
+        }
 
     async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
         """Empty the named tiers of stored prefixes: "pool" evicts every cached

@@ -138,6 +138,7 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         # llama.cpp's native API
         Route("/completion", door(llama_native.completion), methods=["POST"]),
         Route("/props", door(llama_native.props), methods=["GET"]),
+        Route("/slots", door(llama_native.slots), methods=["GET"]),
         Route("/apply-template", door(llama_native.apply_template), methods=["POST"]),
         Route("/tokenize", door(tokens.tokenize), methods=["POST"]),
         Route("/detokenize", door(tokens.detokenize), methods=["POST"]),
@@ -298,7 +299,8 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
     state = ServerState(server_config)
     app = create_app(state, server_config)
     hconfig = hypercorn.config.Config()
-    hconfig.bind = [f"{server_config.host}:{server_config.port}"]
+    hconfig.bind = [f"[{host}]:{server_config.port}" if ":" in host else f"{host}:{server_config.port}"
+                    for host in server_config.host.split(",")]
     hconfig.accesslog = None
     hconfig.errorlog = logging.getLogger("hypercorn.error")
     hconfig.graceful_timeout = 1.0

@@ -96,3 +96,24 @@ async def test_a_prompt_past_the_context_says_how_far(start_server):  # noqa: F8
         error = long.json()["error"]
         assert error["type"] == "exceed_context_size_error"
         assert error["n_prompt_tokens"] > error["n_ctx"] > 0
+
+
+async def test_slots_show_each_slots_state(start_server):  # noqa: F811
+    # a running session's entry: tests/test_node.py, test_slots_show_running_sessions
+    server = await start_server({"max_running": 2, "max_waiting": 2})
+    async with server.client() as client:
+        idle = (await client.get("/slots")).json()
+        n_ctx = (await client.get("/props")).json()["default_generation_settings"]["n_ctx"]
+        assert [s["id"] for s in idle] == [0, 1]
+        assert all(s["n_ctx"] == n_ctx and not s["is_processing"] for s in idle)
+        assert (await client.get("/slots?fail_on_no_slot=1")).status_code == 200
+    hidden = await start_server(slots_endpoint=False)
+    async with hidden.client() as client:
+        refused = await client.get("/slots")
+        assert refused.status_code == 501 and refused.json()["error"]["type"] == "not_supported_error"
+
+
+async def test_a_node_listens_on_each_address_given(start_server):  # noqa: F811
+    server = await start_server(host="127.0.0.1,localhost")
+    async with server.client() as client:
+        assert (await client.get("/health")).status_code == 200

@@ -971,3 +971,21 @@ async def test_every_bound_is_in_one_statistics_call_and_in_capabilities(node_co
                 assert 0 <= stats[name]["used"] <= stats[name]["capacity"], name
             assert stats["slots"]["used"] == 1 and stats["reply_chunks"]["readers"] == 1
             assert node.capabilities()["bounds"].keys() == stats.keys()
+
+
+async def test_slots_show_running_sessions_never_their_text(node_config):
+    params = dgr.SamplingParams(max_tokens=300, ignore_eos=True)
+    async with dgr.open_node(node_config(max_running=2)) as node:
+        assert [s["is_processing"] for s in node.slots()] == [False, False]
+        # streams read one chunk each, then not: their sessions stay on their slots
+        async with node.stream("a secret prompt", params) as first, \
+                node.stream("another secret", params) as second:
+            await anext(aiter(first))
+            await anext(aiter(second))
+            slots = node.slots()
+            assert [s["is_processing"] for s in slots] == [True, True]
+            for state in slots:
+                assert state["n_prompt_tokens"] > 0 and state["n_ctx"] > 0
+                assert 1 <= state["next_token"][0]["n_decoded"] < 300
+                assert state["next_token"][0]["n_remain"] == 300 - state["next_token"][0]["n_decoded"]
+            assert "secret" not in repr(slots)

