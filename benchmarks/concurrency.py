@@ -1,4 +1,4 @@
-"""`python -m dgr bench`: dgr side by side with its peers, in one run.
+"""`python -m benchmarks`: dgr side by side with its peers, in one run.
 
 Each case is a module of its own, with its workloads, its run and its Markdown:
 levels (benchmarks/levels.py: dgr against llama-server, llama-cpp-python and
@@ -78,7 +78,7 @@ def write(report, out: Path) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dgr bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="GGUF model (default: Gemma 3 270M Q4_K_M)")
     parser.add_argument("--levels", default="1,2,4,8,16,32", help="concurrency levels")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")

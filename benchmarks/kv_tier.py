@@ -1,4 +1,4 @@
-"""KV tier workloads for `python -m dgr bench` (the kv_tier case).
+"""KV tier workloads for `python -m benchmarks` (the kv_tier case).
 
 - rotate: conversations of a ~`doc_words`-word document each (more of them
   than the KV pool holds), taking turns round-robin; every turn resends the

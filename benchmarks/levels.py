@@ -1,4 +1,4 @@
-"""The levels case of `python -m dgr bench`: dgr against its peers at each concurrency.
+"""The levels case of `python -m benchmarks`: dgr against its peers at each concurrency.
 
 For each concurrency c: c streaming sessions with fixed prompts, greedy, N new
 tokens each (ignore_eos), against dgr's HTTP server and llama-server (-np c) from

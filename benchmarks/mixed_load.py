@@ -1,4 +1,4 @@
-"""The mixed-load case of `python -m dgr bench`: decoders streaming while a long
+"""The mixed-load case of `python -m benchmarks`: decoders streaming while a long
 prompt arrives. It measures the long prompt's TTFT and the decoders' gaps
 between steps while it prefills, for dgr at several --decode-stall values and for
 llama-server."""

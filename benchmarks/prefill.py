@@ -1,4 +1,4 @@
-"""The prefill case of `python -m dgr bench`: cold prompts at c = 1, dgr's defaults
+"""The prefill case of `python -m benchmarks`: cold prompts at c = 1, dgr's defaults
 against llama-server's defaults from the pristine pin, both up side by side. Two
 settings differ from the defaults: llama-server's weight repacking is off, as in dgr
 (its default crashes here on CPUs with AMX, benchmarks/servers.py), and dgr's host

@@ -1,4 +1,4 @@
-"""The scaleout case of `python -m dgr bench`: two dgr nodes behind a router that
+"""The scaleout case of `python -m benchmarks`: two dgr nodes behind a router that
 users run (smg, vllm-router), conversations of several turns through it.
 
 For each router and policy (cache_aware, round_robin) in one run: C conversations,

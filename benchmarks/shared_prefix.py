@@ -1,4 +1,4 @@
-"""Shared-prefix workloads for `python -m dgr bench` (the prefix case).
+"""Shared-prefix workloads for `python -m benchmarks` (the prefix case).
 
 - burst: one request warms the cache with a ~1,500-token system prompt, then 16
   sessions arrive at once, each the system prompt + its own question (streamed,
