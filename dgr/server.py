@@ -125,13 +125,15 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         n = await node.import_prefix(bytes(blob))
         return JSONResponse({"tokens": n})
 
-    openai_doors = [("/completions", completions.completions),
-                    ("/chat/completions", completions.chat_completions),
+    openai_doors = [("/chat/completions", completions.chat_completions),
                     ("/responses", responses.responses)]
-    # OpenAI's paths with /v1 and, as llama-server serves them, without
+    # OpenAI's paths with /v1 and, as llama-server serves them, without; its
+    # /completions is llama.cpp's native completion, as /completion
     routes = [Route(prefix + path, door(handler), methods=["POST"])
               for prefix in ("/v1", "") for path, handler in openai_doors]
     routes += [
+        Route("/v1/completions", door(completions.completions), methods=["POST"]),
+        Route("/completions", door(llama_native.completion), methods=["POST"]),
         Route("/v1/messages", door(anthropic.messages), methods=["POST"]),
         Route("/v1/messages/count_tokens", door(anthropic.count_tokens), methods=["POST"]),
         Route("/models", models, methods=["GET"]),
@@ -146,6 +148,10 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         Route("/v1/completions/render", door(tokens.render_completion), methods=["POST"]),
         Route("/v1/chat/completions/render", door(tokens.render_chat), methods=["POST"]),
         Route("/v1/responses/render", door(tokens.render_chat), methods=["POST"]),
+        # llama-server's prompt token counts
+        *(Route(prefix + path, door(tokens.input_tokens), methods=["POST"])
+          for prefix in ("/v1", "") for path in ("/chat/completions/input_tokens",
+                                                 "/responses/input_tokens")),
         # the load routers read: SGLang's shape (smg), vLLM's (vllm-router)
         Route("/v1/loads", door(routers.sglang_loads), methods=["GET"]),
         Route("/loads", door(routers.sglang_loads), methods=["GET"]),
@@ -155,6 +161,7 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/capabilities", capabilities, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/v1/health", health, methods=["GET"]),
     ]
     if config.cache_transfer:
         # for a coordinator moving conversations between nodes (dgr.kv_tier's blob format)
@@ -242,11 +249,12 @@ class _Guard:
             await send(message)
 
         try:
-            if self.key is not None and scope["path"] != "/health" and not self._authorized(scope):
+            if (self.key is not None and scope["path"] not in ("/health", "/v1/health")
+                    and not self._authorized(scope)):
                 response = (anthropic.error(401, "authentication_error", "invalid x-api-key")
                             if scope["path"].startswith("/v1/messages") else
                             error_response(401, "missing or invalid API key",
-                                           "invalid_request_error", "invalid_api_key"))
+                                           "authentication_error", "invalid_api_key"))
                 await response(scope, receive, send_logged)
             else:
                 await self.app(scope, receive, send_logged)

@@ -9,10 +9,12 @@ from test_server import start_server  # noqa: F401  (the fixture)
 async def test_the_openai_paths_without_v1_are_the_same_doors(start_server):  # noqa: F811
     server = await start_server()
     async with server.client() as client:
+        # but /completions, which is llama.cpp's native completion there, as /completion
         body = {"prompt": "hi", "max_tokens": 3, "temperature": 0}
         with_v1 = (await client.post("/v1/completions", json=body)).json()
-        without = (await client.post("/completions", json=body)).json()
-        assert without["choices"][0]["text"] == with_v1["choices"][0]["text"]
+        native = (await client.post("/completions", json=body)).json()
+        assert native["content"] == with_v1["choices"][0]["text"]
+        assert (await client.get("/v1/health")).status_code == 200
         chat = await client.post("/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert chat.status_code == 200
@@ -85,6 +87,12 @@ async def test_llama_cpps_native_completion_props_and_template(start_server):  #
         applied = (await client.post("/apply-template", json={
             "messages": [{"role": "user", "content": "hi"}]})).json()
         assert "hi" in applied["prompt"]
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        counted = (await client.post("/v1/chat/completions/input_tokens", json=chat)).json()
+        rendered = (await client.post("/v1/chat/completions/render", json=chat)).json()
+        assert counted == {"input_tokens": len(rendered["token_ids"])}
+        counted = (await client.post("/responses/input_tokens", json={"input": "hi"})).json()
+        assert counted["input_tokens"] > 0
 
 
 async def test_a_prompt_past_the_context_says_how_far(start_server):  # noqa: F811

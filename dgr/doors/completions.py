@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from dgr.doors.context import ServerState
 from dgr.doors.fields import BadRequest, error_body
-from dgr.doors.openai import CompletionBuilder, parse_chat, parse_completion
+from dgr.doors.openai import CompletionBuilder, parse_chat, parse_completion, timings
 from dgr.doors.sse import SessionEvents, ending, read_whole, sse_event
 from dgr.node import Node
 from dgr.stream import Chunk
@@ -70,7 +70,8 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
     return JSONResponse(builder.full(
         [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
         prompt_tokens(streams, parsed.n), completion, cached_tokens(streams, parsed.n),
-        [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None))
+        [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None)
+        | {"timings": timings(streams[0], completion)})
 
 
 def prompt_tokens(streams, n: int) -> int:
@@ -143,7 +144,15 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
             async with send:
                 for index, chunks in enumerate(streams):
                     nursery.start_soon(forward, index, chunks, send.clone())
-        first = set(range(len(streams)))
+        first = set(range(len(streams)))  # choices whose first text is still to come
+        if builder.chat:  # each choice's role first, as llama-server and OpenAI stream it
+            await emit("".join(sse_event(builder.role_chunk(i)) for i in range(len(streams))))
+
+        def timing(index):  # llama-server's timings_per_token
+            stream = streams[index]
+            return (timings(stream, len(stream.session.generated))
+                    if parsed.timings_per_token else None)
+
         text_event = TextEvents(builder)
         readers: dict = {}  # with tools: each choice's answer reader
         events: list[str] = []  # the events of one batch of chunks
@@ -156,13 +165,9 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
                         if index not in readers:
                             readers[index] = parsed.tools.format.reader()
                         reader = readers[index]
-                        objs = builder.tool_deltas(reader.feed(chunk.text), index,
-                                                   first=index in first)
-                        if objs:
-                            first.discard(index)
+                        objs = builder.tool_deltas(reader.feed(chunk.text), index)
                         if chunk.finish_reason is not None:
-                            objs += builder.tool_finish(reader, chunk.finish_reason, index,
-                                                        first=index in first)
+                            objs += builder.tool_finish(reader, chunk.finish_reason, index)
                         events.extend(sse_event(obj) for obj in objs)
                         continue
                     rows = [chunk] if chunk.token_id is not None else []
@@ -172,15 +177,15 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
                         failed = True
                         break
                     text = echoes[index] + chunk.text if index in first else chunk.text
-                    if index not in first and text and (not rows or rows[0].top_logprobs is None):
+                    if (index not in first and text and not parsed.timings_per_token
+                            and (not rows or rows[0].top_logprobs is None)):
                         events.append(text_event(text, index))
                     elif text or rows or index in first:
                         # a scored prompt is complete before the choice's first chunk
                         prompt = (scored_prompt(streams[index])
                                   if index in first and scores_prompt(parsed) else None)
-                        events.append(sse_event(builder.delta(text, rows, None,
-                                                              first=index in first,
-                                                              index=index, prompt=prompt)))
+                        events.append(sse_event(builder.delta(
+                            text, rows, None, timing=timing(index), index=index, prompt=prompt)))
                         first.discard(index)
                     if chunk.finish_reason is not None:
                         events.append(sse_event(builder.delta("", [], chunk.finish_reason,
@@ -198,5 +203,6 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
         await emit(sse_event(error_body(message, "server_error", code)))
     elif not failed and parsed.include_usage:
         await emit(sse_event(builder.usage_chunk(prompt_tokens(streams, parsed.n), completion,
-                                                 cached_tokens(streams, parsed.n))))
+                                                 cached_tokens(streams, parsed.n))
+                             | {"timings": timings(streams[0], completion)}))
     await emit("data: [DONE]\n\n")

@@ -18,7 +18,8 @@ from dgr.errors import InvalidRequest
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
-             "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation"}
+             "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation",
+             "timings_per_token"}
 
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
@@ -37,7 +38,7 @@ FIELDS = {
     "/v1/messages/count_tokens": {"model", "messages", "system", "tools", "tool_choice",
                                   "thinking"},
     # llama.cpp's native completion
-    "/completion": {"prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "seed",
+    "/completion": {"prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
                     "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
                     "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
                     "grammar", "json_schema", "return_tokens"},

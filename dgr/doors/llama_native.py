@@ -7,21 +7,20 @@ only at a value that changes nothing."""
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest, check_fields, read_bool
-from dgr.doors.openai import parse_completion
+from dgr.doors.openai import parse_completion, timings
 from dgr.doors.sse import SessionEvents, ending, error_response, read_one
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
 
 # llama.cpp's name -> the OpenAI completion body's
-_RENAMED = {"n_predict": "max_tokens", "n_probs": "logprobs", "temperature": "temperature",
+_RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "logprobs", "temperature": "temperature",
             "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
             "ignore_eos": "ignore_eos", "repeat_penalty": "repeat_penalty",
             "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
@@ -38,6 +37,8 @@ def _completion_body(body: Any) -> dict:
     for name, value in body.items():
         if name in _RENAMED and value is not None:
             out[_RENAMED[name]] = value
+    if body.get("n_predict") is not None:
+        out["max_tokens"] = body["n_predict"]  # over max_tokens, as llama-server reads them
     if out.get("max_tokens") == -1:
         del out["max_tokens"]  # llama.cpp's "until the end": the node's default
     if body.get("json_schema") is not None:
@@ -52,24 +53,21 @@ def _completion_body(body: Any) -> dict:
     return out
 
 
-def _result(parsed, chunks, text: str, tokens: list[int], model: str, started: float,
+def _result(parsed, chunks, text: str, tokens: list[int], model: str,
             return_tokens: bool) -> dict:
-    cached = chunks.cached_tokens
     reason = str(chunks.finish_reason)
     stop_type = ("word" if chunks.stop_sequence is not None else
                  "limit" if reason == "length" else "eos")
-    elapsed_ms = (time.perf_counter() - started) * 1000
     return {"index": 0, "content": text, "tokens": tokens if return_tokens else [],
             "id_slot": chunks.session.slot if chunks.session.slot is not None else -1,
             "stop": True, "model": model, "tokens_predicted": len(tokens),
-            "tokens_evaluated": chunks.prompt_tokens, "tokens_cached": cached,
+            "tokens_evaluated": chunks.prompt_tokens, "tokens_cached": chunks.cached_tokens,
             "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
             "stopping_word": chunks.stop_sequence or "",
             "generation_settings": {"n_predict": parsed.params.max_tokens or -1,
                                     "temperature": parsed.params.temperature,
                                     "seed": parsed.params.seed},
-            "timings": {"prompt_n": chunks.prompt_tokens - cached, "cache_n": cached,
-                        "predicted_n": len(tokens), "predicted_ms": elapsed_ms}}
+            "timings": timings(chunks, len(tokens))}
 
 
 async def completion(request: Request, server: "ServerState") -> Response:
@@ -79,7 +77,6 @@ async def completion(request: Request, server: "ServerState") -> Response:
     if len(parsed.prompts) != 1 or parsed.n != 1:
         raise BadRequest("give one prompt (text or token ids)", "prompt")
     return_tokens = read_bool(body, "return_tokens")
-    started = time.perf_counter()
     tokens: list[int] = []
     if parsed.stream:
         stream_cm = node.stream(parsed.prompts[0], parsed.params)
@@ -104,7 +101,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
                 await emit("data: " + json.dumps({"error": {"code": ended[0],
                                                             "message": ended[1]}}) + "\n\n")
                 return
-            final = _result(parsed, chunks, "".join(texts), tokens, server.model_id, started,
+            final = _result(parsed, chunks, "".join(texts), tokens, server.model_id,
                             return_tokens)
             last = texts[-1] if texts and chunks.finish_reason is not None else ""
             await emit("data: " + json.dumps(final | {"content": last}, ensure_ascii=False)
@@ -115,8 +112,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
         text, instead = await read_one(request, chunks, tokens)
     if instead is not None:
         return instead
-    return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, started,
-                                return_tokens))
+    return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, return_tokens))
 
 
 async def props(request: Request, server: "ServerState") -> Response:

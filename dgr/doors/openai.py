@@ -66,6 +66,7 @@ class ParsedRequest:
     top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
     echo: bool = False  # completions: each choice's text begins with its prompt
     tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
+    timings_per_token: bool = False  # llama-server's: each streamed chunk has its timings
 
 
 # OpenAI's (and llama-server's, vLLM's) name of each SamplingParams field that a
@@ -118,7 +119,7 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
     except InvalidRequest as exc:
         raise BadRequest(str(exc), given.get(exc.field, (exc.field,))[0]) from None
     return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo,
-                         tools)
+                         tools, read_bool(body, "timings_per_token"))
 
 
 def _grammar(body: dict) -> Optional[str]:
@@ -358,14 +359,13 @@ class CompletionBuilder:
                 "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
 
     def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
-              first: bool = False, index: int = 0, prompt: Optional[list] = None) -> dict:
+              index: int = 0, prompt: Optional[list] = None,
+              timing: Optional[dict] = None) -> dict:
+        """A chunk of a choice's text (a chat's role goes first, in role_chunk);
+        `timing`: llama-server's timings so far (timings_per_token)."""
         logprobs = self._logprobs(chunks, index, prompt)
         if self.chat:
-            delta: dict = {"role": "assistant"} if first else {}
-            if text or not first:
-                delta["content"] = text
-            if finish_reason is not None and not text:
-                delta = {}
+            delta = {} if finish_reason is not None and not text else {"content": text}
             choice = {"index": index, "delta": delta, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
@@ -373,10 +373,15 @@ class CompletionBuilder:
             choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice]}
+        chunk = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                 "choices": [choice]}
+        return chunk if timing is None else chunk | {"timings": timing}
 
-    def tool_deltas(self, pieces: list, index: int, first: bool) -> list[dict]:
+    def role_chunk(self, index: int) -> dict:
+        """A chat choice's first chunk: its role, no content yet."""
+        return self._chunk(index, {"role": "assistant", "content": None})
+
+    def tool_deltas(self, pieces: list, index: int) -> list[dict]:
         """A streamed answer's pieces with tools (dgr.tools.AnswerReader) as chunks,
         as OpenAI streams them: a call's id, type and name with empty arguments,
         then its arguments' text piece by piece; a text answer's content."""
@@ -390,20 +395,16 @@ class CompletionBuilder:
             else:
                 delta = {"tool_calls": [{"index": piece.index,
                                          "function": {"arguments": piece.text}}]}
-            if first:
-                delta, first = {"role": "assistant"} | delta, False
             out.append(self._chunk(index, delta))
         return out
 
-    def tool_finish(self, reader, finish_reason: str, index: int,
-                    first: bool) -> list[dict]:
+    def tool_finish(self, reader, finish_reason: str, index: int) -> list[dict]:
         """The end of a streamed answer with tools: "tool_calls" once its calls are
         whole; an answer that said nothing yet (an empty response, or one cut short
         before a call's name) is sent as content, as it is unstreamed."""
         out = []
         if not reader.sent_any:
-            delta = {"content": reader.result()[0]}
-            out.append(self._chunk(index, {"role": "assistant"} | delta if first else delta))
+            out.append(self._chunk(index, {"content": reader.result()[0]}))
         elif reader.calls and reader.whole:
             finish_reason = "tool_calls"
         return out + [self._chunk(index, {}, finish_reason)]
@@ -419,6 +420,25 @@ class CompletionBuilder:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [],
                 "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+
+def timings(stream, predicted_n: int) -> dict:
+    """llama-server's `timings` of a session's stream (dgr.stream.SessionStream) so
+    far: its prompt (from arrival to the first token, the queue included) and its
+    generation (from the first token to the last), counts, milliseconds, rates."""
+    session = stream.session
+    cached = stream.cached_tokens
+    prompt_n = stream.prompt_tokens - cached
+    first, last = session.first_token_at, session.last_token_at
+    prompt_ms = (first - session.arrived_at) * 1e3 if first is not None else 0.0
+    predicted_ms = (last - first) * 1e3 if first is not None else 0.0
+    return {"cache_n": cached,
+            "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": predicted_n * 1e3 / predicted_ms if predicted_ms else 0.0}
 
 
 def _top_dict(top: TopLogprobs, token_text) -> dict:

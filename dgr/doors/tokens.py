@@ -45,15 +45,25 @@ async def render_completion(request: Request, server: ServerState) -> Response:
 async def render_chat(request: Request, server: ServerState) -> Response:
     """vLLM's POST /v1/chat/completions/render (and /v1/responses/render): the prompt
     the chat template makes of the body, as token ids."""
+    return JSONResponse({"token_ids": await _chat_body_tokens(request, server)})
+
+
+async def input_tokens(request: Request, server: ServerState) -> Response:
+    """llama-server's POST /v1/chat/completions/input_tokens (and the Responses
+    API's): how many tokens the body's prompt is, as its door would make it."""
+    return JSONResponse({"input_tokens": len(await _chat_body_tokens(request, server))})
+
+
+async def _chat_body_tokens(request: Request, server: ServerState) -> list[int]:
     node = server.ready_node()
     body = await server.read_json(request)
-    if request.url.path.startswith("/v1/responses"):
+    if "/responses/" in request.url.path:
         parsed = parse_response_request(body, server.responses, node.tool_format)
         messages, tools = parsed.prompt, parsed.chat.tools
     else:
         chat, messages = parse_chat(body, node.tool_format)
         tools = chat.tools
-    return JSONResponse({"token_ids": await _chat_tokens(node, messages, tools)})
+    return await _chat_tokens(node, messages, tools)
 
 
 async def vllm_tokens(node, body: dict) -> list[int]:

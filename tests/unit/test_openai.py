@@ -122,9 +122,10 @@ def test_response_shapes():
                                   "top_logprobs": [{"Hel": -0.5, "lo": -1.5}, {"lo": -0.25}],
                                   "text_offset": [0, 3]}
     chat = CompletionBuilder("m", chat=True, token_text=texts.get, top_logprobs=1)
-    first = chat.delta("Hel", chunks[:1], first=True)
+    assert chat.role_chunk(0)["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    first = chat.delta("Hel", chunks[:1])
     assert first["object"] == "chat.completion.chunk"
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
+    assert first["choices"][0]["delta"] == {"content": "Hel"}
     assert first["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == [
         {"token": "Hel", "logprob": -0.5, "bytes": list(b"Hel")}]
     last = chat.delta("", [], finish_reason="stop")
