@@ -163,6 +163,14 @@ class NodeConfig:
         "start beyond it.", "80% of RAM", default=None)
     default_max_tokens: int = option("--default-max-tokens", "max_tokens of a request that sets "
                                      "none (capped by what its context leaves).", default=256)
+    chat_template: Optional[str] = option(
+        "--chat-template", "A chat template in place of the model's own: one of llama.cpp's "
+        "built-in names (chatml, llama3, gemma, command-r, ...) or a template's text, rendered "
+        "by llama.cpp.", "the model's own (its GGUF's)", default=None)
+    chat_template_file: Optional[str] = option(
+        "--chat-template-file", "A Jinja chat template file in place of the model's own, "
+        "rendered in a sandbox (tools, when it renders them, in its own format).",
+        "the model's own (its GGUF's)", default=None)
     rpc_workers: tuple[str, ...] = option(
         "--rpc", "ggml RPC workers (`python -m dgr worker`) as host:port,host:port; the model's "
         "last layers are placed on them.", "none: all layers here", default=(),
@@ -215,6 +223,8 @@ class NodeConfig:
         if self.prefill_chunk > self.step_token_budget:
             raise ValueError(f"prefill_chunk ({self.prefill_chunk}) exceeds the step token budget "
                              f"({self.step_token_budget})")
+        if self.chat_template is not None and self.chat_template_file is not None:
+            raise ValueError("give chat_template or chat_template_file, not both")
         if self.max_running > MAX_RUNNING:
             raise ValueError(f"max_running must be at most {MAX_RUNNING} "
                              "(llama.cpp's limit on sequences per context)")
@@ -253,6 +263,17 @@ class ServerConfig:
         "--cors-origins", "Origins whose web pages may call the node (CORS), comma-separated, "
         "or '*' for any; preflights are answered before the API key check, as browsers "
         "need.", "none: no CORS headers", default=(), converter=lambda v: _endpoints(v))
+    temperature: Optional[float] = option(
+        "--temp", "Temperature of the requests that give none (llama-server's --temp).",
+        "each API's own: 1 (OpenAI's, Anthropic's), 0.8 (llama.cpp's /completion)",
+        default=None)
+    seed: Optional[int] = option(
+        "--seed", "Seed of the requests that give none (llama-server's --seed).",
+        "none: each request draws its own", default=None)
+    echo_prompts: bool = option(
+        "--echo-prompts", "Every chat completion response shows the prompt its chat became, "
+        "under `__verbose` (llama-server's --verbose), as a request's `verbose` asks for its own.",
+        default=False)
     slots_endpoint: bool = option(
         "--slots", "Serve GET /slots, llama-server's view of each slot (its state and token "
         "counts, never its text); --no-slots answers it 501.", default=True)
@@ -271,8 +292,13 @@ class ServerConfig:
         "router notices a node's health only every few seconds; within --grace); then it "
         "admits no more, lets its sessions finish and exits. 0: admits no more at once.",
         default=5.0)
-    model_alias: Optional[str] = option("--model-alias", "Model id reported by the API.",
-                                        "the GGUF's general.name", default=None)
+    model_alias: tuple[str, ...] = option(
+        "--model-alias", "Names the model is served as, comma-separated: the first in "
+        "alphabetical order is its id, all are listed as its aliases (llama-server's --alias).",
+        "the GGUF's general.name", default=(), converter=lambda v: _endpoints(v))
+    model_tags: tuple[str, ...] = option(
+        "--model-tags", "Tags /v1/models lists for the model, comma-separated.", "none",
+        default=(), converter=lambda v: _endpoints(v))
     responses_stored: int = option(
         "--responses-stored", "Recent /v1/responses conversations kept for "
         "previous_response_id; beyond it the least recently used go. 0 keeps none.",

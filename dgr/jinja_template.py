@@ -4,7 +4,8 @@ a GGUF whose template ran code when rendered. Jinja's immutable sandbox refuses
 attribute access to internals (`__class__`, `__globals__`, ...) and any call
 that mutates a value, so a template can only compute text from the messages and
 tools it is given; its output is bounded too. Used for tool calls in a model's
-native format (dgr.tool_formats); other chats keep llama.cpp's own templates.
+native format (dgr.tool_formats) and for a template file given in place of the
+model's (dgr.chat); other chats keep llama.cpp's own templates.
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ import attrs
 import numpy as np
 import trio
 
-from dgr import _engine, capabilities, tool_formats
-from dgr import tools as tool_calls
+from dgr import _engine, capabilities
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
+from dgr.chat import ChatRenderer
 from dgr.engine import EngineThread, load_engine, python_yields
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
 from dgr.kv_tier import (MIN_RESTORE_TOKENS, BlobError, DiskTier, HostTier, Prefix, kv_layout,
@@ -48,8 +48,6 @@ from dgr.telemetry import Telemetry
 
 log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
-# llama.cpp built-in chat templates for model families whose GGUFs may lack one.
-_FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
 # Texts up to this many characters are tokenized on the Trio thread: about 0.2 ms for
 # 256 characters, where a hop to a worker thread takes 0.37 ms on an idle node and
 # 1.4 ms of the Trio thread's time a request under serving load
@@ -64,7 +62,7 @@ class Node:
     """A running node. Get one with `open_node(config)`."""
 
     def __init__(self, config: NodeConfig, engine: _engine.Engine, budgets: Budgets,
-                 nursery: trio.Nursery, row_probes: list[tuple[int, float]]):
+                 nursery: trio.Nursery, row_probes: list[tuple[int, float]], chat: ChatRenderer):
         self.config = config
         self.budgets = budgets
         self.telemetry = Telemetry()
@@ -95,9 +93,8 @@ class Node:
         self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
                              budgets.kv_cells_total)
         self.telemetry.batch_token_budget.set(budgets.step_tokens)
-        # the tool-call format the model's own template renders (dgr.tool_formats)
-        self.tool_format = tool_formats.for_template(engine.chat_template(),
-                                                     engine.special_text())
+        self._chat = chat
+        self.tool_format = self._chat.tool_format  # the template's (dgr.tool_formats)
         self._rpc_links = RpcLinks(config.rpc_workers) if config.rpc_workers else None
         self._rpc_at_start = {}  # the links' figures once loaded: the weights sent are not steps'
         if self._rpc_links is not None:
@@ -114,6 +111,11 @@ class Node:
     @property
     def engine_info(self) -> dict:
         return dict(self._engine.info)
+
+    @property
+    def eog_tokens(self) -> list[int]:
+        """The vocabulary's end-of-generation tokens."""
+        return list(self._open_engine().eog_tokens)
 
     def _open_engine(self):
         """The engine, for the vocabulary; NodeClosed once the node has shut down
@@ -156,25 +158,21 @@ class Node:
         character) is its own byte, not a replacement character."""
         return bytes(self._open_engine().token_to_piece(token, special=True))
 
-    def chat_prompt(self, messages: list[dict], tools=None) -> str:
-        """The prompt of a chat (messages as dgr.doors.openai.parse_chat makes them) with
-        the request's tools (a dgr.tools.ToolSpec, or None) in their format."""
-        tool_format = tools.format if tools is not None else tool_calls.GENERIC
-        return tool_format.render(messages, tools, self.apply_chat_template)
+    def chat_prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
+                    continue_final: bool = False) -> str:
+        """The prompt of a chat (dgr.chat.ChatRenderer.prompt)."""
+        self._open_engine()
+        return self._chat.prompt(messages, tools, add_generation_prompt, continue_final)
 
     def chat_template(self) -> str | None:
-        """The model's chat template (its GGUF's, or its family's built-in one)."""
-        return self._open_engine().chat_template()
+        """The chat template prompts are rendered with (configured, or the model's)."""
+        self._open_engine()
+        return self._chat.source
 
-    def apply_chat_template(self, messages: list[dict]) -> str:
-        """Render a chat with the model's template from its GGUF metadata. A GGUF
-        without one gets llama.cpp's built-in template of its model family."""
-        template = self._open_engine().chat_template()
-        if template is None:
-            template = _FAMILY_TEMPLATES.get(self._engine.info["architecture"])
-        if template is None:
-            raise ValueError("the model has no chat template")
-        return self._engine.apply_chat_template(messages, template=template)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render messages of role and content with the chat template alone."""
+        self._open_engine()
+        return self._chat.apply(messages, add_generation_prompt)
 
     @contextlib.asynccontextmanager
     async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
@@ -507,8 +505,9 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
         with python_yields(config.sched_batch):
             engine, budgets, row_probes = await engine_thread.run(load_engine, config)
             try:
+                chat = ChatRenderer(engine, config)  # a template that cannot render stops here
                 async with trio.open_nursery() as nursery:
-                    node = Node(config, engine, budgets, nursery, row_probes)
+                    node = Node(config, engine, budgets, nursery, row_probes, chat)
                     if node.tiers is not None and config.cache_dir is not None:
                         key = await node._kv_key()
                         node.tiers.disk = await trio.to_thread.run_sync(

@@ -29,13 +29,15 @@ from starlette.routing import Route
 
 from dgr.config import NodeConfig, ServerConfig
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
-from dgr.doors import anthropic, completions, llama_native, responses, routers, tokens
+from dgr.doors import (anthropic, completions, llama_metrics, llama_native, responses, routers,
+                       tokens)
 from dgr.doors.context import ServerState, TooLarge, Unavailable
 from dgr.doors.fields import BadRequest, error_body
 from dgr.doors.sse import error_response
 from dgr.node import Node, open_node
 
 log = logging.getLogger("dgr.server")
+STARTED_AT = time.time()  # what llama-server's /metrics header Process-Start-Time-Unix says
 
 
 def _retry_after(node: Node) -> str:
@@ -61,8 +63,10 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         if node is not None:
             info = node.engine_info
             data.append({"id": state.model_id, "object": "model", "created": 0, "owned_by": "dgr",
+                         "aliases": sorted(config.model_alias) or [state.model_id],
+                         "tags": list(config.model_tags),
                          "meta": {"architecture": info["architecture"], "n_params": info["n_params"],
-                                  "n_ctx_per_session": info["n_ctx_seq"],
+                                  "n_ctx_per_session": node.budgets.kv_cells_per_session,
                                   "n_vocab": info["n_vocab"]}})
         return JSONResponse({"object": "list", "data": data})
 
@@ -70,9 +74,10 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         if state.node is None:
             raise Unavailable("the model is loading")
         # dgr's own families, then the routers' gauges (read from those, so in a
-        # registry of their own)
-        return Response(state.node.telemetry.exposition() + generate_latest(state.gateway_metrics),
-                        media_type=CONTENT_TYPE_LATEST)
+        # registry of their own), then llama-server's
+        return Response(state.node.telemetry.exposition() + generate_latest(state.gateway_metrics)
+                        + llama_metrics.exposition(state.node), media_type=CONTENT_TYPE_LATEST,
+                        headers={"Process-Start-Time-Unix": str(int(STARTED_AT))})
 
     async def capabilities(request: Request) -> Response:
         if state.node is None:
@@ -344,7 +349,7 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
         urls = await nursery.start(run_http)
         log.info("listening on %s", ", ".join(urls))
         async with open_node(node_config) as node:
-            state.model_id = server_config.model_alias or node.engine_info["name"]
+            state.model_id = min(server_config.model_alias, default=node.engine_info["name"])
             state.gateway_metrics.register(routers.GatewayGauges(node, state.model_id))
             state.request_shutdown = shutdown.set
             state.node = node

@@ -284,6 +284,11 @@ class StepHistogram:
         self._counts[bisect.bisect_left(self._bounds, value)] += 1
         self._sum += value
 
+    @property
+    def total(self) -> float:
+        """The sum of the values observed."""
+        return self._sum
+
     def observe_all(self, values: list[float]) -> None:
         bounds, counts = self._bounds, self._counts
         for value in values:
@@ -311,6 +316,7 @@ class StepTotals:
         self.tokens = {"prefill": 0, "decode": 0, "generated": 0}
         self.phase_s = dict.fromkeys(STEP_PHASES, 0.0)
         self.occupancy = 0.0
+        self.rows_max = 0  # the most rows a step has run
 
     def add(self, figures: StepFigures, budget: int) -> int:
         """One step's figures; returns its rows."""
@@ -326,6 +332,7 @@ class StepTotals:
         rows = prefill + decode + figures.draft_rows
         if figures.draft_rows:
             self.spec_steps += 1
+        self.rows_max = max(self.rows_max, rows)
         self.occupancy = rows / budget
         return rows
 

@@ -193,9 +193,10 @@ class GenericFormat:
     name = "generic"
 
     @staticmethod
-    def render(messages: list[dict], spec: Optional[ToolSpec], apply_template) -> str:
+    def render(messages: list[dict], spec: Optional[ToolSpec], apply_template,
+               add_generation_prompt: bool = True) -> str:
         """The prompt of a chat (messages as history() makes them) through
-        `apply_template` (messages of role and content -> text): the tools
+        `apply_template` (messages of role and content, add_generation_prompt -> text): the tools
         described in the system message, the calls as the JSON the model answers in."""
         plain = []
         for m in messages:
@@ -211,7 +212,7 @@ class GenericFormat:
                 plain[0] = {"role": "system", "content": plain[0]["content"] + "\n\n" + described}
             else:
                 plain.insert(0, {"role": "system", "content": described})
-        return apply_template(plain)
+        return apply_template(plain, add_generation_prompt)
 
     @staticmethod
     def grammar(spec: ToolSpec) -> str:

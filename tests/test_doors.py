@@ -80,6 +80,10 @@ async def test_llama_cpps_native_completion_props_and_template(start_server):  #
         word = whole["content"][3:5]
         stopped = (await client.post("/completion", json=body | {"stop": [word]})).json()
         assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+        assert whole["generation_settings"]["logit_bias"] == []
+        banned = (await client.post("/completion", json=body | {"ignore_eos": True})).json()
+        biases = banned["generation_settings"]["logit_bias"]
+        assert biases and all(b["bias"] is None for b in biases)  # -inf: each end token banned
         refused = await client.post("/completion", json=body | {"samplers": ["top_k"]})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "samplers"
         props = (await client.get("/props")).json()
@@ -125,3 +129,67 @@ async def test_a_node_listens_on_each_address_given(start_server):  # noqa: F811
     server = await start_server(host="127.0.0.1,localhost")
     async with server.client() as client:
         assert (await client.get("/health")).status_code == 200
+
+
+async def test_a_chat_template_in_place_of_the_models(start_server, tmp_path):  # noqa: F811
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                        "</{{ m.role }}>{% endfor %}{% if add_generation_prompt %}<assistant>"
+                        "{% endif %}")
+    server = await start_server({"chat_template_file": str(template)})
+    chat = [{"role": "user", "content": "hi"}]
+    async with server.client() as client:
+        async def rendered(**body):
+            answer = await client.post("/apply-template", json={"messages": chat} | body)
+            return answer.json()["prompt"]
+
+        # the BOS text is left to the tokenizer, which adds it
+        assert await rendered() == "<user>hi</user><assistant>"
+        assert await rendered(add_generation_prompt=False) == "<user>hi</user>"
+        prefill = chat + [{"role": "assistant", "content": "Wh"}]
+        assert await rendered(messages=prefill) == "<user>hi</user><assistant>Wh"
+        shown = (await client.post("/v1/chat/completions", json={
+            "messages": prefill, "max_tokens": 2, "verbose": True})).json()
+        assert shown["__verbose"]["prompt"] == "<user>hi</user><assistant>Wh"
+        assert (await client.get("/props")).json()["chat_template"] == template.read_text()
+    named = await start_server({"chat_template": "chatml"})
+    async with named.client() as client:
+        prompt = (await client.post("/apply-template", json={"messages": chat})).json()["prompt"]
+        assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_the_servers_sampling_defaults_fill_what_a_request_leaves_out(start_server):  # noqa: F811
+    server = await start_server(temperature=0.0, seed=7)
+    async with server.client() as client:
+        params = (await client.get("/props")).json()["default_generation_settings"]["params"]
+        assert params == {"temperature": 0.0, "seed": 7}
+        body = {"prompt": "Once upon a time", "max_tokens": 24}
+        texts = {(await client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+                 for _ in range(3)}
+        assert len(texts) == 1  # greedy: the server's temperature, not OpenAI's 1
+        sampled = {(await client.post("/v1/completions", json=body | {"temperature": 1.5, "seed": s})
+                    ).json()["choices"][0]["text"] for s in range(3)}
+        assert len(sampled) > 1  # a request's own fields win
+
+
+async def test_metrics_carry_llama_servers_families_too(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        done = (await client.post("/completion", json={"prompt": "I believe",
+                                                      "n_predict": 6})).json()
+        scraped = await client.get("/metrics")
+        assert float(scraped.headers["process-start-time-unix"]) > 0
+        families, values = {}, {}
+        for line in scraped.text.splitlines():
+            if line.startswith("# TYPE llamacpp:"):
+                _, _, name, kind = line.split(" ")
+                families[name] = kind
+            elif line.startswith("llamacpp:"):
+                name, value = line.split(" ")
+                values[name] = float(value)
+        assert set(values) == set(families) and len(families) == 15
+        assert families["llamacpp:n_tokens_max"] == families["llamacpp:n_decode_total"] == "counter"
+        assert families["llamacpp:requests_processing"] == "gauge"
+        assert values["llamacpp:tokens_predicted_total"] == done["timings"]["predicted_n"] == 6
+        assert values["llamacpp:prompt_tokens_total"] == done["timings"]["prompt_n"]
+        assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:requests_processing"] == 0

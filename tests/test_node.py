@@ -989,3 +989,14 @@ async def test_slots_show_running_sessions_never_their_text(node_config):
                 assert 1 <= state["next_token"][0]["n_decoded"] < 300
                 assert state["next_token"][0]["n_remain"] == 300 - state["next_token"][0]["n_decoded"]
             assert "secret" not in repr(slots)
+
+
+@pytest.mark.parametrize("overrides, said", [
+    ({"chat_template_file": "/no/such/template.jinja"}, "chat template file"),
+    ({"chat_template": "no-such-template-name"}, "chat template 'no-such-template-name'"),
+])
+async def test_a_chat_template_that_cannot_render_stops_the_start(node_config,
+                                                                   overrides, said):
+    with pytest.raises(ModelLoadError, match=said):
+        async with dgr.open_node(node_config(**overrides)):
+            pass

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields
 from dgr.doors.openai import parse_chat
+from dgr.doors.prompts import chat_ids
 from dgr.doors.sse import SessionEvents, ending, read_one
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 
@@ -217,8 +218,9 @@ async def messages(request: Request, server: "ServerState") -> Response:
     """One chat session, answered as a message or as Anthropic's stream events."""
     try:
         node = server.ready_node()
-        parsed, chat = parse_messages(await server.read_json(request), node.tool_format)
-        ids = await _prompt_ids(node, chat, parsed.tools)
+        parsed, chat = parse_messages(await server.read_body(request, "/v1/messages"),
+                                      node.tool_format)
+        ids = await chat_ids(node, parsed, chat)
         stream_cm = node.stream(ids, parsed.params, whole=not parsed.stream)
         chunks = await stream_cm.__aenter__()
     except (BadRequest, InvalidRequest) as exc:
@@ -286,15 +288,7 @@ async def count_tokens(request: Request, server: "ServerState") -> Response:
         node = server.ready_node()
         parsed, chat = parse_messages(await server.read_json(request), node.tool_format,
                                       "/v1/messages/count_tokens")
-        ids = await _prompt_ids(node, chat, parsed.tools)
+        ids = await chat_ids(node, parsed, chat)
     except (BadRequest, InvalidRequest) as exc:
         return error(400, "invalid_request_error", str(exc))
     return JSONResponse({"input_tokens": len(ids)})
-
-
-async def _prompt_ids(node, chat: list[dict], tools) -> list[int]:
-    try:
-        prompt = node.chat_prompt(chat, tools)
-    except ValueError as exc:
-        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
-    return await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)

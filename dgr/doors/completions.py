@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr.doors.context import ServerState
-from dgr.doors.fields import BadRequest, error_body
+from dgr.doors.fields import error_body
 from dgr.doors.openai import CompletionBuilder, parse_chat, parse_completion, timings
+from dgr.doors.prompts import chat_text
 from dgr.doors.sse import SessionEvents, ending, read_whole, sse_event
 from dgr.node import Node
 from dgr.stream import Chunk
@@ -22,19 +23,22 @@ from dgr.stream import Chunk
 
 async def completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
-    parsed = parse_completion(await server.read_json(request))
+    parsed = parse_completion(await server.read_body(request, "/v1/completions"))
     return await _generate(request, server, node, parsed, parsed.prompts)
 
 
 async def chat_completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
-    parsed, messages = parse_chat(await server.read_json(request), node.tool_format)
-    try:
-        prompt = node.chat_prompt(messages, parsed.tools)
-    except ValueError as exc:
-        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+    parsed, messages = parse_chat(await server.read_body(request, "/v1/chat/completions"),
+                                  node.tool_format)
+    prompt = chat_text(node, parsed, messages)
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
-    return await _generate(request, server, node, parsed, [ids])
+    response = await _generate(request, server, node, parsed, [ids])
+    if ((parsed.verbose or server.config.echo_prompts) and not parsed.stream
+            and response.status_code == 200):
+        # llama-server's `verbose`: the prompt the chat became
+        response = JSONResponse(json.loads(response.body) | {"__verbose": {"prompt": prompt}})
+    return response
 
 
 async def _generate(request: Request, server: ServerState, node: Node, parsed,

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 
 from dgr.config import ServerConfig
-from dgr.doors.fields import BadRequest
+from dgr.doors.fields import FIELDS, BadRequest
 from dgr.doors.responses import ResponseStore
 from dgr.node import Node
 
@@ -43,6 +43,16 @@ class ServerState:
         if self.node.draining:
             raise Unavailable("the server is shutting down")
         return self.node
+
+    async def read_body(self, request: Request, door: str) -> Any:
+        """A door's body (read_json) with the server's sampling defaults (--temp,
+        --seed) where it gives none and the door takes them."""
+        body = await self.read_json(request)
+        if isinstance(body, dict):
+            defaults = {"temperature": self.config.temperature, "seed": self.config.seed}
+            body = {name: value for name, value in defaults.items()
+                    if value is not None and name in FIELDS[door]} | body
+        return body
 
     async def read_json(self, request: Request) -> Any:
         """The body as JSON, refused past max_body_bytes before it is all read."""

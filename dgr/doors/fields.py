@@ -25,7 +25,9 @@ FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
     "/v1/chat/completions": _SAMPLING | {"messages", "logprobs", "top_logprobs",
                                          "max_completion_tokens", "tools", "tool_choice",
-                                         "parallel_tool_calls"},
+                                         "parallel_tool_calls", "json_schema",
+                                         "add_generation_prompt", "continue_final_message",
+                                         "verbose"},
     "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",
                       "top_p", "top_k", "min_p", "repetition_penalty", "text", "stream", "store",
                       "previous_response_id", "seed", "tools", "tool_choice",
@@ -48,15 +50,16 @@ FIELDS = {
     "/detokenize": {"tokens"},
 }
 # OpenAI's own hints, per door
+# llama-server's slot preference, prompt caching and n_keep change no output here (the
+# node places sessions and caches prefixes itself, bitwise, and never shifts a context)
+_LLAMA_HINTS = {"id_slot", "cache_prompt", "n_keep"}
 HINTS = {
-    "/v1/completions": {"user", "metadata", "store", "service_tier"},
-    "/v1/chat/completions": {"user", "metadata", "store", "service_tier"},
+    "/v1/completions": {"user", "metadata", "store", "service_tier"} | _LLAMA_HINTS,
+    "/v1/chat/completions": {"user", "metadata", "store", "service_tier"} | _LLAMA_HINTS,
     "/v1/responses": {"user", "metadata", "service_tier"},
     "/v1/messages": {"metadata", "service_tier"},
     "/v1/messages/count_tokens": set(),
-    # a slot preference, prompt caching and n_keep change no output here (the node
-    # places sessions and caches prefixes itself, bitwise, and never shifts a context)
-    "/completion": {"id_slot", "cache_prompt", "n_keep"},
+    "/completion": _LLAMA_HINTS,
     "/tokenize": set(),
     "/detokenize": set(),
 }
@@ -72,7 +75,6 @@ ROUTER_DEFAULTS = {
     "no_stop_trim": (False, "vllm-router"),                # stop strings are trimmed
     "skip_special_tokens": (True, "vllm-router"),         # special tokens are not text
     "return_hidden_states": (False, "vllm-router"),
-    "continue_final_message": (False, "vllm-router (chat)"),
     "include_reasoning": (True, "vllm-router (chat)"),    # no reasoning is taken out
     "separate_reasoning": (True, "vllm-router (chat)"),
     "stream_reasoning": (True, "vllm-router (chat)"),

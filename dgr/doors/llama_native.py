@@ -14,19 +14,24 @@ from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest, check_fields, read_bool
 from dgr.doors.openai import parse_completion, timings
+from dgr.doors.prompts import chat_text
 from dgr.doors.sse import SessionEvents, ending, error_response, read_one
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
 
 # llama.cpp's name -> the OpenAI completion body's
-_RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "logprobs", "temperature": "temperature",
-            "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
+_RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "logprobs",
+            "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
             "ignore_eos": "ignore_eos", "repeat_penalty": "repeat_penalty",
             "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
             "frequency_penalty": "frequency_penalty", "grammar": "grammar", "stream": "stream"}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
+
+
+def _temperature(server: "ServerState") -> float:
+    return server.config.temperature if server.config.temperature is not None else _TEMPERATURE
 
 
 def _completion_body(body: Any) -> dict:
@@ -53,8 +58,15 @@ def _completion_body(body: Any) -> dict:
     return out
 
 
+def _logit_bias(params, eog_tokens: list[int]) -> list[dict]:
+    """The biases as llama-server reports them: with ignore_eos, each
+    end-of-generation token's bias is -inf (JSON null)."""
+    banned = [{"token": token, "bias": None} for token in eog_tokens] if params.ignore_eos else []
+    return banned + [{"token": int(token), "bias": bias} for token, bias in params.logit_bias]
+
+
 def _result(parsed, chunks, text: str, tokens: list[int], model: str,
-            return_tokens: bool) -> dict:
+            return_tokens: bool, eog_tokens: list[int]) -> dict:
     reason = str(chunks.finish_reason)
     stop_type = ("word" if chunks.stop_sequence is not None else
                  "limit" if reason == "length" else "eos")
@@ -66,13 +78,14 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
             "stopping_word": chunks.stop_sequence or "",
             "generation_settings": {"n_predict": parsed.params.max_tokens or -1,
                                     "temperature": parsed.params.temperature,
-                                    "seed": parsed.params.seed},
+                                    "seed": parsed.params.seed,
+                                    "logit_bias": _logit_bias(parsed.params, eog_tokens)},
             "timings": timings(chunks, len(tokens))}
 
 
 async def completion(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
-    body = await server.read_json(request)
+    body = await server.read_body(request, "/completion")
     parsed = parse_completion(_completion_body(body))
     if len(parsed.prompts) != 1 or parsed.n != 1:
         raise BadRequest("give one prompt (text or token ids)", "prompt")
@@ -92,8 +105,10 @@ async def completion(request: Request, server: "ServerState") -> Response:
                     texts.append(chunk.text)
                     await emit("data: " + json.dumps({
                         "index": 0, "content": chunk.text,
-                        "tokens": [chunk.token_id] if return_tokens and chunk.token_id
-                        is not None else [], "stop": False}, ensure_ascii=False) + "\n\n")
+                        # llama-server sends each piece's token whether or not
+                        # return_tokens asks (which is for the whole response)
+                        "tokens": [chunk.token_id] if chunk.token_id is not None else [],
+                        "stop": False}, ensure_ascii=False) + "\n\n")
                 else:
                     texts.append(chunk.text)
             ended = ending([chunks])
@@ -102,7 +117,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
                                                             "message": ended[1]}}) + "\n\n")
                 return
             final = _result(parsed, chunks, "".join(texts), tokens, server.model_id,
-                            return_tokens)
+                            return_tokens, node.eog_tokens)
             last = texts[-1] if texts and chunks.finish_reason is not None else ""
             await emit("data: " + json.dumps(final | {"content": last}, ensure_ascii=False)
                        + "\n\n")
@@ -112,15 +127,20 @@ async def completion(request: Request, server: "ServerState") -> Response:
         text, instead = await read_one(request, chunks, tokens)
     if instead is not None:
         return instead
-    return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, return_tokens))
+    return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, return_tokens,
+                                node.eog_tokens))
 
 
 async def props(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     info = node.engine_info
     return JSONResponse({
-        "default_generation_settings": {"n_ctx": node.budgets.kv_cells_per_session,
-                                        "params": {"temperature": _TEMPERATURE}},
+        "default_generation_settings": {
+            "n_ctx": node.budgets.kv_cells_per_session,
+            # llama.cpp's seed for "a fresh one each request" is 2^32 - 1
+            "params": {"temperature": _temperature(server),
+                       "seed": server.config.seed if server.config.seed is not None
+                       else 0xFFFFFFFF}},
         "total_slots": info["n_seq_max"], "model_alias": server.model_id,
         "model_path": info["path"], "modalities": {"vision": False, "audio": False},
         "chat_template": node.chat_template() or "", "build_info": "dgr"})
@@ -146,10 +166,8 @@ async def apply_template(request: Request, server: "ServerState") -> Response:
         raise BadRequest("'messages' must be a list", "messages")
     from dgr.doors.openai import parse_chat
 
-    chat, messages = parse_chat({"messages": body["messages"]} |
-                                {k: body[k] for k in ("tools", "tool_choice") if k in body},
+    chat, messages = parse_chat({k: body[k] for k in ("messages", "tools", "tool_choice",
+                                                      "add_generation_prompt",
+                                                      "continue_final_message") if k in body},
                                 node.tool_format)
-    try:
-        return JSONResponse({"prompt": node.chat_prompt(messages, chat.tools)})
-    except ValueError as exc:
-        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+    return JSONResponse({"prompt": chat_text(node, chat, messages)})

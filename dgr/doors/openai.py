@@ -67,6 +67,11 @@ class ParsedRequest:
     echo: bool = False  # completions: each choice's text begins with its prompt
     tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
     timings_per_token: bool = False  # llama-server's: each streamed chunk has its timings
+    # chat: whether the prompt ends by opening the assistant's turn, or continues the
+    # last message (the assistant's: a prefill)
+    add_generation_prompt: bool = True
+    continue_final: bool = False
+    verbose: bool = False  # llama-server's: the response shows the prompt (`__verbose`)
 
 
 # OpenAI's (and llama-server's, vLLM's) name of each SamplingParams field that a
@@ -242,7 +247,7 @@ def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
                         or not isinstance(part.get("text"), str):
                     raise BadRequest("only text content parts are supported", "messages")
                 parts.append(part["text"])
-            content = "".join(parts)
+            content = "\n\n".join(parts)  # as llama-server joins a message's text parts
         if content is None:
             content = ""
         if not isinstance(content, str):
@@ -259,11 +264,42 @@ def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
         logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
     elif body.get("top_logprobs") is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    if body.get("json_schema") is not None:  # llama-server's: response_format's schema, top level
+        if body.get("response_format") is not None or body.get("grammar") is not None:
+            raise BadRequest("give 'json_schema', 'response_format' or 'grammar', one of them",
+                             "json_schema")
+        body = body | {"response_format": {"type": "json_schema",
+                                           "json_schema": {"schema": body["json_schema"]}}}
     try:
         parsed = _common(body, logprobs, chat=True, prompts=[], top_logprobs=top, tools=tools)
     except tool_calls.ToolsError as exc:
         raise BadRequest(str(exc), exc.field) from None
-    return parsed, clean
+    return attrs.evolve(parsed, verbose=read_bool(body, "verbose"),
+                        **_continuation(body, clean)), clean
+
+
+def _continuation(body: dict, messages: list[dict]) -> dict:
+    """How the prompt ends: a chat whose last message is the assistant's continues
+    it (llama-server's prefill; vLLM's continue_final_message asks for it), unless
+    add_generation_prompt says otherwise; else the assistant's turn is opened,
+    unless add_generation_prompt is false."""
+    add = body.get("add_generation_prompt")
+    if add is not None and not isinstance(add, bool):
+        raise BadRequest("'add_generation_prompt' must be a boolean", "add_generation_prompt")
+    asked = read_bool(body, "continue_final_message")
+    if asked and add:
+        raise BadRequest("'continue_final_message' continues the last message, so "
+                         "'add_generation_prompt' cannot be true beside it",
+                         "continue_final_message")
+    last_is_text = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+    if asked and not last_is_text:
+        raise BadRequest("'continue_final_message' needs the last message to be the "
+                         "assistant's text", "continue_final_message")
+    if len(messages) > 1 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+        raise BadRequest("the chat cannot end with two assistant messages", "messages")
+    continue_final = asked or (last_is_text and add is None)
+    return {"add_generation_prompt": add is not False and not continue_final,
+            "continue_final": continue_final}
 
 
 class CompletionBuilder:
@@ -425,7 +461,8 @@ class CompletionBuilder:
 def timings(stream, predicted_n: int) -> dict:
     """llama-server's `timings` of a session's stream (dgr.stream.SessionStream) so
     far: its prompt (from arrival to the first token, the queue included) and its
-    generation (from the first token to the last), counts, milliseconds, rates."""
+    generation (from the first token to the last: the rate is over the steps after
+    the first token, which came with the prompt), counts, milliseconds, rates."""
     session = stream.session
     cached = stream.cached_tokens
     prompt_n = stream.prompt_tokens - cached
@@ -437,8 +474,9 @@ def timings(stream, predicted_n: int) -> dict:
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": predicted_n * 1e3 / predicted_ms if predicted_ms else 0.0}
+            "predicted_per_token_ms": predicted_ms / (predicted_n - 1) if predicted_n > 1 else 0.0,
+            "predicted_per_second": ((predicted_n - 1) * 1e3 / predicted_ms
+                                     if predicted_n > 1 and predicted_ms else 0.0)}
 
 
 def _top_dict(top: TopLogprobs, token_text) -> dict:

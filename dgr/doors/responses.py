@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields
 from dgr.doors.openai import ParsedRequest, parse_chat
+from dgr.doors.prompts import chat_ids
 from dgr.doors.sse import SessionEvents, ending, read_one
 
 if TYPE_CHECKING:
@@ -351,12 +352,9 @@ async def responses(request: Request, server: "ServerState") -> Response:
     """One chat session, answered whole or as the Responses API's events."""
     node = server.ready_node()
     store = server.responses
-    parsed = parse_response_request(await server.read_json(request), store, node.tool_format)
-    try:
-        prompt = node.chat_prompt(parsed.prompt, parsed.chat.tools)
-    except ValueError as exc:
-        raise BadRequest(f"cannot apply the chat template: {exc}", "input") from None
-    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+    parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
+                                    node.tool_format)
+    ids = await chat_ids(node, parsed.chat, parsed.prompt, "input")
     builder = ResponsesBuilder(server.model_id, parsed)
     generated: list[int] = []
 

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from dgr.doors.context import ServerState
 from dgr.doors.fields import BadRequest, check_fields, read_bool
 from dgr.doors.openai import parse_chat, parse_completion
+from dgr.doors.prompts import chat_ids
 from dgr.doors.responses import parse_response_request
 
 
@@ -59,26 +60,20 @@ async def _chat_body_tokens(request: Request, server: ServerState) -> list[int]:
     body = await server.read_json(request)
     if "/responses/" in request.url.path:
         parsed = parse_response_request(body, server.responses, node.tool_format)
-        messages, tools = parsed.prompt, parsed.chat.tools
-    else:
-        chat, messages = parse_chat(body, node.tool_format)
-        tools = chat.tools
-    return await _chat_tokens(node, messages, tools)
+        return await chat_ids(node, parsed.chat, parsed.prompt, "input")
+    chat, messages = parse_chat(body, node.tool_format)
+    return await chat_ids(node, chat, messages)
 
 
 async def vllm_tokens(node, body: dict) -> list[int]:
     """vLLM's /tokenize: a prompt ({"model", "prompt"}) or a chat ({"model",
     "messages"}) as the completions and chat doors tokenize it."""
     check_fields(body, "/tokenize")
-    if read_bool(body, "continue_final_message"):
-        raise BadRequest("'continue_final_message' is not supported", "continue_final_message")
-    if body.get("add_generation_prompt", True) is not True:
-        # the chat door always prompts the assistant's turn
-        raise BadRequest("'add_generation_prompt' is supported only as true",
-                         "add_generation_prompt")
     if "messages" in body:
-        chat, messages = parse_chat({"messages": body["messages"]}, node.tool_format)
-        return await _chat_tokens(node, messages, chat.tools)
+        chat, messages = parse_chat({k: body[k] for k in ("messages", "add_generation_prompt",
+                                                          "continue_final_message") if k in body},
+                                    node.tool_format)
+        return await chat_ids(node, chat, messages)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", "prompt")
@@ -86,14 +81,6 @@ async def vllm_tokens(node, body: dict) -> list[int]:
     if not isinstance(add_special, bool):
         raise BadRequest("'add_special_tokens' must be a boolean", "add_special_tokens")
     return await node.tokenize_off_loop(prompt, add_special=add_special)
-
-
-async def _chat_tokens(node, messages, tools) -> list[int]:
-    try:
-        prompt = node.chat_prompt(messages, tools)
-    except ValueError as exc:
-        raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
-    return await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
 
 
 async def detokenize(request: Request, server: ServerState) -> Response:

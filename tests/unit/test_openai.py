@@ -41,7 +41,7 @@ def test_openai_defaults_differ_from_the_librarys():
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "hi", "tools": []}, "tools"),
-    ({"prompt": "hi", "cache_prompt": True}, "cache_prompt"),
+    ({"prompt": "hi", "mirostat": 2}, "mirostat"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": [1, True]}, "prompt"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
@@ -83,7 +83,7 @@ def test_chat_messages_are_flattened_and_logprobs_need_the_flag():
                      {"role": "assistant", "content": None}],
         "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 5})
     assert messages == [{"role": "system", "content": "be brief"},
-                        {"role": "user", "content": "ab"},
+                        {"role": "user", "content": "a\n\nb"},  # as llama-server joins parts
                         {"role": "assistant", "content": ""}]
     assert parsed.chat and parsed.top_logprobs == 3 and parsed.params.logprobs == 3
     assert parsed.params.max_tokens == 5
@@ -162,7 +162,7 @@ def test_message_roles_are_openais_and_developer_is_system():
                                           "function": {"name": "f", "arguments": {}}}]
     assert messages[2]["tool_call_id"] == "c1"
     # the generic format renders the call as the JSON the model answers in
-    rendered = GENERIC.render(messages, None, lambda plain: plain)
+    rendered = GENERIC.render(messages, None, lambda plain, add_generation_prompt: plain)
     assert json.loads(rendered[1]["content"]) == {"tool_calls": [{"name": "f", "arguments": {}}]}
     assert all(set(m) == {"role", "content"} for m in rendered)
     with pytest.raises(BadRequest) as exc:
@@ -219,7 +219,7 @@ def test_tools_become_a_grammar_and_a_system_message():
     parsed, messages = parse_chat({"messages": [{"role": "user", "content": "weather?"}],
                                    "tools": [WEATHER], "tool_choice": "required"})
     assert parsed.tools.choice == "required" and parsed.tools.names == ["get_weather"]
-    rendered = GENERIC.render(messages, parsed.tools, lambda plain: plain)
+    rendered = GENERIC.render(messages, parsed.tools, lambda plain, add_generation_prompt: plain)
     assert rendered[0]["role"] == "system" and "get_weather" in rendered[0]["content"]
     assert "tool_calls" in parsed.params.grammar and "response" not in parsed.params.grammar
     auto, _ = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})
@@ -270,3 +270,34 @@ def test_tool_answers_become_calls_or_content():
     content, calls = parse_answer('{"tool_calls": [{"name": "f", "arguments": {"a": 1')
     assert content is None and calls[0]["function"] == {"name": "f", "arguments": '{"a": 1'}
     assert parse_answer('{"response": ""}') == ("", [])
+
+
+def test_a_final_assistant_message_is_continued_unless_asked_otherwise():
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Wh"}]
+    prefill, _ = parse_chat({"messages": chat})  # llama-server's prefill, Anthropic's too
+    assert prefill.continue_final and not prefill.add_generation_prompt
+    vllm, _ = parse_chat({"messages": chat, "continue_final_message": True,
+                          "add_generation_prompt": False})
+    assert vllm.continue_final
+    closed, _ = parse_chat({"messages": chat, "add_generation_prompt": False})
+    assert not closed.continue_final and not closed.add_generation_prompt
+    answered, _ = parse_chat({"messages": chat[:1]})
+    assert answered.add_generation_prompt and not answered.continue_final
+    for body, param in [({"messages": chat, "continue_final_message": True,
+                          "add_generation_prompt": True}, "continue_final_message"),
+                        ({"messages": chat[:1], "continue_final_message": True},
+                         "continue_final_message"),
+                        ({"messages": chat + chat[1:]}, "messages")]:
+        with pytest.raises(BadRequest) as exc:
+            parse_chat(body)
+        assert exc.value.param == param
+
+
+def test_a_top_level_json_schema_is_the_response_formats():
+    parsed, _ = parse_chat({"messages": [{"role": "user", "content": "x"}],
+                            "json_schema": {"const": "42"}})
+    assert parsed.params.grammar and "42" in parsed.params.grammar
+    with pytest.raises(BadRequest) as exc:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "json_schema": {},
+                    "grammar": "root ::= \"a\""})
+    assert exc.value.param == "json_schema"

@@ -1,0 +1,65 @@
+"""llama-server's metrics (`llamacpp:` names) from the node's own figures, after
+dgr's families in GET /metrics: what dashboards and alerts written for
+llama-server read. Written as llama-server writes them (prometheus_client would
+add `_total` to `n_tokens_max`, a counter llama-server names without it)."""
+
+from __future__ import annotations
+
+# (name, type, help, the figure from a snapshot)
+_FAMILIES = [
+    ("prompt_tokens_total", "counter", "Prompt tokens computed (not taken from the cache).",
+     lambda f: f["prefilled"]),
+    ("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache or "
+     "a running session.", lambda f: f["cached"]),
+    ("prompt_seconds_total", "counter", "Seconds from sessions' admission to their first "
+     "token (their prompts' time, the queue included).", lambda f: f["prompt_s"]),
+    ("tokens_predicted_total", "counter", "Tokens generated.", lambda f: f["generated"]),
+    ("tokens_predicted_seconds_total", "counter", "Seconds between consecutive tokens of "
+     "sessions.", lambda f: f["predicted_s"]),
+    ("n_decode_total", "counter", "Steps run (each one llama_decode per call).",
+     lambda f: f["steps"]),
+    ("n_tokens_max", "counter", "The most rows (tokens) one step has run.",
+     lambda f: f["rows_max"]),
+    ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
+     lambda f: f["drafted"]),
+    ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+     lambda f: f["accepted"]),
+    ("spec_decode_num_drafts_total", "counter", "Steps that verified drafts.",
+     lambda f: f["draft_steps"]),
+    ("prompt_tokens_seconds", "gauge", "Prompt tokens computed per second, lately.",
+     lambda f: f["prefill_rate"]),
+    ("predicted_tokens_seconds", "gauge", "Tokens generated per second, lately.",
+     lambda f: f["decode_rate"]),
+    ("requests_processing", "gauge", "Sessions running.", lambda f: f["active"]),
+    ("requests_deferred", "gauge", "Sessions waiting for a slot.", lambda f: f["waiting"]),
+    ("n_busy_slots_per_decode", "gauge", "Sessions with a decode row, per step on average.",
+     lambda f: f["busy_per_step"]),
+]
+
+
+def figures(node) -> dict:
+    """A snapshot of the figures the families read."""
+    telemetry, totals = node.telemetry, node.telemetry.step_totals
+    speculation = telemetry.speculation_totals()
+    load = node.router_load()
+    rates = telemetry.recent_rates()
+    return {"prefilled": totals.tokens["prefill"], "cached": load["prompt_tokens_cached"],
+            "prompt_s": telemetry.ttft.total, "generated": totals.tokens["generated"],
+            "predicted_s": telemetry.itl.total, "steps": totals.steps,
+            "rows_max": totals.rows_max,
+            "drafted": sum(s["drafted"] for s in speculation["sources"].values()),
+            "accepted": sum(s["accepted"] for s in speculation["sources"].values()),
+            "draft_steps": speculation["steps_with_drafts"],
+            "prefill_rate": rates["prefill_tokens_per_s"],
+            "decode_rate": rates["decode_tokens_per_s"],
+            "active": load["running"], "waiting": load["waiting"],
+            "busy_per_step": totals.tokens["decode"] / totals.steps if totals.steps else 0.0}
+
+
+def exposition(node) -> bytes:
+    snapshot = figures(node)
+    lines = []
+    for name, kind, text, read in _FAMILIES:
+        lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {float(read(snapshot))!r}"]
+    return ("\n".join(lines) + "\n").encode()

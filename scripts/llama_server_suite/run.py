@@ -1,0 +1,121 @@
+"""Run llama.cpp's own server tests (tools/server/tests of the pinned tree)
+against llama-server and against dgr, on the default model, and compare.
+
+    .venv/bin/python scripts/llama_server_suite/run.py [--servers llama-server,dgr]
+        [--tests unit] [-k EXPR] [--timeout 180] [--out DIR]
+
+The tests run unchanged (suite_plugin.py swaps the server binary and the
+model; tests whose server needs a model this machine lacks are set aside, each
+with its reason). Their requirements go into a virtual environment of their
+own, vendor/server-tests-venv. Prints, per server, the tests passed, failed
+and set aside; then every test that passes against llama-server and not
+against dgr, each either a refusal by design (REFUSALS, with its reason) or a
+defect. Exits 1 when there is a defect.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import venv
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers import ensure_peers  # noqa: E402
+from dgr.engine import resolve_model_path  # noqa: E402
+
+SUITE = ROOT / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
+SUITE_VENV = ROOT / "vendor" / "server-tests-venv"
+
+# Tests that pass against llama-server and not against dgr, by design: test id
+# prefix -> why dgr answers otherwise.
+REFUSALS: dict[str, str] = {}
+
+
+def suite_python() -> Path:
+    python = SUITE_VENV / "bin" / "python"
+    if not python.exists():
+        venv.create(SUITE_VENV, with_pip=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "-r",
+                        SUITE / "requirements.txt", "pytest-timeout"], check=True)
+    return python
+
+
+def run_suite(server: str, binary: Path, model: str, args, out: Path) -> dict[str, dict]:
+    results = out / f"{server}.jsonl"
+    results.unlink(missing_ok=True)
+    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(binary), "DGR_SUITE_MODEL": model,
+           "DGR_SUITE_RESULTS": str(results), "DGR_PYTHON": sys.executable,
+           "PYTHONPATH": str(HERE), "LLAMA_CACHE": str(out / "cache"),
+           # llama-server's --no-repack, as the bench runs it: the pinned build's AMX
+           # weights fault on this project's machines (benchmarks/servers.py)
+           "LLAMA_ARG_REPACK": "0"}
+    command = [str(suite_python()), "-m", "pytest", *args.tests, "-p", "suite_plugin", "-q",
+               "-p", "no:cacheprovider", f"--timeout={args.timeout}"]
+    if args.k:
+        command += ["-k", args.k]
+    with open(out / f"{server}.log", "w") as log:
+        subprocess.run(command, cwd=SUITE, env=env, stdout=log, stderr=subprocess.STDOUT)
+    outcomes = {}
+    for line in results.read_text().splitlines() if results.exists() else []:
+        record = json.loads(line)
+        outcomes[record["test"]] = record
+    return outcomes
+
+
+def refusal(test: str) -> str | None:
+    return next((why for prefix, why in REFUSALS.items() if test.startswith(prefix)), None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--servers", default="llama-server,dgr")
+    parser.add_argument("--tests", nargs="*", default=["unit"], help="paths under the suite")
+    parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("--timeout", type=int, default=180, help="seconds per test")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "llama-server-suite"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = resolve_model_path(None)
+    binaries = {"llama-server": ensure_peers(batched_bench=False)["llama-server"],
+                "dgr": HERE / "dgr_server.py"}
+    outcomes = {}
+    for server in args.servers.split(","):
+        outcomes[server] = run_suite(server, binaries[server], model, args, out)
+        if not outcomes[server]:
+            print(f"{server}: no test ran; see {out / (server + '.log')}")
+            return 2
+        counts = Counter(r["outcome"] for r in outcomes[server].values())
+        print(f"{server}: {counts['passed']} passed, {counts['failed']} failed, "
+              f"{counts['skipped']} set aside, of {len(outcomes[server])}")
+    set_aside = {t: r["detail"] for r in outcomes.values() for t, r in r.items()
+                 if r["outcome"] == "skipped"}
+    print(f"\nset aside ({len(set_aside)}):")
+    for test, why in sorted(set_aside.items()):
+        print(f"  {test}: {why}")
+    if set(outcomes) != {"llama-server", "dgr"}:
+        return 0
+    peer, ours = outcomes["llama-server"], outcomes["dgr"]
+    behind = sorted(t for t, r in peer.items() if r["outcome"] == "passed"
+                    and ours.get(t, {}).get("outcome") != "passed")
+    refused = [t for t in behind if refusal(t)]
+    defects = [t for t in behind if not refusal(t)]
+    both = sum(1 for t, r in peer.items() if r["outcome"] == "passed"
+               and ours.get(t, {}).get("outcome") == "passed")
+    print(f"\npassed on llama-server: {sum(r['outcome'] == 'passed' for r in peer.values())}; "
+          f"on dgr too: {both}; refused by design: {len(refused)}; defects: {len(defects)}")
+    for test in refused:
+        print(f"  refused {test}: {refusal(test)}")
+    for test in defects:
+        print(f"  DEFECT {test}: {ours.get(test, {}).get('detail', 'not run')}")
+    return 1 if defects else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
