@@ -193,3 +193,28 @@ async def test_metrics_carry_llama_servers_families_too(start_server):  # noqa: 
         assert values["llamacpp:tokens_predicted_total"] == done["timings"]["predicted_n"] == 6
         assert values["llamacpp:prompt_tokens_total"] == done["timings"]["prompt_n"]
         assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:requests_processing"] == 0
+
+
+async def test_llama_cpps_prompt_shapes(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        async def complete(prompt):
+            answer = await client.post("/completion", json={"prompt": prompt, "n_predict": 4,
+                                                            "temperature": 0})
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        text = "I believe the meaning of life is"
+        ids = (await client.post("/tokenize", json={"content": text,
+                                                    "add_special": True})).json()["tokens"]
+        one = (await complete(text))["content"]
+        assert (await complete(ids))["content"] == one
+        assert (await complete({"prompt_string": text}))["content"] == one
+        several = await complete([ids, {"prompt_string": text}, text])
+        assert [r["content"] for r in several] == [one] * 3
+        assert [r["index"] for r in several] == [0, 1, 2]
+        mixed = await complete([*ids[:3], "meaning", *ids[3:]])  # one prompt, tokenized in place
+        assert isinstance(mixed["content"], str)
+        refused = await client.post("/completion", json={"prompt": {
+            "prompt_string": text, "multimodal_data": ["aGk="]}})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from dgr.doors.fields import BadRequest, check_fields, read_bool
 from dgr.doors.openai import parse_completion, timings
 from dgr.doors.prompts import chat_text
-from dgr.doors.sse import SessionEvents, ending, error_response, read_one
+from dgr.doors.sse import SessionEvents, ending, error_response, read_one, read_whole
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
@@ -32,6 +32,35 @@ _TEMPERATURE = 0.8
 
 def _temperature(server: "ServerState") -> float:
     return server.config.temperature if server.config.temperature is not None else _TEMPERATURE
+
+
+def _llama_prompt(node, prompt: Any) -> Any:
+    """llama.cpp's prompt shapes as the OpenAI door takes them: {"prompt_string":
+    text} is its text (multimodal_data is refused: no model here reads images); a
+    list mixing token ids and texts is one prompt, its texts tokenized in place
+    (the first with the BOS, as llama-server does); another list is one prompt each."""
+    if isinstance(prompt, dict):
+        return _json_prompt(prompt)
+    if not isinstance(prompt, list):
+        return prompt
+    if (any(isinstance(p, str) for p in prompt)
+            and any(isinstance(p, int) and not isinstance(p, bool) for p in prompt)):
+        ids: list = []
+        for i, piece in enumerate(prompt):
+            ids += (node.tokenize(piece, add_special=i == 0, parse_special=True)
+                    if isinstance(piece, str) else [piece])
+        return ids
+    return [_json_prompt(p) if isinstance(p, dict) else p for p in prompt]
+
+
+def _json_prompt(prompt: dict) -> Any:
+    if prompt.get("multimodal_data"):
+        raise BadRequest("'multimodal_data' is not supported: the model reads no images",
+                         "prompt")
+    if set(prompt) - {"prompt_string", "multimodal_data"}:
+        raise BadRequest("a prompt object takes 'prompt_string' (and 'multimodal_data')",
+                         "prompt")
+    return prompt.get("prompt_string")
 
 
 def _completion_body(body: Any) -> dict:
@@ -86,10 +115,14 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
 async def completion(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     body = await server.read_body(request, "/completion")
+    if isinstance(body, dict):
+        body = body | {"prompt": _llama_prompt(node, body.get("prompt"))}
     parsed = parse_completion(_completion_body(body))
-    if len(parsed.prompts) != 1 or parsed.n != 1:
-        raise BadRequest("give one prompt (text or token ids)", "prompt")
     return_tokens = read_bool(body, "return_tokens")
+    if len(parsed.prompts) > 1:
+        if parsed.stream:
+            raise BadRequest("stream one prompt at a time", "prompt")
+        return await _several(request, server, node, parsed, return_tokens)
     tokens: list[int] = []
     if parsed.stream:
         stream_cm = node.stream(parsed.prompts[0], parsed.params)
@@ -129,6 +162,26 @@ async def completion(request: Request, server: "ServerState") -> Response:
         return instead
     return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, return_tokens,
                                 node.eog_tokens))
+
+
+async def _several(request: Request, server: "ServerState", node, parsed,
+                   return_tokens: bool) -> Response:
+    """Several prompts, admitted together: a list of results, in their order."""
+    texts: list[str] = [""] * len(parsed.prompts)
+    tokens: list[list[int]] = [[] for _ in parsed.prompts]
+
+    async def collect(i, chunks):
+        got = await chunks.read_all()
+        texts[i] = "".join(chunk.text for chunk in got)
+        tokens[i] = [chunk.token_id for chunk in got if chunk.token_id is not None]
+
+    async with node.stream_group(parsed.prompts, parsed.params, 1, whole=True) as streams:
+        instead = await read_whole(request, streams, collect)
+    if instead is not None:
+        return instead
+    return JSONResponse([_result(parsed, chunks, texts[i], tokens[i], server.model_id,
+                                 return_tokens, node.eog_tokens) | {"index": i}
+                         for i, chunks in enumerate(streams)])
 
 
 async def props(request: Request, server: "ServerState") -> Response:
