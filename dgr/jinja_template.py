@@ -59,8 +59,10 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
                add_generation_prompt: bool = True) -> str:
+        # enable_thinking as llama.cpp and vLLM render templates: a model that can
+        # think before it answers may (its thinking is part of its text here)
         context = self._special | {"messages": messages, "add_generation_prompt":
-                                   add_generation_prompt}
+                                   add_generation_prompt, "enable_thinking": True}
         if tools is not None:
             context["tools"] = tools
         out, size = [], 0

@@ -332,6 +332,10 @@ class StepLoop:
                          keep_kv=self._placement.cache is not None,
                          restore=None if session.restore is None else session.restore.state)
         self._placement.started(session)
+        if session.spec.reports_progress:
+            reply = self._replies[session]
+            reply.started(session.n_reused)
+            reply.progress(session.n_reused, time.monotonic())
         if session.restore is not None:
             self._tiers.restored(session.n_reused)
         elif session.n_reused:
@@ -378,6 +382,8 @@ class StepLoop:
     def _on_prefilled(self, event: Prefilled, now: float) -> None:
         session = self._by_slot[event.slot]
         session.record_prefill(event.end)
+        if session.spec.reports_progress:
+            self._replies[session].progress(event.end, now)
         self._placement.prefilled(session, event.end)
         self._send_ops()
         self._step_prefill.append((session.id, event.start, event.end))

@@ -39,7 +39,7 @@ from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
-from dgr.reply import Reply
+from dgr.reply import PROGRESS_SLOTS, Reply
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
 from dgr.spec import SessionSpec
@@ -176,7 +176,7 @@ class Node:
 
     @contextlib.asynccontextmanager
     async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
-                     whole: bool = False) -> AsyncIterator[SessionStream]:
+                     whole: bool = False, progress: bool = False) -> AsyncIterator[SessionStream]:
         """Admit a session and stream its chunks.
 
         Raises AdmissionRejected at once when admission refuses it. Leaving the
@@ -185,19 +185,22 @@ class Node:
 
         `whole`: the caller wants the whole answer, not its pieces as they come
         (a non-streamed request): the chunks arrive together at the end, and
-        the session never waits for its reader (dgr.reply).
+        the session never waits for its reader (dgr.reply). `progress`: a streamed
+        session's chunks report its prompt's prefill as it goes (Chunk.progress;
+        a report the reader has not made room for is dropped).
         """
-        async with self.stream_group([prompt], params, whole=whole) as streams:
+        async with self.stream_group([prompt], params, whole=whole, progress=progress) as streams:
             yield streams[0]
 
     @contextlib.asynccontextmanager
     async def stream_group(self, prompts: list[Prompt], params: Optional[SamplingParams] = None,
-                           n: int = 1, whole: bool = False) -> AsyncIterator[list[SessionStream]]:
+                           n: int = 1, whole: bool = False, progress: bool = False
+                           ) -> AsyncIterator[list[SessionStream]]:
         """n sessions per prompt, admitted together or rejected together (one
         request's choices), streamed separately: choice i * n + j is sample j of
         prompt i. Samples of one prompt share its prefill: the first prefills, the
         others wait for it and take its KV. With a seed, sample j uses seed + j.
-        `whole` as in `stream`."""
+        `whole` and `progress` as in `stream`."""
         if not prompts or n < 1:
             raise InvalidRequest("a group needs at least one prompt and n >= 1")
         params = params or SamplingParams()
@@ -209,7 +212,8 @@ class Node:
             for j in range(n):
                 sample = params if params.seed is None or j == 0 else attrs.evolve(
                     params, seed=params.seed + j)
-                session = self._new_session(ids, sample, leader=first)
+                session = self._new_session(ids, sample, leader=first,
+                                            progress=progress and not whole)
                 first = first or session
                 sessions.append(session)
         opened = await self._open_sessions(sessions, whole)
@@ -414,7 +418,7 @@ class Node:
         return prompt_ids
 
     def _new_session(self, prompt_ids: list[int], params: SamplingParams,
-                     leader: Optional[Session] = None) -> Session:
+                     leader: Optional[Session] = None, progress: bool = False) -> Session:
         if self._closing:
             raise NodeClosed("the node is shut down")
         if not prompt_ids:
@@ -433,7 +437,8 @@ class Node:
             prompt=prompt_ids, params=params,
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens),
-            speculation=self.config.session_speculation(params.speculation))
+            speculation=self.config.session_speculation(params.speculation),
+            reports_progress=progress)
         return Session(id=next(self._ids), spec=spec, arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session], whole: bool):
@@ -456,7 +461,8 @@ class Node:
             # (a whole answer's chunks come as one list).
             # (A session that only scores its prompt has max_tokens 0, and a credit.)
             credits = max(session.spec.max_tokens, 1) if whole else self.config.reply_buffer
-            chunk_send, chunk_recv = trio.open_memory_channel(1 if whole else credits + 1)
+            room = credits + 1 + (PROGRESS_SLOTS if session.spec.reports_progress else 0)
+            chunk_send, chunk_recv = trio.open_memory_channel(1 if whole else room)
             replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
                                      functools.partial(self._loop.end, session), credits, whole)
             opened.append((session, chunk_recv))

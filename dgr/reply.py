@@ -25,7 +25,11 @@ import trio
 from dgr.detok import IncrementalDetokenizer
 from dgr.sequence import FinishReason, Session
 from dgr.stops import StopMatcher
-from dgr.stream import Chunk, TopLogprobs
+from dgr.stream import Chunk, PromptProgress, TopLogprobs
+
+# Prefill reports a reader may leave unread (SessionSpec.reports_progress): its
+# channel has room for them beside its tokens; one more is dropped, the next says more.
+PROGRESS_SLOTS = 2
 
 
 class Reply:
@@ -52,6 +56,8 @@ class Reply:
         self._raw: Optional[list] = [] if whole and not self._stops.active else None
         self._stop_ids = frozenset(session.spec.params.stop_token_ids)
         self._min_tokens = session.spec.params.min_tokens
+        self._prompt = session.spec.prompt
+        self._cached = 0
         self._n = 0
         self.closed = False
 
@@ -77,6 +83,20 @@ class Reply:
                             stop_sequence=self._stops.matched))
             return
         self._keep(Chunk(token, text, logprob, top))
+
+    def progress(self, processed: int, now: float) -> None:
+        """The prompt is in the KV up to position `processed` (a streamed session
+        that reports its progress; before its first token, so the report takes no
+        token's room)."""
+        if self.closed or self._held is not None:
+            return
+        if self._chunks.statistics().current_buffer_used < PROGRESS_SLOTS:
+            self._send(Chunk(None, "", progress=PromptProgress(
+                len(self._prompt), self._cached, processed, now)))
+
+    def started(self, cached: int) -> None:
+        """The session reached the batch loop with `cached` prompt tokens in its KV."""
+        self._cached = cached
 
     def _keep(self, chunk: Chunk) -> None:
         """A token's chunk: to the reader now, or held for the end (whole)."""

@@ -20,6 +20,8 @@ class SessionSpec:
     # within the KV a session may reserve; 0 when it only scores its prompt)
     speculation: str       # "off", "auto" or "always" (dgr.config.SPECULATION_MODES):
     # the request's mode where the node can draft, else the node's
+    reports_progress: bool = False  # its stream reports its prompt's prefill as it goes
+    # (dgr.stream.PromptProgress chunks)
 
     @property
     def scores_prompt(self) -> bool:

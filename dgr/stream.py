@@ -16,6 +16,18 @@ from dgr.sequence import FinishReason, Session
 TopLogprobs = list[tuple[int, float]]
 
 
+@attrs.frozen
+class PromptProgress:
+    """How far a session's prompt is (SessionSpec.reports_progress): of `total`
+    tokens, `cached` came from the cache and `processed` (cached included) are in
+    its KV, at `at` (time.monotonic())."""
+
+    total: int
+    cached: int
+    processed: int
+    at: float
+
+
 @attrs.define(slots=True)
 class Chunk:
     """One streamed piece. `text` holds only whole UTF-8 characters. The last
@@ -32,6 +44,7 @@ class Chunk:
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
     stop_sequence: Optional[str] = None  # the stop string that ended the session
+    progress: Optional[PromptProgress] = None  # a report of the prompt's prefill (no token)
 
 
 @attrs.frozen

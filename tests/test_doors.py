@@ -218,3 +218,43 @@ async def test_llama_cpps_prompt_shapes(start_server):  # noqa: F811
         refused = await client.post("/completion", json={"prompt": {
             "prompt_string": text, "multimodal_data": ["aGk="]}})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+
+
+async def test_a_stream_reports_its_prompts_prefill_when_asked(start_server):  # noqa: F811
+    server = await start_server({"n_batch": 64, "n_ubatch": 64, "prefill_chunk": 32})
+    prompt = "the quick brown fox jumps over the lazy dog " * 20  # several steps' prefill
+    async with server.client() as client:
+        native = await client.post("/completion", json={
+            "prompt": prompt, "n_predict": 4, "stream": True, "return_progress": True,
+            "timings_per_token": True})
+        events = [json.loads(line[6:]) for line in native.text.splitlines()
+                  if line.startswith("data: ")]
+        reports = [e for e in events if "prompt_progress" in e]
+        assert len(reports) > 1
+        first, last = reports[0], reports[-1]  # the first, at the start, always has room
+        assert first["prompt_progress"]["processed"] == first["prompt_progress"]["cache"]
+        assert first["timings"]["prompt_n"] == 0 and first["timings"]["prompt_ms"] == 0.0
+        # (a report the reader has not made room for is dropped: the last may be)
+        assert last["prompt_progress"]["processed"] <= last["prompt_progress"]["total"]
+        processed = [r["prompt_progress"]["processed"] for r in reports]
+        assert processed == sorted(processed)
+        assert events[-1]["stop"] and events[-1]["tokens_predicted"] == 4
+        assert all("timings" in e for e in events)
+        chat = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": 2,
+            "stream": True, "return_progress": True})
+        chunks = [json.loads(line[6:]) for line in chat.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        reports = [c for c in chunks if "prompt_progress" in c]
+        assert len(reports) > 1 and all(c["choices"] == [] for c in reports)
+        plain = await client.post("/completion", json={"prompt": prompt, "n_predict": 2,
+                                                       "stream": True})
+        assert "prompt_progress" not in plain.text  # only when asked
+        responses = await client.post("/v1/responses", json={
+            "input": prompt, "max_output_tokens": 4, "stream": True, "return_progress": True,
+            "timings_per_token": True})
+        data = [json.loads(line[6:]) for line in responses.text.splitlines()
+                if line.startswith("data: ")]
+        assert any(d["type"] == "response.in_progress" and "prompt_progress" in d for d in data)
+        assert any(d["type"] == "response.output_text.delta" and "timings" in d for d in data)
+        assert "timings" in data[-1] and data[-1]["type"] == "response.incomplete"  # max_output_tokens

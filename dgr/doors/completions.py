@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse, Response
 
 from dgr.doors.context import ServerState
 from dgr.doors.fields import error_body
-from dgr.doors.openai import CompletionBuilder, parse_chat, parse_completion, timings
+from dgr.doors.openai import (CompletionBuilder, parse_chat, parse_completion, progress_timings,
+                             prompt_progress, timings)
 from dgr.doors.prompts import chat_text
 from dgr.doors.sse import SessionEvents, ending, read_whole, sse_event
 from dgr.node import Node
@@ -51,7 +52,8 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
               for p in prompts for _ in range(parsed.n)]
     if parsed.stream:
         # Admission happens before the 200 goes out, so a refusal is a real status code.
-        group_cm = node.stream_group(prompts, parsed.params, parsed.n)
+        group_cm = node.stream_group(prompts, parsed.params, parsed.n,
+                                     progress=parsed.return_progress)
         streams = await group_cm.__aenter__()
         return SessionEvents(
             lambda emit: completion_events(request, streams, builder, parsed, echoes, emit),
@@ -157,12 +159,21 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
             return (timings(stream, len(stream.session.generated))
                     if parsed.timings_per_token else None)
 
+        progress_started: dict = {}  # each choice's first report's time
+
         text_event = TextEvents(builder)
         readers: dict = {}  # with tools: each choice's answer reader
         events: list[str] = []  # the events of one batch of chunks
         async with merged as receive:
             async for batch in receive:
                 for index, chunk in batch:
+                    if chunk.progress is not None:
+                        started = progress_started.setdefault(index, chunk.progress.at)
+                        events.append(sse_event(builder.progress_chunk(
+                            prompt_progress(chunk.progress, started),
+                            progress_timings(chunk.progress, started)
+                            if parsed.timings_per_token else None)))
+                        continue
                     if chunk.token_id is not None:
                         completion += 1
                     if parsed.tools is not None and chunk.finish_reason != "error":

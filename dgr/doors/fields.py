@@ -19,7 +19,7 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
              "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation",
-             "timings_per_token"}
+             "timings_per_token", "return_progress"}
 
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
@@ -31,7 +31,7 @@ FIELDS = {
     "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",
                       "top_p", "top_k", "min_p", "repetition_penalty", "text", "stream", "store",
                       "previous_response_id", "seed", "tools", "tool_choice",
-                      "parallel_tool_calls"},
+                      "parallel_tool_calls", "timings_per_token", "return_progress"},
     # llama-server's shape, and vLLM's (what vllm-router's cache-aware policy sends)
     # Anthropic's Messages API (`thinking` only as {"type": "disabled"})
     "/v1/messages": {"model", "max_tokens", "messages", "system", "stop_sequences",
@@ -43,7 +43,8 @@ FIELDS = {
     "/completion": {"prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
                     "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
                     "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
-                    "grammar", "json_schema", "return_tokens"},
+                    "grammar", "json_schema", "return_tokens", "timings_per_token",
+                    "return_progress"},
     "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
                   "add_special_tokens", "add_generation_prompt", "continue_final_message",
                   "return_token_strs"},

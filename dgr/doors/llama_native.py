@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest, check_fields, read_bool
-from dgr.doors.openai import parse_completion, timings
+from dgr.doors.openai import parse_completion, progress_timings, prompt_progress, timings
 from dgr.doors.prompts import chat_text
 from dgr.doors.sse import SessionEvents, ending, error_response, read_one, read_whole
 
@@ -25,7 +25,8 @@ _RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "l
             "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
             "ignore_eos": "ignore_eos", "repeat_penalty": "repeat_penalty",
             "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-            "frequency_penalty": "frequency_penalty", "grammar": "grammar", "stream": "stream"}
+            "frequency_penalty": "frequency_penalty", "grammar": "grammar", "stream": "stream",
+            "timings_per_token": "timings_per_token", "return_progress": "return_progress"}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
 
@@ -125,23 +126,34 @@ async def completion(request: Request, server: "ServerState") -> Response:
         return await _several(request, server, node, parsed, return_tokens)
     tokens: list[int] = []
     if parsed.stream:
-        stream_cm = node.stream(parsed.prompts[0], parsed.params)
+        stream_cm = node.stream(parsed.prompts[0], parsed.params, progress=parsed.return_progress)
         chunks = await stream_cm.__aenter__()
 
         async def produce(emit) -> None:
             texts = []
+            started = None  # the first progress report's time
             async for chunk in chunks:
+                if chunk.progress is not None:
+                    started = started or chunk.progress.at
+                    report = {"index": 0, "content": "", "tokens": [], "stop": False,
+                              "prompt_progress": prompt_progress(chunk.progress, started)}
+                    if parsed.timings_per_token:
+                        report["timings"] = progress_timings(chunk.progress, started)
+                    await emit("data: " + json.dumps(report) + "\n\n")
+                    continue
                 if chunk.token_id is not None:
                     tokens.append(chunk.token_id)
                     request.scope["dgr.tokens"] = len(tokens)
                 if chunk.finish_reason is None:
                     texts.append(chunk.text)
-                    await emit("data: " + json.dumps({
-                        "index": 0, "content": chunk.text,
-                        # llama-server sends each piece's token whether or not
-                        # return_tokens asks (which is for the whole response)
-                        "tokens": [chunk.token_id] if chunk.token_id is not None else [],
-                        "stop": False}, ensure_ascii=False) + "\n\n")
+                    piece = {"index": 0, "content": chunk.text,
+                             # llama-server sends each piece's token whether or not
+                             # return_tokens asks (which is for the whole response)
+                             "tokens": [chunk.token_id] if chunk.token_id is not None else [],
+                             "stop": False}
+                    if parsed.timings_per_token:
+                        piece["timings"] = timings(chunks, len(tokens))
+                    await emit("data: " + json.dumps(piece, ensure_ascii=False) + "\n\n")
                 else:
                     texts.append(chunk.text)
             ended = ending([chunks])

@@ -19,7 +19,7 @@ from dgr.config import SamplingParams
 from dgr.errors import InvalidRequest
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, read_bool
-from dgr.stream import Chunk, TopLogprobs
+from dgr.stream import Chunk, PromptProgress, TopLogprobs
 
 MAX_CHOICES = 32  # prompts x n in one request
 # OpenAI's message roles, as the chat template knows them ("developer" is OpenAI's
@@ -67,6 +67,7 @@ class ParsedRequest:
     echo: bool = False  # completions: each choice's text begins with its prompt
     tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
     timings_per_token: bool = False  # llama-server's: each streamed chunk has its timings
+    return_progress: bool = False  # llama-server's: a stream reports its prompt's prefill
     # chat: whether the prompt ends by opening the assistant's turn, or continues the
     # last message (the assistant's: a prefill)
     add_generation_prompt: bool = True
@@ -124,7 +125,8 @@ def _common(body: dict, logprobs: int, chat: bool, prompts: list,
     except InvalidRequest as exc:
         raise BadRequest(str(exc), given.get(exc.field, (exc.field,))[0]) from None
     return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo,
-                         tools, read_bool(body, "timings_per_token"))
+                         tools, read_bool(body, "timings_per_token"),
+                         read_bool(body, "return_progress"))
 
 
 def _grammar(body: dict) -> Optional[str]:
@@ -413,6 +415,13 @@ class CompletionBuilder:
                  "choices": [choice]}
         return chunk if timing is None else chunk | {"timings": timing}
 
+    def progress_chunk(self, progress: dict, timing: Optional[dict] = None) -> dict:
+        """A report of the prompt's prefill (return_progress): no choice yet."""
+        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else
+                 "text_completion", "created": self.created, "model": self.model,
+                 "choices": [], "prompt_progress": progress}
+        return chunk if timing is None else chunk | {"timings": timing}
+
     def role_chunk(self, index: int) -> dict:
         """A chat choice's first chunk: its role, no content yet."""
         return self._chunk(index, {"role": "assistant", "content": None})
@@ -477,6 +486,24 @@ def timings(stream, predicted_n: int) -> dict:
             "predicted_per_token_ms": predicted_ms / (predicted_n - 1) if predicted_n > 1 else 0.0,
             "predicted_per_second": ((predicted_n - 1) * 1e3 / predicted_ms
                                      if predicted_n > 1 and predicted_ms else 0.0)}
+
+
+def prompt_progress(report: PromptProgress, started: float) -> dict:
+    """llama-server's `prompt_progress` of a report (dgr.stream.PromptProgress);
+    `started`: when the first report came (its time is counted from it)."""
+    return {"total": report.total, "cache": report.cached, "processed": report.processed,
+            "time_ms": (report.at - started) * 1e3}
+
+
+def progress_timings(report: PromptProgress, started: float) -> dict:
+    """llama-server's timings while a prompt is prefilled: nothing generated yet."""
+    prompt_n = report.processed - report.cached
+    prompt_ms = (report.at - started) * 1e3
+    return {"cache_n": report.cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0}
 
 
 def _top_dict(top: TopLogprobs, token_text) -> dict:

@@ -20,7 +20,8 @@ from starlette.responses import JSONResponse, Response
 
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields
-from dgr.doors.openai import ParsedRequest, parse_chat
+from dgr.doors.openai import (ParsedRequest, parse_chat, progress_timings, prompt_progress,
+                             timings)
 from dgr.doors.prompts import chat_ids
 from dgr.doors.sse import SessionEvents, ending, read_one
 
@@ -173,7 +174,9 @@ def parse_response_request(body: Any, store: ResponseStore,
                               else []) + conversation} | _tools(body)
     for name, chat_name in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                             ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
-                            ("repetition_penalty", "repetition_penalty"), ("seed", "seed")):
+                            ("repetition_penalty", "repetition_penalty"), ("seed", "seed"),
+                            ("timings_per_token", "timings_per_token"),
+                            ("return_progress", "return_progress")):
         if body.get(name) is not None:
             chat_body[chat_name] = body[name]
     fmt = _response_format(body.get("text"))
@@ -202,6 +205,7 @@ class ResponsesBuilder:
         self.model = model
         self._request = request
         self._sequence = 0
+        self.extra: dict = {}  # fields every event carries from now on (llama-server's timings)
         # with tools, the answer as read so far (streamed: piece by piece), the ids of
         # its function_call items, and the item being streamed (its kind and index)
         spec = request.chat.tools
@@ -268,7 +272,7 @@ class ResponsesBuilder:
 
     def event(self, kind: str, **fields) -> str:
         """One server-sent event of the stream (its `event:` line names its type)."""
-        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        payload = {"type": kind, "sequence_number": self._sequence, **fields, **self.extra}
         self._sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -364,18 +368,30 @@ async def responses(request: Request, server: "ServerState") -> Response:
             store.put(builder.id, parsed.conversation + [builder.answer(text)[1]])
         return usage
 
+    chat = parsed.chat
     if parsed.stream:
-        stream_cm = node.stream(ids, parsed.chat.params)
+        stream_cm = node.stream(ids, chat.params, progress=chat.return_progress)
         chunks = await stream_cm.__aenter__()
 
         async def produce(emit) -> None:
             for event in builder.opening():
                 await emit(event)
             texts = []
+            started = None  # the first progress report's time
             async for chunk in chunks:
+                if chunk.progress is not None:  # llama-server's return_progress
+                    started = started or chunk.progress.at
+                    timing = ({"timings": progress_timings(chunk.progress, started)}
+                              if chat.timings_per_token else {})
+                    await emit(builder.event(
+                        "response.in_progress", response=builder.response("in_progress"),
+                        prompt_progress=prompt_progress(chunk.progress, started), **timing))
+                    continue
                 if chunk.token_id is not None:
                     generated.append(chunk.token_id)
                     request.scope["dgr.tokens"] = len(generated)
+                if chat.timings_per_token:  # llama-server's: on each event from here on
+                    builder.extra = {"timings": timings(chunks, len(generated))}
                 if chunk.text and chunk.finish_reason != "error":
                     texts.append(chunk.text)
                     for event in builder.delta(chunk.text):
