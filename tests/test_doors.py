@@ -258,3 +258,34 @@ async def test_a_stream_reports_its_prompts_prefill_when_asked(start_server):  #
         assert any(d["type"] == "response.in_progress" and "prompt_progress" in d for d in data)
         assert any(d["type"] == "response.output_text.delta" and "timings" in d for d in data)
         assert "timings" in data[-1] and data[-1]["type"] == "response.incomplete"  # max_output_tokens
+
+
+async def test_llama_cpps_probabilities_and_text_biases(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        body = {"prompt": "I believe the meaning of life is", "n_probs": 3, "n_predict": 4,
+                "temperature": 0}
+        whole = (await client.post("/completion", json=body)).json()
+        probs = whole["completion_probabilities"]
+        assert len(probs) == 4
+        for p in probs:
+            assert p["logprob"] <= 0 and len(p["top_logprobs"]) == 3
+            assert isinstance(p["token"], str) and isinstance(p["bytes"], list)
+        streamed = await client.post("/completion", json=body | {"stream": True})
+        pieces = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                  if line.startswith("data: ")]
+        assert [p["completion_probabilities"][0]["id"] for p in pieces if not p["stop"]] == \
+            [p["id"] for p in probs]
+        banned = (await client.post("/completion", json=body | {
+            "logit_bias": [[probs[0]["id"], False]]})).json()  # false: banned
+        assert banned["completion_probabilities"][0]["id"] != probs[0]["id"]
+        assert banned["generation_settings"]["logit_bias"] == [{"token": probs[0]["id"],
+                                                                "bias": -100}]
+        # a text's tokens all take its bias
+        texts = (await client.post("/completion", json=body | {
+            "logit_bias": {"hello world": -5}})).json()["generation_settings"]["logit_bias"]
+        ids = (await client.post("/tokenize", json={"content": "hello world"})).json()["tokens"]
+        assert sorted(b["token"] for b in texts) == sorted(set(ids))
+        assert {b["bias"] for b in texts} == {-5}
+        refused = await client.post("/completion", json=body | {"post_sampling_probs": True})
+        assert refused.status_code == 400

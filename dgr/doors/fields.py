@@ -19,7 +19,7 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n
              "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
              "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation",
-             "timings_per_token", "return_progress"}
+             "timings_per_token", "return_progress", "n_predict"}
 
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},

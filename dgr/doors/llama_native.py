@@ -26,7 +26,8 @@ _RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "l
             "ignore_eos": "ignore_eos", "repeat_penalty": "repeat_penalty",
             "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
             "frequency_penalty": "frequency_penalty", "grammar": "grammar", "stream": "stream",
-            "timings_per_token": "timings_per_token", "return_progress": "return_progress"}
+            "timings_per_token": "timings_per_token", "return_progress": "return_progress",
+            "logit_bias": "logit_bias"}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
 
@@ -64,6 +65,36 @@ def _json_prompt(prompt: dict) -> Any:
     return prompt.get("prompt_string")
 
 
+def _llama_bias(node, bias: Any) -> Any:
+    """llama.cpp's logit_bias as OpenAI's ({token id: bias}): pairs or an object,
+    each key a token id or a text whose tokens all take the bias; a bias of false
+    bans (-100)."""
+    pairs = bias.items() if isinstance(bias, dict) else bias
+    if not isinstance(pairs, (list, type({}.items()))) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise BadRequest("'logit_bias' must be [[token or text, bias], ...] or an object",
+                         "logit_bias")
+    out: dict = {}
+    for key, value in pairs:
+        value = -100 if value is False else value
+        if isinstance(key, str) and not key.isdigit():
+            for token in node.tokenize(key, add_special=False, parse_special=False):
+                out[str(token)] = value
+        else:
+            out[str(key)] = value
+    return out
+
+
+def _probabilities(node, chunk) -> dict:
+    """A token's llama-server completion_probabilities entry (n_probs)."""
+    def entry(token: int, logprob: float) -> dict:
+        return {"id": token, "token": node.token_text(token),
+                "bytes": list(node.token_bytes(token)), "logprob": logprob}
+
+    return entry(chunk.token_id, chunk.logprob) | {
+        "top_logprobs": [entry(t, lp) for t, lp in chunk.top_logprobs or []]}
+
+
 def _completion_body(body: Any) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -79,12 +110,6 @@ def _completion_body(body: Any) -> dict:
     if body.get("json_schema") is not None:
         out["response_format"] = {"type": "json_schema",
                                   "json_schema": {"schema": body["json_schema"]}}
-    bias = body.get("logit_bias")
-    if isinstance(bias, list):  # llama.cpp's [[token, bias], ...]
-        out["logit_bias"] = {str(pair[0]): pair[1] for pair in bias
-                             if isinstance(pair, list) and len(pair) == 2}
-    elif bias is not None:
-        out["logit_bias"] = bias
     return out
 
 
@@ -118,6 +143,8 @@ async def completion(request: Request, server: "ServerState") -> Response:
     body = await server.read_body(request, "/completion")
     if isinstance(body, dict):
         body = body | {"prompt": _llama_prompt(node, body.get("prompt"))}
+        if body.get("logit_bias") is not None:
+            body["logit_bias"] = _llama_bias(node, body["logit_bias"])
     parsed = parse_completion(_completion_body(body))
     return_tokens = read_bool(body, "return_tokens")
     if len(parsed.prompts) > 1:
@@ -153,6 +180,8 @@ async def completion(request: Request, server: "ServerState") -> Response:
                              "stop": False}
                     if parsed.timings_per_token:
                         piece["timings"] = timings(chunks, len(tokens))
+                    if parsed.params.logprobs and chunk.token_id is not None:
+                        piece["completion_probabilities"] = [_probabilities(node, chunk)]
                     await emit("data: " + json.dumps(piece, ensure_ascii=False) + "\n\n")
                 else:
                     texts.append(chunk.text)
@@ -168,12 +197,16 @@ async def completion(request: Request, server: "ServerState") -> Response:
                        + "\n\n")
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+    rows: list = []
     async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
-        text, instead = await read_one(request, chunks, tokens)
+        text, instead = await read_one(request, chunks, tokens, rows)
     if instead is not None:
         return instead
-    return JSONResponse(_result(parsed, chunks, text, tokens, server.model_id, return_tokens,
-                                node.eog_tokens))
+    result = _result(parsed, chunks, text, tokens, server.model_id, return_tokens,
+                     node.eog_tokens)
+    if parsed.params.logprobs:
+        result["completion_probabilities"] = [_probabilities(node, row) for row in rows]
+    return JSONResponse(result)
 
 
 async def _several(request: Request, server: "ServerState", node, parsed,

@@ -79,7 +79,7 @@ class ParsedRequest:
 # request passes as it is; SamplingParams validates every value and names the
 # field at fault, reported under the request's name for it.
 SAMPLING_NAMES = {
-    "max_tokens": "max_tokens", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "max_tokens": "max_tokens", "n_predict": "max_tokens", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
     "seed": "seed", "stop": "stop", "ignore_eos": "ignore_eos",
     "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
     "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",

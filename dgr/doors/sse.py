@@ -85,15 +85,19 @@ async def read_whole(request: Request, streams, collect) -> Optional[Response]:
     return None
 
 
-async def read_one(request: Request, chunks, tokens: list[int]) -> tuple[str, Optional[Response]]:
+async def read_one(request: Request, chunks, tokens: list[int],
+                   rows: Optional[list] = None) -> tuple[str, Optional[Response]]:
     """One session's whole answer (read_whole): its text, with its token ids appended
-    to `tokens`, and what to send instead of the answer (or None)."""
+    to `tokens` (and their chunks to `rows`), and what to send instead of the
+    answer (or None)."""
     texts: list[str] = []
 
     async def collect(_, stream):
         got = await stream.read_all()
         texts.extend(chunk.text for chunk in got)
         tokens.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
+        if rows is not None:
+            rows.extend(chunk for chunk in got if chunk.token_id is not None)
         request.scope["dgr.tokens"] = len(tokens)
 
     instead = await read_whole(request, [chunks], collect)

@@ -84,8 +84,10 @@ def dgr_argv(known: argparse.Namespace) -> list[str]:
         argv += ["--ubatch", str(known.ubatch_size)]
     if known.threads:
         argv += ["--threads", str(known.threads)]
-    if known.n_predict:
+    if known.n_predict and known.n_predict > 0:
         argv += ["--default-max-tokens", str(known.n_predict)]
+    elif known.n_predict == -1:  # llama-server's "until the context is full"
+        argv += ["--default-max-tokens", str(known.ctx_size or 1 << 20)]
     if known.api_key:
         argv += ["--api-key", known.api_key]
     if known.cors_origins:
