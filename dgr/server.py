@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import os
 import signal
 import time
 from typing import Optional
@@ -34,6 +35,7 @@ from dgr.doors import (anthropic, completions, llama_metrics, llama_native, resp
 from dgr.doors.context import ServerState, TooLarge, Unavailable
 from dgr.doors.fields import BadRequest, error_body
 from dgr.doors.sse import error_response
+from dgr.doors.vertex import VertexSettings, predict_endpoint
 from dgr.node import Node, open_node
 
 log = logging.getLogger("dgr.server")
@@ -173,6 +175,13 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         routes += [Route("/v1/dgr/prefix/export", prefix_export, methods=["POST"]),
                    Route("/v1/dgr/prefix/import", prefix_import, methods=["POST"])]
     mapper = _ErrorMapper(state, config)
+    vertex = VertexSettings.from_env(os.environ)
+    if vertex is not None:  # in a Vertex AI container
+        doors = {r.path: r.endpoint for r in routes if "POST" in (r.methods or ())}
+        routes.append(Route(vertex.predict_route,
+                            predict_endpoint(doors, state.read_json, mapper.map), methods=["POST"]))
+        if vertex.health_route is not None:
+            routes.append(Route(vertex.health_route, health, methods=["GET"]))
     handled = (BadRequest, InvalidRequest, TooLarge, AdmissionRejected, Unavailable, NodeClosed,
                ClientDisconnect, ExceptionGroup, Exception)
     handlers = {cls: mapper for cls in handled}
@@ -312,7 +321,9 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
     state = ServerState(server_config)
     app = create_app(state, server_config)
     hconfig = hypercorn.config.Config()
-    hconfig.bind = [f"[{host}]:{server_config.port}" if ":" in host else f"{host}:{server_config.port}"
+    vertex = VertexSettings.from_env(os.environ)
+    port = vertex.port if vertex is not None and vertex.port else server_config.port
+    hconfig.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
                     for host in server_config.host.split(",")]
     hconfig.accesslog = None
     hconfig.errorlog = logging.getLogger("hypercorn.error")

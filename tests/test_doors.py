@@ -289,3 +289,25 @@ async def test_llama_cpps_probabilities_and_text_biases(start_server):  # noqa: 
         assert {b["bias"] for b in texts} == {-5}
         refused = await client.post("/completion", json=body | {"post_sampling_probs": True})
         assert refused.status_code == 400
+
+
+async def test_vertex_ais_predict_route_in_its_container(start_server, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/ping")
+    server = await start_server()
+    async with server.client() as client:
+        assert (await client.get("/ping")).status_code == 200
+        answer = await client.post("/predict", json={"instances": [
+            {"@requestFormat": "chatCompletions", "max_tokens": 4, "stream": True,
+             "messages": [{"role": "user", "content": "hi"}]},
+            {"@requestFormat": "/v1/completions", "prompt": "hi", "max_tokens": 3},
+            {"@requestFormat": "completion", "prompt": "hi", "n_predict": 2},
+            {"@requestFormat": "chatCompletions", "messages": []},
+            {"@requestFormat": "noSuchDoor"}]})
+        assert answer.status_code == 200
+        chat, oai, native, refused, unknown = answer.json()["predictions"]
+        assert chat["choices"][0]["message"]["role"] == "assistant"  # answered whole
+        assert oai["object"] == "text_completion" and native["tokens_predicted"] == 2
+        assert refused["error"]["param"] == "messages" and "noSuchDoor" in unknown["error"]["message"]
+        bad = await client.post("/predict", json={"instances": 5})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "instances"
