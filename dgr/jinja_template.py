@@ -42,13 +42,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+class _Undefined(jinja2.Undefined):
+    """A name the template's context lacks adds nothing to a text it is added to,
+    as llama.cpp's template engine renders it (Jinja's own raises)."""
+
+    def __add__(self, other):
+        return other
+
+    def __radd__(self, other):
+        return other
+
+
 class ChatTemplate:
     """One template, compiled once; render() is pure (no I/O, no state)."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"],
-                                            undefined=jinja2.Undefined, autoescape=False)
+                                            undefined=_Undefined, autoescape=False)
         env.filters["tojson"] = _tojson
         env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
         try:
@@ -61,8 +72,12 @@ class ChatTemplate:
                add_generation_prompt: bool = True) -> str:
         # enable_thinking as llama.cpp and vLLM render templates: a model that can
         # think before it answers may (its thinking is part of its text here)
+        # and today's date, in the two forms llama.cpp gives templates
+        now = datetime.datetime.now()
         context = self._special | {"messages": messages, "add_generation_prompt":
-                                   add_generation_prompt, "enable_thinking": True}
+                                   add_generation_prompt, "enable_thinking": True,
+                                   "date_string": now.strftime("%d %b %Y"),
+                                   "datetime": now.strftime("%b %d %Y")}
         if tools is not None:
             context["tools"] = tools
         out, size = [], 0

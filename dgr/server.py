@@ -77,9 +77,12 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
             raise Unavailable("the model is loading")
         # dgr's own families, then the routers' gauges (read from those, so in a
         # registry of their own), then llama-server's
-        return Response(state.node.telemetry.exposition() + generate_latest(state.gateway_metrics)
-                        + llama_metrics.exposition(state.node), media_type=CONTENT_TYPE_LATEST,
-                        headers={"Process-Start-Time-Unix": str(int(STARTED_AT))})
+        response = Response(state.node.telemetry.exposition()
+                            + generate_latest(state.gateway_metrics)
+                            + llama_metrics.exposition(state.node), media_type=CONTENT_TYPE_LATEST)
+        # in llama-server's case (Starlette would lower it; some clients read it as written)
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(int(STARTED_AT)).encode()))
+        return response
 
     async def capabilities(request: Request) -> Response:
         if state.node is None:

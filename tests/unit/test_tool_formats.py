@@ -133,3 +133,13 @@ def test_a_template_that_refuses_or_floods_is_an_error():
     flood = "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}"
     with pytest.raises(TemplateError, match=str(MAX_RENDERED)):
         ChatTemplate(flood).render([])
+
+
+def test_a_template_gets_the_context_llama_cpp_gives_it():
+    import datetime
+
+    template = ChatTemplate("{{ date_string }}|{{ datetime }}|{{ enable_thinking }}|"
+                            "{{ 'tools: ' + functions }}")
+    today = datetime.date.today()
+    assert template.render([]) == (f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}"
+                                   "|True|tools: ")  # an undefined name adds nothing
