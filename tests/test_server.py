@@ -272,7 +272,7 @@ async def test_every_field_is_honoured_or_refused(start_server):
     async with server.client() as client:
         reference = (await client.post("/v1/completions", json=base)).json()
         for field, value in [("tools", []), ("functions", []), ("audio", {}),
-                             ("suffix", "x"), ("best_of", 2), ("cache_prompt", True)]:
+                             ("suffix", "x"), ("best_of", 2), ("mirostat", 2)]:
             response = await client.post("/v1/completions", json=base | {field: value})
             assert response.status_code == 400, field
             assert response.json()["error"]["param"] == field
@@ -283,7 +283,9 @@ async def test_every_field_is_honoured_or_refused(start_server):
             spec = await client.post("/v1/completions", json=base | {"speculation": value})
             assert spec.status_code == 200
             assert spec.json()["choices"][0]["logprobs"] == reference["choices"][0]["logprobs"]
-        hinted = await client.post("/v1/completions", json=base | {"user": "u1", "store": False})
+        hinted = await client.post("/v1/completions", json=base | {
+            "user": "u1", "store": False, "cache_prompt": True, "id_slot": 0})  # llama-server's
+        assert hinted.json()["choices"][0]["logprobs"] == reference["choices"][0]["logprobs"]
         assert hinted.status_code == 200
         sampled = await client.post("/v1/completions", json=base | {
             "logit_bias": {"5": -100, "6": 3.5}, "presence_penalty": 0.5,
