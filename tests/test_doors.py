@@ -81,6 +81,10 @@ async def test_llama_cpps_native_completion_props_and_template(start_server):  #
         stopped = (await client.post("/completion", json=body | {"stop": [word]})).json()
         assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
         assert whole["generation_settings"]["logit_bias"] == []
+        picked = (await client.post("/completion", json=body | {"response_fields": [
+            "content", "generation_settings/n_predict", "prompt"]})).json()
+        assert set(picked) == {"content", "generation_settings/n_predict", "prompt"}
+        assert picked["generation_settings/n_predict"] == 12 and "Once upon" in picked["prompt"]
         banned = (await client.post("/completion", json=body | {"ignore_eos": True})).json()
         biases = banned["generation_settings"]["logit_bias"]
         assert biases and all(b["bias"] is None for b in biases)  # -inf: each end token banned

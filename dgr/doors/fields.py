@@ -44,7 +44,7 @@ FIELDS = {
                     "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
                     "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
                     "grammar", "json_schema", "return_tokens", "timings_per_token",
-                    "return_progress"},
+                    "return_progress", "response_fields"},
     "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
                   "add_special_tokens", "add_generation_prompt", "continue_final_message",
                   "return_token_strs"},

@@ -121,7 +121,7 @@ def _logit_bias(params, eog_tokens: list[int]) -> list[dict]:
 
 
 def _result(parsed, chunks, text: str, tokens: list[int], model: str,
-            return_tokens: bool, eog_tokens: list[int]) -> dict:
+            return_tokens: bool, node) -> dict:
     reason = str(chunks.finish_reason)
     stop_type = ("word" if chunks.stop_sequence is not None else
                  "limit" if reason == "length" else "eos")
@@ -134,7 +134,9 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
             "generation_settings": {"n_predict": parsed.params.max_tokens or -1,
                                     "temperature": parsed.params.temperature,
                                     "seed": parsed.params.seed,
-                                    "logit_bias": _logit_bias(parsed.params, eog_tokens)},
+                                    "logit_bias": _logit_bias(parsed.params, node.eog_tokens)},
+            # the prompt's text, special tokens written out
+            "prompt": "".join(node.token_text(t) for t in chunks.session.spec.prompt),
             "timings": timings(chunks, len(tokens))}
 
 
@@ -191,7 +193,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
                                                             "message": ended[1]}}) + "\n\n")
                 return
             final = _result(parsed, chunks, "".join(texts), tokens, server.model_id,
-                            return_tokens, node.eog_tokens)
+                            return_tokens, node)
             last = texts[-1] if texts and chunks.finish_reason is not None else ""
             await emit("data: " + json.dumps(final | {"content": last}, ensure_ascii=False)
                        + "\n\n")
@@ -202,11 +204,27 @@ async def completion(request: Request, server: "ServerState") -> Response:
         text, instead = await read_one(request, chunks, tokens, rows)
     if instead is not None:
         return instead
-    result = _result(parsed, chunks, text, tokens, server.model_id, return_tokens,
-                     node.eog_tokens)
+    result = _result(parsed, chunks, text, tokens, server.model_id, return_tokens, node)
     if parsed.params.logprobs:
         result["completion_probabilities"] = [_probabilities(node, row) for row in rows]
-    return JSONResponse(result)
+    return JSONResponse(_fields(result, body.get("response_fields")))
+
+
+def _fields(result: dict, wanted) -> dict:
+    """llama-server's response_fields: only those fields, a path "a/b" read nested
+    and named as written (none: the whole result)."""
+    if not wanted:
+        return result
+    if not isinstance(wanted, list) or not all(isinstance(f, str) for f in wanted):
+        raise BadRequest("'response_fields' must be a list of field paths", "response_fields")
+    picked = {}
+    for path in wanted:
+        value = result
+        for key in path.split("/"):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            picked[path] = value
+    return picked
 
 
 async def _several(request: Request, server: "ServerState", node, parsed,
@@ -225,7 +243,7 @@ async def _several(request: Request, server: "ServerState", node, parsed,
     if instead is not None:
         return instead
     return JSONResponse([_result(parsed, chunks, texts[i], tokens[i], server.model_id,
-                                 return_tokens, node.eog_tokens) | {"index": i}
+                                 return_tokens, node) | {"index": i}
                          for i, chunks in enumerate(streams)])
 
 
