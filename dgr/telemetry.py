@@ -92,6 +92,9 @@ class Telemetry:
                                 ["reason"], registry=r)
         self.step_totals = StepTotals()
         self.tokens_reused = 0  # dgr_prefix_tokens_reused_total, read without the registry
+        # draft tokens verified and accepted, all sources, read without the registry
+        self.drafted_total = 0
+        self.accepted_total = 0
         r.register(self.step_totals)
         self.batch_rows = StepHistogram("dgr_batch_rows", "Rows (tokens) per llama_decode step.",
                                         (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
@@ -165,6 +168,8 @@ class Telemetry:
     def record_drafts(self, source: int, drafted: int, accepted: int) -> None:
         """A decode row's drafts: `drafted` verified, the first `accepted` taken."""
         self._drafted[source].inc(drafted)
+        self.drafted_total += drafted
+        self.accepted_total += accepted
         if accepted:
             self._accepted[source].inc(accepted)
             for counter in self._accepted_at[:accepted]:

@@ -38,18 +38,17 @@ _FAMILIES = [
 
 
 def figures(node) -> dict:
-    """A snapshot of the figures the families read."""
+    """A snapshot of the figures the families read: plain numbers, cheap at every
+    scrape (reading the metrics registry's samples would render it again)."""
     telemetry, totals = node.telemetry, node.telemetry.step_totals
-    speculation = telemetry.speculation_totals()
     load = node.router_load()
     rates = telemetry.recent_rates()
     return {"prefilled": totals.tokens["prefill"], "cached": load["prompt_tokens_cached"],
             "prompt_s": telemetry.ttft.total, "generated": totals.tokens["generated"],
             "predicted_s": telemetry.itl.total, "steps": totals.steps,
             "rows_max": totals.rows_max,
-            "drafted": sum(s["drafted"] for s in speculation["sources"].values()),
-            "accepted": sum(s["accepted"] for s in speculation["sources"].values()),
-            "draft_steps": speculation["steps_with_drafts"],
+            "drafted": telemetry.drafted_total, "accepted": telemetry.accepted_total,
+            "draft_steps": totals.spec_steps,
             "prefill_rate": rates["prefill_tokens_per_s"],
             "decode_rate": rates["decode_tokens_per_s"],
             "active": load["running"], "waiting": load["waiting"],

@@ -19,7 +19,7 @@ import pytest
 SWAPPED_REPO = "ggml-org/test-model-stories260K"
 
 # What a server that asks for no model (llama-server's router mode) is set aside as
-ROUTER_MODE = "no model"
+ROUTER_MODE = "models it loads on demand"
 # Why a test is set aside, by the model (hf repo, or hf repo/file) its server asks for.
 MODELS_SET_ASIDE = {
     "ggml-org/models/bert-bge-small/ggml-model-f16.gguf": "an embedding model (BERT)",
@@ -29,7 +29,7 @@ MODELS_SET_ASIDE = {
     "ggml-org/tinygemma3-GGUF:Q8_0": "a vision model with its projector",
     "ggml-org/models/tinyllamas/split/stories15M-q8_0-00001-of-00003.gguf":
         "a model split in three files",
-    ROUTER_MODE: "llama-server's router mode, which serves several models it loads on demand",
+    ROUTER_MODE: "llama-server's router mode, started without a model",
 }
 
 
