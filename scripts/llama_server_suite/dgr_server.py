@@ -16,8 +16,6 @@ import sys
 UNCHANGED = {
     "--cont-batching": "dgr always batches continuously",
     "--metrics": "dgr always serves /metrics",
-    "--no-slots": "dgr serves /slots read-only either way",
-    "--slots": "dgr serves /slots read-only either way",
     "--jinja": "dgr renders the model's chat template with Jinja",
     "--no-jinja": "a template llama-server has built in is the model's own; dgr renders that",
     "--no-ui": "dgr has no web UI",
@@ -42,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("--cors-origins")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--tags")
     p.add_argument("--chat-template")
     p.add_argument("--chat-template-file")
@@ -64,6 +63,8 @@ def dgr_argv(known: argparse.Namespace) -> list[str]:
         argv += ["--model-alias", known.alias]
     if known.verbose:
         argv += ["--echo-prompts"]
+    if not known.slots:
+        argv += ["--no-slots"]
     if known.tags:
         argv += ["--model-tags", known.tags]
     if known.chat_template:

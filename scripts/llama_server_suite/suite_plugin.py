@@ -49,7 +49,7 @@ def pytest_configure(config):
         if server.model_hf_repo == SWAPPED_REPO:
             server.model_hf_repo = server.model_hf_file = None
             server.model_file = os.environ["DGR_SUITE_MODEL"]
-        else:
+        elif server.model_file != os.environ["DGR_SUITE_MODEL"]:  # (a server started again)
             reason = MODELS_SET_ASIDE.get(asked, "a model this machine lacks")
             pytest.skip(f"set aside: needs {asked} ({reason})")
         return original_start(server, *args, **kwargs)
