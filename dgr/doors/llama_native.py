@@ -1,8 +1,8 @@
 """llama.cpp's native API, as llama-server serves it to the GGUF tools that speak
 it: `POST /completion` (its fields, its response and stream shapes), `GET /props`,
-`GET /slots`, `POST /apply-template`. A completion becomes an OpenAI completion body, parsed and
-validated as `/v1/completions` is; a llama.cpp field with no meaning here is taken
-only at a value that changes nothing."""
+`GET /slots`, `POST /apply-template`. A completion becomes an OpenAI completion
+body, parsed and validated as `/v1/completions` is; a llama.cpp field with no
+meaning here is taken only at a value that changes nothing."""
 
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ if TYPE_CHECKING:
     from dgr.doors.context import ServerState
 
 # llama.cpp's name -> the OpenAI completion body's
-_RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "logprobs",
-            "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
-            "ignore_eos": "ignore_eos", "repeat_penalty": "repeat_penalty",
-            "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
-            "frequency_penalty": "frequency_penalty", "grammar": "grammar", "stream": "stream",
-            "timings_per_token": "timings_per_token", "return_progress": "return_progress",
-            "logit_bias": "logit_bias"}
+_RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "logprobs"} | {
+    name: name for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop",
+                            "ignore_eos", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                            "frequency_penalty", "grammar", "stream", "timings_per_token",
+                            "return_progress", "logit_bias")}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
 
