@@ -1,7 +1,11 @@
-"""Doors clients knock on: OpenAI paths without /v1, Anthropic's X-Api-Key header,
-CORS for web pages (preflights before the key check), and json_object's schema."""
+"""Doors clients knock on: llama-server's API (its native completion, props,
+slots, templates, metrics, sampling defaults, progress reports), the OpenAI paths
+without /v1, Anthropic's X-Api-Key header, CORS for web pages (preflights before
+the key check), json_object's schema and Vertex AI's predict route."""
 
 import json
+
+import httpx
 
 from test_server import start_server  # noqa: F401  (the fixture)
 
@@ -130,9 +134,11 @@ async def test_slots_show_each_slots_state(start_server):  # noqa: F811
 
 
 async def test_a_node_listens_on_each_address_given(start_server):  # noqa: F811
-    server = await start_server(host="127.0.0.1,localhost")
-    async with server.client() as client:
-        assert (await client.get("/health")).status_code == 200
+    server = await start_server(host="127.0.0.1,127.0.0.2")
+    assert {httpx.URL(url).host for url in server.urls} == {"127.0.0.1", "127.0.0.2"}
+    for url in server.urls:
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/health")).status_code == 200
 
 
 async def test_a_chat_template_in_place_of_the_models(start_server, tmp_path):  # noqa: F811

@@ -16,8 +16,9 @@ SERVER_NODE = dict(max_running=4, max_waiting=8, prefill_chunk=32)
 
 
 class Server:
-    def __init__(self, url, shutdown, cancel_scope):
+    def __init__(self, url, shutdown, cancel_scope, urls=()):
         self.url = url
+        self.urls = list(urls) or [url]  # every address it listens on
         self.shutdown = shutdown
         self.cancel_scope = cancel_scope
 
@@ -38,7 +39,7 @@ async def start_server(nursery, node_config):
                             shutdown=shutdown)
 
         urls = await nursery.start(run)
-        return Server(urls[0], shutdown, scope)
+        return Server(urls[0], shutdown, scope, urls)
 
     return start
 

@@ -34,17 +34,16 @@ async def chat_completions(request: Request, server: ServerState) -> Response:
                                   node.tool_format)
     prompt = chat_text(node, parsed, messages)
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
-    response = await _generate(request, server, node, parsed, [ids])
-    if ((parsed.verbose or server.config.echo_prompts) and not parsed.stream
-            and response.status_code == 200):
-        # llama-server's `verbose`: the prompt the chat became
-        response = JSONResponse(json.loads(response.body) | {"__verbose": {"prompt": prompt}})
-    return response
+    # llama-server's `verbose`: the answer shows the prompt the chat became
+    shown = ({"__verbose": {"prompt": prompt}} if parsed.verbose or server.config.echo_prompts
+             else {})
+    return await _generate(request, server, node, parsed, [ids], shown)
 
 
 async def _generate(request: Request, server: ServerState, node: Node, parsed,
-                    prompts: list) -> Response:
-    """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group)."""
+                    prompts: list, extra: Optional[dict] = None) -> Response:
+    """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group);
+    `extra`: fields a whole answer carries besides."""
     builder = CompletionBuilder(server.model_id, parsed.chat, node.token_text, node.token_bytes,
                                 parsed.top_logprobs, parsed.tools)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
@@ -77,7 +76,7 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
         [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
         prompt_tokens(streams, parsed.n), completion, cached_tokens(streams, parsed.n),
         [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None)
-        | {"timings": timings(streams[0], completion)})
+        | {"timings": timings(streams[0], completion)} | (extra or {}))
 
 
 def prompt_tokens(streams, n: int) -> int:
