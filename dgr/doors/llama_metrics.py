@@ -5,35 +5,27 @@ add `_total` to `n_tokens_max`, a counter llama-server names without it)."""
 
 from __future__ import annotations
 
-# (name, type, help, the figure from a snapshot)
+# (name, type, help, the snapshot's figure it shows)
 _FAMILIES = [
     ("prompt_tokens_total", "counter", "Prompt tokens computed (not taken from the cache).",
-     lambda f: f["prefilled"]),
+     "prefilled"),
     ("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache or "
-     "a running session.", lambda f: f["cached"]),
+     "a running session.", "cached"),
     ("prompt_seconds_total", "counter", "Seconds from sessions' admission to their first "
-     "token (their prompts' time, the queue included).", lambda f: f["prompt_s"]),
-    ("tokens_predicted_total", "counter", "Tokens generated.", lambda f: f["generated"]),
+     "token (their prompts' time, the queue included).", "prompt_s"),
+    ("tokens_predicted_total", "counter", "Tokens generated.", "generated"),
     ("tokens_predicted_seconds_total", "counter", "Seconds between consecutive tokens of "
-     "sessions.", lambda f: f["predicted_s"]),
-    ("n_decode_total", "counter", "Steps run (each one llama_decode per call).",
-     lambda f: f["steps"]),
-    ("n_tokens_max", "counter", "The most rows (tokens) one step has run.",
-     lambda f: f["rows_max"]),
-    ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
-     lambda f: f["drafted"]),
-    ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
-     lambda f: f["accepted"]),
-    ("spec_decode_num_drafts_total", "counter", "Steps that verified drafts.",
-     lambda f: f["draft_steps"]),
-    ("prompt_tokens_seconds", "gauge", "Prompt tokens computed per second, lately.",
-     lambda f: f["prefill_rate"]),
-    ("predicted_tokens_seconds", "gauge", "Tokens generated per second, lately.",
-     lambda f: f["decode_rate"]),
-    ("requests_processing", "gauge", "Sessions running.", lambda f: f["active"]),
-    ("requests_deferred", "gauge", "Sessions waiting for a slot.", lambda f: f["waiting"]),
-    ("n_busy_slots_per_decode", "gauge", "Sessions with a decode row, per step on average.",
-     lambda f: f["busy_per_step"]),
+     "sessions.", "predicted_s"),
+    ("n_decode_total", "counter", "Steps run (each one llama_decode per call).", "steps"),
+    ("n_tokens_max", "counter", "The most rows (tokens) one step has run.", "rows_max"),
+    ("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", "drafted"),
+    ("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", "accepted"),
+    ("spec_decode_num_drafts_total", "counter", "Steps that verified drafts.", "draft_steps"),
+    ("prompt_tokens_seconds", "gauge", "Prompt tokens computed per second, lately.", "prefill_rate"),
+    ("predicted_tokens_seconds", "gauge", "Tokens generated per second, lately.", "decode_rate"),
+    ("requests_processing", "gauge", "Sessions running.", "active"),
+    ("requests_deferred", "gauge", "Sessions waiting for a slot.", "waiting"),
+    ("n_busy_slots_per_decode", "gauge", "Sessions with a decode row, per step on average.", "busy_per_step"),
 ]
 
 
@@ -58,7 +50,7 @@ def figures(node) -> dict:
 def exposition(node) -> bytes:
     snapshot = figures(node)
     lines = []
-    for name, kind, text, read in _FAMILIES:
+    for name, kind, text, figure in _FAMILIES:
         lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}",
-                  f"llamacpp:{name} {float(read(snapshot))!r}"]
+                  f"llamacpp:{name} {float(snapshot[figure])!r}"]
     return ("\n".join(lines) + "\n").encode()
