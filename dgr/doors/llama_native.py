@@ -133,8 +133,6 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
                                     "temperature": parsed.params.temperature,
                                     "seed": parsed.params.seed,
                                     "logit_bias": _logit_bias(parsed.params, node.eog_tokens)},
-            # the prompt's text, special tokens written out
-            "prompt": "".join(node.token_text(t) for t in chunks.session.spec.prompt),
             "timings": timings(chunks, len(tokens))}
 
 
@@ -205,7 +203,11 @@ async def completion(request: Request, server: "ServerState") -> Response:
     result = _result(parsed, chunks, text, tokens, server.model_id, return_tokens, node)
     if parsed.params.logprobs:
         result["completion_probabilities"] = [_probabilities(node, row) for row in rows]
-    return JSONResponse(_fields(result, body.get("response_fields")))
+    wanted = body.get("response_fields")
+    if isinstance(wanted, list) and "prompt" in wanted:
+        # the prompt's text, special tokens written out (a call per token: only when asked)
+        result["prompt"] = "".join(node.token_text(t) for t in chunks.session.spec.prompt)
+    return JSONResponse(_fields(result, wanted))
 
 
 def _fields(result: dict, wanted) -> dict:
