@@ -1,7 +1,8 @@
 """Write a tiny random-weight GGUF model for tests: no download, loads in milliseconds.
 
-Architecture "llama" (or "qwen3moe": q/k norms and a mixture of experts), a few
-layers, f32 weights drawn from a seeded generator, and an SPM tokenizer with byte
+Architecture "llama" (or "qwen3moe": q/k norms and a mixture of experts; "lfm2": a
+hybrid of short-convolution and attention layers; "mamba": a selective state-space
+model, recurrent only), a few layers, f32 weights drawn from a seeded generator, and an SPM tokenizer with byte
 fallback (every UTF-8 byte has a token, so any text encodes), printable ASCII
 characters, a few merged pairs, and ChatML control tokens so that llama.cpp
 recognizes its chat template. `quantize` turns one into another weight type with
@@ -17,6 +18,11 @@ import numpy as np
 
 # gguf token types
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
+
+ARCHITECTURES = ("llama", "qwen3moe", "lfm2", "mamba")
+# LFM2's short convolution: the window of tokens each output mixes (its state keeps
+# the last LFM2_CONV_CACHE - 1)
+LFM2_CONV_CACHE = 3
 
 _MERGES = ["th", "he", "in", "er", "an", " t", " a", "on", "re", "at", "en", "nd", "the", " the"]
 CHAT_TEMPLATE = (
@@ -49,15 +55,16 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
                      n_expert: int = 8, n_expert_used: int = 2) -> Path:
     """Write the model to `path` (atomically) and return the path. With architecture
     "qwen3moe" each layer's feed-forward is n_expert experts of n_ff rows, n_expert_used
-    of them per token."""
-    if architecture not in ("llama", "qwen3moe"):
-        raise ValueError(f"architecture must be llama or qwen3moe, not {architecture!r}")
+    of them per token; with "lfm2" every third layer attends and the others are short
+    convolutions (recurrent state); "mamba" has no attention at all."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, "
+                         f"not {architecture!r}")
     import gguf  # a test dependency; the runtime never writes models
 
     path = Path(path)
     tokens, scores, types = _vocab()
     n_vocab = len(tokens)
-    head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
 
     def weight(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
@@ -70,16 +77,32 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    if moe:
-        writer.add_expert_feed_forward_length(n_ff)
-        writer.add_expert_count(n_expert)
-        writer.add_expert_used_count(n_expert_used)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, tokens, scores, types, chat_template)
+    writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
+    if architecture == "mamba":
+        _mamba_layers(writer, weight, n_embd, n_layer)
+    elif architecture == "lfm2":
+        _lfm2_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff)
+    else:
+        _attention_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff,
+                          n_expert if moe else 0, n_expert_used)
+    # LFM2 names its final norm token_embd_norm
+    writer.add_tensor("token_embd_norm.weight" if architecture == "lfm2" else "output_norm.weight",
+                      np.ones(n_embd, dtype=np.float32))
+    # A large output scale spreads the logits, so greedy choices are rarely near-ties.
+    writer.add_tensor("output.weight", weight(n_vocab, n_embd, scale=8.0))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+def _add_tokenizer(writer, tokens, scores, types, chat_template: str) -> None:
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -93,7 +116,19 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.add_add_space_prefix(False)
     writer.add_chat_template(chat_template)
 
-    writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
+
+def _attention_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff,
+                      n_expert, n_expert_used) -> None:
+    """llama's layers, or qwen3moe's with n_expert experts."""
+    head_dim = n_embd // n_head
+    writer.add_feed_forward_length(n_ff)
+    if n_expert:
+        writer.add_expert_feed_forward_length(n_ff)
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(n_expert_used)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
     for i in range(n_layer):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_embd, n_embd))
@@ -101,7 +136,7 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
         writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        if not moe:
+        if not n_expert:
             writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
             writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
             writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
@@ -113,16 +148,61 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
         for name, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
             writer.add_tensor(f"blk.{i}.ffn_{name}_exps.weight",
                               np.stack([weight(rows, cols) for _ in range(n_expert)]))
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    # A large output scale spreads the logits, so greedy choices are rarely near-ties.
-    writer.add_tensor("output.weight", weight(n_vocab, n_embd, scale=8.0))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
-    return path
+
+def _lfm2_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff) -> None:
+    """LFM2's layers: every third one (from the third) attends with q/k norms, the
+    others are gated short convolutions over the last LFM2_CONV_CACHE - 1 tokens."""
+    head_dim = n_embd // n_head
+    attends = [i % 3 == 2 for i in range(n_layer)]
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv([n_head_kv if a else 0 for a in attends])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_uint32("lfm2.shortconv.l_cache", LFM2_CONV_CACHE)
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        if attends[i]:
+            writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"blk.{i}.attn_q.weight", weight(n_embd, n_embd))
+            writer.add_tensor(f"blk.{i}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
+            writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
+            writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
+        else:
+            writer.add_tensor(f"blk.{i}.shortconv.conv.weight",
+                              weight(n_embd, LFM2_CONV_CACHE, scale=0.5))
+            writer.add_tensor(f"blk.{i}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd))
+            writer.add_tensor(f"blk.{i}.shortconv.out_proj.weight", weight(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+
+
+def _mamba_layers(writer, weight, n_embd, n_layer) -> None:
+    """Mamba's selective state-space layers (expansion factor 2, llama.cpp's only)."""
+    d_inner, d_state, d_conv, dt_rank = 2 * n_embd, 16, 4, max(1, n_embd // 16)
+    writer.add_feed_forward_length(0)
+    writer.add_head_count(0)
+    writer.add_head_count_kv(0)
+    writer.add_uint32("mamba.ssm.conv_kernel", d_conv)
+    writer.add_uint32("mamba.ssm.inner_size", d_inner)
+    writer.add_uint32("mamba.ssm.state_size", d_state)
+    writer.add_uint32("mamba.ssm.time_step_rank", dt_rank)
+    for i in range(n_layer):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_in.weight", weight(2 * d_inner, n_embd))
+        writer.add_tensor(f"blk.{i}.ssm_conv1d.weight", weight(d_inner, d_conv, scale=0.5))
+        writer.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_x.weight", weight(dt_rank + 2 * d_state, d_inner))
+        writer.add_tensor(f"blk.{i}.ssm_dt.weight", weight(d_inner, dt_rank))
+        writer.add_tensor(f"blk.{i}.ssm_dt.bias", np.full(d_inner, -2.0, dtype=np.float32))
+        # A = -exp(A_log), negative: a decaying state
+        a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
+        writer.add_tensor(f"blk.{i}.ssm_a", a)
+        writer.add_tensor(f"blk.{i}.ssm_d", np.ones(d_inner, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ssm_out.weight", weight(n_embd, d_inner))
 
 
 # llama.cpp's quantization types by their llama-quantize names
