@@ -11,7 +11,7 @@ from libc.string cimport memcpy, memset
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        MAX_LOGPROBS, SPECULATE_OFF, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE,
+                        MAX_LOGPROBS, SPECULATE_OFF, STATE_ROLLBACK_FAILED, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE,
                         WANT_SCORE)
 from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
@@ -420,27 +420,27 @@ cdef class BatchLoop:
                    self.scheduler.decode_rows() if call == 0 else self.scheduler.chunk_offset(call))
             if end == start:
                 continue
-            bad_row = -1
-            rc = self.engine.run_call(
-                end - start, self.row_tok + start, self.row_pos + start, self.row_seq + start,
-                self.row_want + start, self.row_next + start, MAX_LOGPROBS, self.sampled + start,
-                self.chosen_lp + start,
-                self.top_ids + start * MAX_LOGPROBS, self.top_lp + start * MAX_LOGPROBS,
-                &bad_row, times)
-            if rc == FAULT_RAISE:
-                rc = ENGINE_FAULT
-            elif rc == 0 and bad_row >= 0:
-                self.sampled[start + bad_row] = -1  # the scheduler ends that session
-            self.call_rc[call] = rc
+            rc = self._run_rows(start, end, times)
             n_calls += 1
             fill_s += times[0]
             decode_s += times[1]
             sample_s += times[2]
+            if (rc == 1 or rc == -1) and self.row_seq[start] != self.row_seq[end - 1]:
+                # llama.cpp refused the call whole and left the memory as it was: each
+                # session's rows again in a call of their own, so only the session it
+                # refuses fails (its code in slot_rc); rows are row-invariant, so the
+                # others' results are those of the call they were planned in
+                n_calls += self._isolate(start, end, times)
+                fill_s += times[0]
+                decode_s += times[1]
+                sample_s += times[2]
+                rc = 0
+            self.call_rc[call] = rc
         relocked = monotonic()
         pthread_mutex_lock(&self.lock)
         n_events += self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
                               self.top_lp, self.scratch + n_events, &figures)
-        self._drop_rejected_drafts()
+        n_events += self._drop_rejected_drafts(self.scratch + n_events)
         self._release_finished(n_events)
         self.steps += 1
         figures.index = self.steps
@@ -457,14 +457,53 @@ cdef class BatchLoop:
         self.scratch[n_events].step = figures
         self._publish(n_events + 1)
 
-    cdef void _drop_rejected_drafts(self) noexcept nogil:
+    cdef int _run_rows(self, int start, int end, double * times) noexcept nogil:
+        """Rows [start, end) in one call of the engine's, sampled; its code."""
+        cdef int bad_row = -1
+        cdef int rc = self.engine.run_call(
+            end - start, self.row_tok + start, self.row_pos + start, self.row_seq + start,
+            self.row_want + start, self.row_next + start, MAX_LOGPROBS, self.sampled + start,
+            self.chosen_lp + start,
+            self.top_ids + start * MAX_LOGPROBS, self.top_lp + start * MAX_LOGPROBS,
+            &bad_row, times)
+        if rc == FAULT_RAISE:
+            rc = ENGINE_FAULT
+        elif rc == 0 and bad_row >= 0:
+            self.sampled[start + bad_row] = -1  # the scheduler ends that session
+        return rc
+
+    cdef int _isolate(self, int start, int end, double * times) noexcept nogil:
+        """Rows [start, end), which llama.cpp refused as one call, a call per session
+        (a session's rows lie together); a session whose own call fails gets its
+        code in the scheduler's slot_rc. Returns the calls run; times: their sums."""
+        cdef int first = start, row, rc, calls = 0
+        cdef double each[3]
+        times[0] = times[1] = times[2] = 0.0
+        for row in range(start + 1, end + 1):
+            if row < end and self.row_seq[row] == self.row_seq[first]:
+                continue
+            rc = self._run_rows(first, row, each)
+            if rc != 0:
+                self.scheduler.slot_rc[self.row_seq[first]] = rc
+            times[0] += each[0]
+            times[1] += each[1]
+            times[2] += each[2]
+            calls += 1
+            first = row
+        return calls
+
+    cdef int _drop_rejected_drafts(self, Event * out) noexcept nogil:
         """A decoder still running after a step with drafts keeps the KV of its
-        accepted ones only (an ended one's KV goes with _release_finished)."""
-        cdef int i, s
+        accepted ones only (an ended one's KV goes with _release_finished); one
+        whose KV llama.cpp cannot cut back (a recurrent state past its snapshots)
+        ends with STATE_ROLLBACK_FAILED. Returns the events written."""
+        cdef int i, s, n = 0
         for i in range(self.scheduler.n_decode):
             s = self.scheduler.decode_slots[i]
-            if self.scheduler.slots[s].drafting.n_draft and self.scheduler.slots[s].phase == SLOT_DECODE:
-                self.engine.kv_keep(s, self.scheduler.kv_valid(s))
+            if (self.scheduler.slots[s].drafting.n_draft and self.scheduler.slots[s].phase == SLOT_DECODE
+                    and not self.engine.kv_keep(s, self.scheduler.kv_valid(s))):
+                n += self.scheduler.fail(s, STATE_ROLLBACK_FAILED, out + n)
+        return n
 
     cdef void _fill_rows(self) noexcept nogil:
         """The plan's rows from the slot table: decode rows, each followed by its

@@ -59,6 +59,8 @@ cpdef enum:
     ENGINE_FAULT = -1000       # the engine raised during a step (an injected fault)
     WORKER_LOST = -1001        # an RPC worker holding layers was lost (closed, reset, timed out)
     NO_LOGITS = -1002          # llama.cpp gave no logits for an output row
+    STATE_ROLLBACK_FAILED = -1003  # llama.cpp could not drop a session's rejected drafts
+                                   # (its recurrent state rolls back no further)
 
 # Per-row flags of a step: whether a row is sampled, and whether its
 # log-probabilities are reported.

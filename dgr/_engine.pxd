@@ -32,6 +32,7 @@ cdef class Engine(Vocabulary):
     cdef rpc_connected_fn rpc_connected
     cdef long long fault_step
     cdef int fault_code
+    cdef int fault_slot
     cdef readonly dict info
     cdef readonly str model_path
 
@@ -45,7 +46,7 @@ cdef class Engine(Vocabulary):
     cdef void _resolve_logits(self, int n, const int8_t * want) noexcept nogil
     cdef bint _worker_lost(self, bint synchronize) noexcept nogil
     # KV operations on one slot's sequence
-    cdef void kv_keep(self, int slot, int keep) noexcept nogil
+    cdef bint kv_keep(self, int slot, int keep) noexcept nogil
     cdef void kv_copy(self, int src, int dst, int n) noexcept nogil
     cdef bint kv_holds(self, int slot, int n) noexcept nogil
     cdef int kv_pos_max(self, int slot) noexcept nogil

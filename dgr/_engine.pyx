@@ -24,7 +24,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport strcmp
 
 from dgr._clock cimport monotonic
-from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_LOGPROBS, NO_LOGITS,
+from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_DRAFT, MAX_LOGPROBS, NO_LOGITS,
                         WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
 from dgr._llama cimport *
 from dgr._sampling cimport Sampling
@@ -79,7 +79,9 @@ def system_info():
     return llama_print_system_info().decode("utf-8", "replace")
 
 
-_MIB = re.compile(r"(KV|compute|output|CPU_REPACK model) buffer size =\s*([0-9.]+) MiB")
+_MIB = re.compile(r"(KV|RS|compute|output|CPU_REPACK model) buffer size =\s*([0-9.]+) MiB")
+# what llama.cpp logs of the attention path a context runs
+_FLASH_ATTN = re.compile(r"flash_attn\s+=\s+(\w+)")
 
 # the output layer's tensors (a tied output is the token embedding, duplicated)
 cdef const char * _OUTPUT_TENSORS = b"^(output|output_norm|token_embd)\\."
@@ -102,7 +104,7 @@ cdef ggml_backend_buffer_type_t _cpu_extra_buffer_type(const char * name) except
 def _buffer_sizes(log_text):
     """Sum the buffer sizes llama.cpp logged while loading a model (repacked weights)
     or creating a context."""
-    sizes = {"KV": 0, "compute": 0, "output": 0, "CPU_REPACK model": 0}
+    sizes = {"KV": 0, "RS": 0, "compute": 0, "output": 0, "CPU_REPACK model": 0}
     for kind, mib in _MIB.findall(log_text):
         sizes[kind] += int(float(mib) * 1024 * 1024)
     return sizes
@@ -125,11 +127,12 @@ cdef class Engine(Vocabulary):
         self.n_rpc = 0
         self.rpc_endpoints = NULL
         self.fault_step = -1
+        self.fault_slot = -1
 
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
                  bint weight_repack=False, repack=(), rpc_servers=(), int rpc_layers=-1,
-                 rpc_split=(), double rpc_timeout_s=0.0):
+                 rpc_split=(), double rpc_timeout_s=0.0, int state_rollback=0):
         """Load `model_path` and create a context.
 
         rpc_servers: "host:port" of ggml RPC servers (`python -m dgr worker`); the
@@ -223,6 +226,8 @@ cdef class Engine(Vocabulary):
         cdef llama_context_params cparams = llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_seq_max = n_seq_max
+        cparams.n_rs_seq = max(0, state_rollback)
+        cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED
         cparams.n_batch = n_batch
         cparams.n_ubatch = min(n_ubatch, n_batch)
         threads = int(n_threads) if n_threads else (os.cpu_count() or 1)
@@ -250,7 +255,9 @@ cdef class Engine(Vocabulary):
             raise ContextError(f"cannot create a context for {path} "
                                f"(n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}): "
                                f"{error_lines() or 'llama.cpp refused it'}")
-        sizes = _buffer_sizes(llama_log_text())
+        context_log = llama_log_text()
+        sizes = _buffer_sizes(context_log)
+        flash_attn = _FLASH_ATTN.findall(context_log)
 
         self.vocab = llama_model_get_vocab(self.model)
         self.mem = llama_get_memory(self.ctx)
@@ -276,6 +283,8 @@ cdef class Engine(Vocabulary):
             self.n_rpc = len(self.rpc_names)
 
         n_ctx_total = llama_n_ctx(self.ctx)
+        memory = ("hybrid" if llama_model_is_hybrid(self.model) else
+                  "recurrent" if llama_model_is_recurrent(self.model) else "attention")
         self.info = {
             "path": path,
             "name": self.meta("general.name") or os.path.basename(path),
@@ -299,6 +308,14 @@ cdef class Engine(Vocabulary):
             "repacked_bytes": repacked_bytes,
             "kv_bytes": sizes["KV"],
             "kv_bytes_per_cell": sizes["KV"] // max(1, n_ctx_total),
+            # where the model keeps its context: attention KV, recurrent state or both
+            "memory": memory,
+            "state_bytes": sizes["RS"],
+            "state_rollback": llama_n_rs_seq(self.ctx) if memory != "attention" else 0,
+            # draft tokens a session may verify in a step: those its KV can drop again
+            "max_draft": (MAX_DRAFT if memory == "attention"
+                          else min(MAX_DRAFT, llama_n_rs_seq(self.ctx))),
+            "flash_attn": flash_attn[len(flash_attn) - 1] if flash_attn else "unknown",
             "compute_bytes": sizes["compute"],
             "output_bytes": sizes["output"],
             "logits_bytes_per_output": self.vocab_size * 4,
@@ -401,16 +418,19 @@ cdef class Engine(Vocabulary):
     def clear_abort(self):
         dgr_set_flag(&self.abort_flag, 0)
 
-    def inject_fault(self, int after_steps, int code):
+    def inject_fault(self, int after_steps, int code, int slot=-1):
         """Test hook: the step after `after_steps` more steps reports `code`.
 
         Codes 1 and -1 skip llama_decode (llama.cpp leaves memory unchanged for
         them); 2 and codes below -1 run it and then report failure, leaving the
         processed cells behind as llama.cpp does, so reconciliation is exercised.
         FAULT_RAISE runs it and then raises RuntimeError without reconciling,
-        like a bug in the engine would."""
+        like a bug in the engine would. With a `slot`, every call from that step on
+        that holds a row of the slot's reports `code` (as llama.cpp refuses a batch
+        with a sequence whose KV is inconsistent) until the slot's KV is freed."""
         self.fault_step = self.steps_done + after_steps
         self.fault_code = code
+        self.fault_slot = slot
 
     # ---------------------------------------------------------------- step
 
@@ -433,9 +453,14 @@ cdef class Engine(Vocabulary):
         batch fill, decode and sampling seconds. Shared by step() and BatchLoop."""
         cdef int i, rc, injected = 0
         cdef double t0 = monotonic(), t1, t2
-        if self.fault_step >= 0 and self.steps_done == self.fault_step:
+        if self.fault_step >= 0 and self.fault_slot < 0 and self.steps_done == self.fault_step:
             injected = self.fault_code
             self.fault_step = -1
+        elif self.fault_step >= 0 and self.fault_slot >= 0 and self.steps_done >= self.fault_step:
+            for i in range(n):
+                if seq[i] == self.fault_slot:
+                    injected = self.fault_code
+                    break
         self.steps_done += 1
         for i in range(n):
             self.batch.token[i] = tok[i]
@@ -498,9 +523,11 @@ cdef class Engine(Vocabulary):
 
     # ---------------------------------------------------------------- KV operations
 
-    cdef void kv_keep(self, int slot, int keep) noexcept nogil:
-        """The slot's sequence keeps positions [0, keep) and drops the rest."""
-        llama_memory_seq_rm(self.mem, slot, keep, -1)
+    cdef bint kv_keep(self, int slot, int keep) noexcept nogil:
+        """The slot's sequence keeps positions [0, keep) and drops the rest; False
+        where llama.cpp cannot (a recurrent state rolled back further than its
+        snapshots reach), the sequence then unchanged."""
+        return llama_memory_seq_rm(self.mem, slot, keep, -1)
 
     cdef void kv_copy(self, int src, int dst, int n) noexcept nogil:
         """Slot dst's sequence holds exactly src's positions [0, n): in a unified
@@ -530,6 +557,9 @@ cdef class Engine(Vocabulary):
         prefix cache entry) and its sampler chain is reset."""
         llama_memory_seq_rm(self.mem, slot, keep, -1)
         self.sampling.reset(slot)
+        if slot == self.fault_slot and keep == 0:
+            self.fault_slot = -1
+            self.fault_step = -1
 
     cdef size_t kv_state_size(self, int slot) noexcept nogil:
         """Bytes of the slot's sequence state (its KV cells and their positions)."""

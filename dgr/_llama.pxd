@@ -94,11 +94,18 @@ cdef extern from "llama.h" nogil:
         bint vocab_only
         bint use_extra_bufts
 
+    cdef enum llama_flash_attn_type:
+        LLAMA_FLASH_ATTN_TYPE_AUTO
+        LLAMA_FLASH_ATTN_TYPE_DISABLED
+        LLAMA_FLASH_ATTN_TYPE_ENABLED
+
     cdef struct llama_context_params:
         uint32_t n_ctx
         uint32_t n_batch
         uint32_t n_ubatch
         uint32_t n_seq_max
+        uint32_t n_rs_seq
+        llama_flash_attn_type flash_attn_type
         int32_t n_threads
         int32_t n_threads_batch
         ggml_abort_callback abort_callback
@@ -133,6 +140,9 @@ cdef extern from "llama.h" nogil:
     uint32_t llama_n_batch(const llama_context * ctx)
     uint32_t llama_n_ubatch(const llama_context * ctx)
     uint32_t llama_n_seq_max(const llama_context * ctx)
+    uint32_t llama_n_rs_seq(const llama_context * ctx)
+    bint llama_model_is_recurrent(const llama_model * model)
+    bint llama_model_is_hybrid(const llama_model * model)
     llama_memory_t llama_get_memory(const llama_context * ctx)
 
     const llama_vocab * llama_model_get_vocab(const llama_model * model)

@@ -6,7 +6,7 @@ from libc.stdint cimport int32_t, int64_t
 from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_OFF, EV_DECODE, EV_FAILURE, EV_FINISH,
                         EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN, FINISH_CANCELLED, FINISH_ERROR,
                         FINISH_LENGTH, FINISH_NONE, FINISH_STOP, MAX_LOGPROBS, MAX_STEP_DRAFTS,
-                        MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
+                        MAX_DRAFT, MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
 from dgr._events cimport Event, StepFigures
 from dgr._speculation cimport Drafting, DraftRow, Speculation
 
@@ -58,6 +58,9 @@ cdef class Scheduler:
     cdef int * chunk_start
     cdef int * chunk_end
     cdef int * order_buf
+    cdef readonly int max_draft         # draft tokens a session may verify in one step
+    cdef int * slot_rc                  # per slot: its own call's code where the step's
+                                        # call was run again one session a call (0: none)
 
     cdef int max_step_events(self) noexcept nogil
     cdef int take_finish_requests(self, Event * out) noexcept nogil
@@ -71,6 +74,7 @@ cdef class Scheduler:
                     const int32_t * top_ids, const float * top_lp, Event * out,
                     StepFigures * figures) noexcept nogil
     cdef int _failure(self, int code, Event * out) noexcept nogil
+    cdef int fail(self, int s, int code, Event * out) noexcept nogil
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil
     cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil

@@ -32,7 +32,9 @@ Policy (re-planned every step; sessions join and leave between steps):
    the speculation policy's (dgr/_speculation.pyx), from what the token budget
    leaves beyond the decode rows and MIN_PIECE prefill rows, and the step-time
    model. A session drafts no more than its credits and max_tokens leave room
-   for, so drafts never take KV beyond its reservation.
+   for, so drafts never take KV beyond its reservation, nor more than max_draft
+   (a model with recurrent state drops rejected drafts from snapshots of it, which
+   reach back that far).
 4. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
    results do not depend on the rows it shares a call with (the patch stack's
@@ -46,7 +48,10 @@ events per step <= max_step_events().
 Post-step update: a sampled token is appended to its slot; an end-of-generation
 token (unless ignore_eos) ends the slot with FINISH_STOP and is not reported;
 otherwise it is reported (EV_TOKEN, one credit spent) and the slot ends with
-FINISH_LENGTH at max_tokens. A slot whose call failed ends with FINISH_ERROR.
+FINISH_LENGTH at max_tokens. A slot whose call failed ends with FINISH_ERROR; where
+llama.cpp refused a call whole and the loop ran its sessions' rows again one
+session a call (BatchLoop._isolate), only the sessions whose own call failed
+(slot_rc) end, and the others take their results from their own calls.
 A decode row with drafts yields its sampled tokens in order while each equals
 the draft the next row was fed (the sampler samples a draft row only then:
 WANT_CHAIN), so the tokens, the sampler's state and its random draws are those
@@ -73,9 +78,11 @@ cdef class Scheduler:
         self.decode_slots = self.chunk_slot = self.chunk_start = self.chunk_end = NULL
         self.order_buf = NULL
         self.draft_rows = NULL
+        self.slot_rc = NULL
 
     def __init__(self, int n_slots, int token_budget, int prefill_chunk, int prefill_sessions,
-                 int n_vocab, eog_tokens=(), bint one_call=False, double decode_stall=0.0):
+                 int n_vocab, eog_tokens=(), bint one_call=False, double decode_stall=0.0,
+                 int max_draft=MAX_DRAFT):
         if n_slots < 1 or prefill_chunk < 1 or prefill_sessions < 1 or n_vocab < 1:
             raise ValueError("n_slots, prefill_chunk, prefill_sessions and n_vocab must be positive")
         if token_budget <= n_slots or prefill_chunk > token_budget:
@@ -97,12 +104,14 @@ cdef class Scheduler:
         self.chunk_end = <int *> calloc(n_slots, sizeof(int))
         self.order_buf = <int *> calloc(n_slots, sizeof(int))
         self.draft_rows = <DraftRow *> calloc(n_slots, sizeof(DraftRow))
-        if (self.slots == NULL or self.eog == NULL or self.decode_slots == NULL
+        self.slot_rc = <int *> calloc(n_slots, sizeof(int))
+        if (self.slot_rc == NULL or self.slots == NULL or self.eog == NULL or self.decode_slots == NULL
                 or self.chunk_slot == NULL or self.chunk_start == NULL or self.chunk_end == NULL
                 or self.order_buf == NULL or self.draft_rows == NULL):
             raise MemoryError()
         # drafts need one call a step (split KV would cut it into many)
-        self.speculation = Speculation(n_slots) if one_call else None
+        self.max_draft = max(0, min(max_draft, MAX_DRAFT))
+        self.speculation = Speculation(n_slots) if one_call and self.max_draft else None
         for t in eog_tokens:
             if 0 <= t < n_vocab:
                 self.eog[t] = 1
@@ -119,6 +128,7 @@ cdef class Scheduler:
         free(self.chunk_end)
         free(self.order_buf)
         free(self.draft_rows)
+        free(self.slot_rc)
 
     # ------------------------------------------------------------ the node's side
 
@@ -282,9 +292,10 @@ cdef class Scheduler:
     # ------------------------------------------------------------ the loop's side (nogil)
 
     cdef int max_step_events(self) noexcept nogil:
-        # decode rows + chunks + tokens + finishes + failed calls + the step record,
-        # one scoring chunk's scores and the tokens of accepted drafts
-        return 3 * self.n_slots + 2 * self.prefill_sessions + 2 + SCORE_CHUNK + MAX_STEP_DRAFTS
+        # decode rows + chunks + tokens + finishes + failed calls (and one for the
+        # sessions that failed alone) + the step record, one scoring chunk's scores
+        # and the tokens of accepted drafts
+        return 3 * self.n_slots + 2 * self.prefill_sessions + 3 + SCORE_CHUNK + MAX_STEP_DRAFTS
 
     cdef int take_finish_requests(self, Event * out) noexcept nogil:
         """End every slot the node asked to end; returns the events written."""
@@ -299,6 +310,7 @@ cdef class Scheduler:
         cdef int s, i, j, start, end, left, n_waiting
         cdef Slot * sl
         self.n_decode = 0
+        memset(self.slot_rc, 0, self.n_slots * sizeof(int))
         for s in range(self.n_slots):
             sl = &self.slots[s]
             if sl.phase == SLOT_DECODE and sl.credits > 0:
@@ -323,7 +335,8 @@ cdef class Scheduler:
                 self.draft_rows[i].context = sl.tokens
                 self.draft_rows[i].n_context = sl.n_prompt + sl.n_generated
                 self.draft_rows[i].n_prompt = sl.n_prompt
-                self.draft_rows[i].limit = min(sl.credits - 1, sl.max_tokens - sl.n_generated - 1)
+                self.draft_rows[i].limit = min(self.max_draft, sl.credits - 1,
+                                               sl.max_tokens - sl.n_generated - 1)
                 self.cells += self.draft_rows[i].n_context
             self.n_draft_rows = self.speculation.plan(
                 self.draft_rows, self.n_decode, self.token_budget - self.n_decode - MIN_PIECE,
@@ -444,13 +457,18 @@ cdef class Scheduler:
         if self.n_decode and call_rc[0] != 0:
             n += self._failure(call_rc[0], out + n)
             reported = self.one_call
+        for s in range(self.n_slots):
+            if self.slot_rc[s] != 0:  # one EV_FAILURE for the sessions that failed alone
+                n += self._failure(self.slot_rc[s], out + n)
+                break
         row = 0
         for i in range(self.n_decode):
             s = self.decode_slots[i]
+            rc = call_rc[0] if call_rc[0] != 0 else self.slot_rc[s]
             if self.slots[s].phase == SLOT_FREE:
                 pass
-            elif call_rc[0] != 0:
-                n += self._finish(s, FINISH_ERROR, call_rc[0], out + n)
+            elif rc != 0:
+                n += self._finish(s, FINISH_ERROR, rc, out + n)
             else:
                 n += self._verify(s, row, sampled, chosen_lp, top_ids, top_lp, &out[i],
                                   out + n, figures)
@@ -458,6 +476,10 @@ cdef class Scheduler:
         for c in range(self.n_chunks):
             s = self.chunk_slot[c]
             rc = call_rc[0 if self.one_call else 1 + c]
+            if rc == 0 and self.slot_rc[s] != 0:
+                if self.slots[s].phase != SLOT_FREE:
+                    n += self._finish(s, FINISH_ERROR, self.slot_rc[s], out + n)
+                continue
             if rc != 0:
                 if not reported:
                     n += self._failure(rc, out + n)
@@ -533,6 +555,13 @@ cdef class Scheduler:
         out.kind = EV_FAILURE
         out.code = code
         return 1
+
+    cdef int fail(self, int s, int code, Event * out) noexcept nogil:
+        """End slot s with FINISH_ERROR and `code` after the step's update (its KV could
+        not be set right: the loop's KV operation failed); returns the events written."""
+        if self.slots[s].phase == SLOT_FREE:
+            return 0
+        return self._finish(s, FINISH_ERROR, code, out)
 
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil:

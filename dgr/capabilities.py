@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dgr._codes import MAX_DRAFT, MAX_STEP_DRAFTS
+from dgr._codes import MAX_STEP_DRAFTS
 from dgr.admission import Budgets, Load
 from dgr.config import NodeConfig
 from dgr.rpc_stats import LinkFigures
@@ -64,15 +64,27 @@ def live_load(load: Load, kv_cells_used: int, telemetry: Telemetry) -> dict:
     }
 
 
-def speculation_facts(mode: str, telemetry: Telemetry) -> dict:
+def speculation_facts(mode: str, info: dict, telemetry: Telemetry) -> dict:
     """Exact speculative decoding (dgr/_drafts.pyx; dgr/_scheduler.pyx, Policy 3):
-    the node's default mode (off with split KV), its bounds, its totals."""
-    return {"mode": mode, "max_draft": MAX_DRAFT, "max_step_drafts": MAX_STEP_DRAFTS,
-            **telemetry.speculation_totals()}
+    the node's default mode (off with split KV, and for a recurrent model that
+    cannot roll its state back), its bounds, its totals."""
+    facts = {"mode": mode, "max_draft": info["max_draft"], "max_step_drafts": MAX_STEP_DRAFTS}
+    if not info["max_draft"]:
+        facts["why_off"] = (f"the model's {info['memory']} state cannot drop rejected drafts "
+                            "(no rollback in llama.cpp for this architecture, or "
+                            "--state-rollback 0)")
+    return {**facts, **telemetry.speculation_totals()}
 
 
-def prefix_cache_facts(enabled: bool, load: Load, telemetry: Telemetry) -> dict:
-    return {"enabled": enabled, "cached_cells": load.cached_cells, **telemetry.prefix_totals()}
+def prefix_cache_facts(enabled: bool, info: dict, config, load: Load,
+                       telemetry: Telemetry) -> dict:
+    facts = {"enabled": enabled}
+    if not enabled:
+        facts["why_off"] = ("--no-prefix-cache" if not config.prefix_cache else
+                            "split KV (--no-kv-unified)" if not config.kv_unified else
+                            f"the model's {info['memory']} state keeps a sequence's whole past "
+                            "in one cell: no prefix of it can be shared or kept")
+    return {**facts, "cached_cells": load.cached_cells, **telemetry.prefix_totals()}
 
 
 def kv_tier_facts(kv_tiers: Optional[dict], telemetry: Telemetry) -> dict:

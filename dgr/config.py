@@ -112,6 +112,12 @@ class NodeConfig:
         "log-probabilities are bitwise those without it. 'always': whenever there is a "
         "draft, whatever it costs; 'off': never. A request's 'speculation' overrides it. "
         "Needs --kv-unified.", default="auto")
+    state_rollback: int = option(
+        "--state-rollback", "For models with recurrent state (Mamba, RWKV, LFM2, Qwen3.5 and "
+        "other hybrids): the draft tokens a session may verify in one step, for which "
+        "llama.cpp keeps as many snapshots of each session's state to roll rejected drafts "
+        "back (memory: that many states more per slot). Architectures llama.cpp cannot roll "
+        "back, and 0, do not speculate.", default=16)
     n_threads: Optional[int] = option("--threads", "CPU threads for llama.cpp.", "all cores",
                                       default=None)
     sched_batch: bool = option(
@@ -197,6 +203,9 @@ class NodeConfig:
                 or min(self.rpc_tensor_split) < 0 or sum(self.rpc_tensor_split) <= 0):
             raise ValueError(f"rpc_tensor_split needs one non-negative share per RPC worker "
                              f"({len(self.rpc_workers)}), not all zero; got {self.rpc_tensor_split}")
+        if not 0 <= self.state_rollback <= MAX_DRAFT:
+            raise ValueError(f"state_rollback must be within 0..{MAX_DRAFT}, "
+                             f"got {self.state_rollback}")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
         if not isinstance(self.speculation, str) or self.speculation not in SPECULATION_MODES:

@@ -134,7 +134,8 @@ def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _engine.Engine:
         repack=weight_repack.patterns(repacked_tensors(config, model_path)),
         rpc_servers=config.rpc_workers,
         rpc_layers=-1 if config.rpc_layers is None else config.rpc_layers,
-        rpc_split=config.rpc_tensor_split, rpc_timeout_s=config.rpc_timeout_s)
+        rpc_split=config.rpc_tensor_split, rpc_timeout_s=config.rpc_timeout_s,
+        state_rollback=config.state_rollback if config.session_speculation() != "off" else 0)
 
 
 def default_ctx(config: NodeConfig, model_path: str) -> int:
@@ -145,7 +146,7 @@ def default_ctx(config: NodeConfig, model_path: str) -> int:
         info = probe.info
     finally:
         probe.close()
-    spare = (config.memory_budget - info["model_bytes"]
+    spare = (config.memory_budget - info["model_bytes"] - info["state_bytes"]
              - 2 * (info["compute_bytes"] + info["output_bytes"]))
     fits = max(0, spare) // max(1, info["kv_bytes_per_cell"]) // 256 * 256
     return max(256, min(info["n_ctx_train"], fits))
@@ -183,9 +184,10 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
         cache_ram = config.cache_ram_bytes
         if cache_ram is None:  # what the budget leaves, up to llama-server's --cache-ram default
             cache_ram = max(0, min(DEFAULT_CACHE_RAM, budgets.memory_bytes - weights
-                                   - info["kv_bytes"] - scratch))
+                                   - info["kv_bytes"] - info["state_bytes"] - scratch))
         budgets = attrs.evolve(budgets, cache_ram_bytes=cache_ram)
-        budgets.check_memory(weights, info["kv_bytes"], scratch)
+        # a recurrent model's state (and its snapshots) is KV memory too
+        budgets.check_memory(weights, info["kv_bytes"] + info["state_bytes"], scratch)
     except DgrError:
         engine.close()
         raise
@@ -196,7 +198,7 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
         engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
         engine.release(0)
         row_probes = []
-        if config.session_speculation() != "off":
+        if config.session_speculation() != "off" and info["max_draft"]:
             # a decode step's most output rows: a row per slot and the draft rows
             row_probes = measure_row_times(engine, min(info["n_seq_max"] + MAX_STEP_DRAFTS,
                                                       info["n_ubatch"]), info["n_ctx_seq"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dgr._codes import DECODE_ABORTED, ENGINE_FAULT, NO_LOGITS, WORKER_LOST
+from dgr._codes import DECODE_ABORTED, ENGINE_FAULT, NO_LOGITS, STATE_ROLLBACK_FAILED, WORKER_LOST
 
 
 class DgrError(Exception):
@@ -104,6 +104,9 @@ def decode_error(rc: int) -> DecodeError:
                           "restart the node once the worker is back")
     if rc == ENGINE_FAULT:
         return DecodeError(f"the engine raised during a step (code {rc})", rc)
+    if rc == STATE_ROLLBACK_FAILED:
+        return DecodeError("llama.cpp could not roll the session's recurrent state back past "
+                           f"its rejected drafts (code {rc})", rc)
     if rc == NO_LOGITS:
         return DecodeError(f"llama.cpp gave no logits for an output row (code {rc})", rc)
     if rc < -1:

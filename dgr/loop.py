@@ -157,7 +157,8 @@ class StepLoop:
                                          settings.prefill_chunk, settings.prefill_sessions,
                                          engine.n_vocab, engine.eog_tokens,
                                          one_call=engine.info["kv_unified"],
-                                         decode_stall=settings.decode_stall)
+                                         decode_stall=settings.decode_stall,
+                                         max_draft=engine.info["max_draft"])
         scheduler.set_word_forms(*engine.word_forms())
         batch = _batch.BatchLoop(engine, scheduler, wake_fd)
         if tiers is not None:

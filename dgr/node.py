@@ -68,8 +68,11 @@ class Node:
         self.telemetry = Telemetry()
         self._engine = engine
         self._nursery = nursery
+        # A recurrent state holds a sequence's whole past in one cell: no prefix of it
+        # can be shared or kept, so such models run without the prefix cache.
         cache = (PrefixCache(min_follow=config.prefill_chunk)
-                 if config.prefix_cache and config.kv_unified else None)
+                 if config.prefix_cache and config.kv_unified
+                 and engine.info["memory"] == "attention" else None)
         # the KV tiers beyond the pool (dgr.kv_tiers): prefix cache entries leaving it
         self.tiers = (Tiers(HostTier(budgets.cache_ram_bytes), self.telemetry,
                             min_restore=MIN_RESTORE_TOKENS)
@@ -271,10 +274,16 @@ class Node:
                 "prompt_tokens_cached": self.telemetry.tokens_reused,
                 "decode_tokens_per_s": self.telemetry.recent_rates()["decode_tokens_per_s"]}
 
+    def speculation_mode(self, requested: Optional[str] = None) -> str:
+        """A session's speculation mode (NodeConfig.session_speculation), "off" where
+        the model's KV cannot drop rejected drafts (engine info's max_draft 0: a
+        recurrent state without llama.cpp's rollback)."""
+        return self.config.session_speculation(requested) if self._engine.info["max_draft"] else "off"
+
     def slots(self) -> list[dict]:
         """Each slot's state as llama-server's GET /slots shows it: its context, whether
         it drafts and runs a session, and that session's token counts (never its text)."""
-        speculative = self.config.session_speculation() != "off"
+        speculative = self.speculation_mode() != "off"
         states = []
         for slot, session in enumerate(self._loop.slot_sessions()):
             state = {"id": slot, "n_ctx": self.budgets.kv_cells_per_session,
@@ -308,10 +317,10 @@ class Node:
             # whether the patch stack's row-invariance covers the model's weight types
             # (dgr.kernel_coverage); `python -m dgr check-invariance` checks it on this CPU
             "invariance": info["invariance"],
-            "speculation": capabilities.speculation_facts(self.config.session_speculation(),
+            "speculation": capabilities.speculation_facts(self.speculation_mode(), info,
                                                           telemetry),
             "prefix_cache": capabilities.prefix_cache_facts(
-                self._admission.placement.cache is not None, load, telemetry),
+                self._admission.placement.cache is not None, info, self.config, load, telemetry),
             "kv_tiers": capabilities.kv_tier_facts(
                 self.tiers.report() if self.tiers is not None else None, telemetry),
             "bounds": self.statistics(),
@@ -437,7 +446,7 @@ class Node:
             prompt=prompt_ids, params=params,
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens),
-            speculation=self.config.session_speculation(params.speculation),
+            speculation=self.speculation_mode(params.speculation),
             reports_progress=progress)
         return Session(id=next(self._ids), spec=spec, arrived_at=time.monotonic(), leader=leader)
 

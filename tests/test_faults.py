@@ -46,7 +46,7 @@ def test_abort_flag_aborts_and_reconciles(engine):
 FAULTS_NODE = dict(max_running=4, n_ctx=2048, n_batch=128, n_ubatch=128)
 
 
-@pytest.mark.parametrize("code", [1, 2, -1, -3, _codes.FAULT_RAISE])
+@pytest.mark.parametrize("code", [2, -3, _codes.FAULT_RAISE])
 async def test_node_fails_affected_sessions_and_keeps_serving(code, node_config):
     # long enough that neither victim ends before the fault, however far the loop
     # ran ahead of the steps this task has seen
@@ -79,6 +79,68 @@ async def test_node_fails_affected_sessions_and_keeps_serving(code, node_config)
                                                         {"code": label}) == 1
         again = await node.generate("after the fault", params)
         assert again.token_ids == reference.token_ids
+
+
+@pytest.mark.parametrize("code", [1, -1])
+async def test_a_refused_call_is_run_again_one_session_a_call(code, node_config):
+    """llama.cpp refusing a call whole (no KV slot, an invalid batch) leaves its memory
+    as it was: each session's rows run again in a call of their own, and a refusal
+    that was no session's fails none; every session's bits are its solo run's."""
+    params = dgr.SamplingParams(max_tokens=60, ignore_eos=True, logprobs=2)
+    prompts = [f"session {i} of a refused call" for i in range(4)]
+    async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
+        solo = [await node.generate(p, params) for p in prompts]
+        await node.flush_prefix_cache()
+        results = [None] * len(prompts)
+
+        async def run(i):
+            results[i] = await node.generate(prompts[i], params)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(prompts)):
+                nursery.start_soon(run, i)
+            while len(node.steps) == 0 or len(node.steps[-1].decode) < 4:
+                await trio.sleep(0)
+            node._engine.inject_fault(0, code)
+        assert [r.token_ids for r in results] == [r.token_ids for r in solo]
+        assert [r.token_logprobs for r in results] == [r.token_logprobs for r in solo]
+        assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",
+                                                        {"code": str(code)}) is None
+
+
+@pytest.mark.parametrize("code", [1, -1])
+async def test_the_session_llama_cpp_refuses_fails_alone(code, node_config):
+    """A session whose rows llama.cpp refuses in every call (its KV inconsistent)
+    ends with the error; the sessions that shared its steps complete, bitwise
+    their solo runs, and the node serves on."""
+    params = dgr.SamplingParams(max_tokens=60, ignore_eos=True, logprobs=2)
+    prompts = [f"a culprit among {i}" for i in range(4)]
+    async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
+        solo = [await node.generate(p, params) for p in prompts]
+        await node.flush_prefix_cache()
+        outcomes = [None] * len(prompts)
+
+        async def run(i):
+            try:
+                outcomes[i] = await node.generate(prompts[i], params)
+            except DgrError as exc:
+                outcomes[i] = exc
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(prompts)):
+                nursery.start_soon(run, i)
+            while len(node.steps) == 0 or len(node.steps[-1].decode) < 4:
+                await trio.sleep(0)
+            culprit_slot = 1
+            node._engine.inject_fault(0, code, culprit_slot)
+        failed = [i for i, o in enumerate(outcomes) if isinstance(o, DgrError)]
+        assert len(failed) == 1 and "the model failed" in str(outcomes[failed[0]])
+        for i, outcome in enumerate(outcomes):
+            if i not in failed:
+                assert outcome.token_ids == solo[i].token_ids
+                assert outcome.token_logprobs == solo[i].token_logprobs
+        again = await node.generate(prompts[failed[0]], params)
+        assert again.token_ids == solo[failed[0]].token_ids
 
 
 async def test_http_reports_a_model_failure_not_a_hang(node_config):
