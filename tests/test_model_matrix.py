@@ -1,8 +1,11 @@
 """The invariance promise across architectures and weight types: random-weight models
 written at test time (a llama with grouped-query attention and a qwen3moe with 8
-experts, 2 per token, each in nine weight types made by llama.cpp's quantizer), every
-session checked by `python -m dgr check-invariance`'s check: alone, 8 at once arriving
-staggered, and again from the prefix cache, tokens and log-probabilities bitwise."""
+experts, 2 per token, each in nine weight types made by llama.cpp's quantizer; an lfm2
+hybrid of short convolutions and attention, and a mamba, in two), every session
+checked by `python -m dgr check-invariance`'s check: alone, 8 at once arriving
+staggered, and again (from the prefix cache where the model has one), tokens and
+log-probabilities bitwise, with speculation off, auto and always for the models with
+recurrent state."""
 
 import pytest
 
@@ -13,13 +16,18 @@ from dgr.testmodel import QUANT_TYPES, quantize, write_test_model
 
 # rows of 256 (K-quant blocks); 2 layers; 4 query heads over 2 KV heads
 SHAPE = dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=256)
+# lfm2: 6 layers, 4 short convolutions and 2 attending; weights whose greedy answers
+# to PROMPTS reject some of the drafts they are offered
+RECURRENT_SHAPE = dict(n_embd=256, n_layer=6, n_head=4, n_head_kv=2, n_ff=256, seed=7)
 
 
 @pytest.fixture(scope="module")
 def source_models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("matrix")
     return {arch: write_test_model(folder / f"{arch}-f32.gguf", architecture=arch, **SHAPE)
-            for arch in ("llama", "qwen3moe")}
+            for arch in ("llama", "qwen3moe")} | {
+            arch: write_test_model(folder / f"{arch}-f32.gguf", architecture=arch, **RECURRENT_SHAPE)
+            for arch in ("lfm2", "mamba")}
 
 
 @pytest.mark.parametrize("kind", QUANT_TYPES)
@@ -32,6 +40,27 @@ async def test_every_session_is_bitwise_alone_together_and_cached(source_models,
     report = await invariance.check(config, invariance.PROMPTS, n_new=16)
     assert report["cached_tokens"] > 0  # the third run did take its prompts from the cache
     assert report["bitwise"], invariance.describe(report)
+
+
+@pytest.mark.parametrize("speculation", ["off", "auto", "always"])
+@pytest.mark.parametrize("kind", ["F32", "Q4_K_M"])
+@pytest.mark.parametrize("arch", ["lfm2", "mamba"])
+async def test_models_with_recurrent_state_are_bitwise_with_and_without_drafts(
+        source_models, tmp_path, arch, kind, speculation):
+    """lfm2 rolls its state back past rejected drafts (llama.cpp's snapshots); mamba
+    cannot, so it never drafts. Neither keeps prefixes: a state is a whole past."""
+    model = (source_models[arch] if kind == "F32"
+             else quantize(source_models[arch], tmp_path / f"{arch}-{kind}.gguf", kind))
+    config = dgr.NodeConfig(model_path=str(model), max_running=8, n_ctx=4096, n_batch=256,
+                            n_ubatch=256, prefill_chunk=16, n_threads=2, speculation=speculation)
+    report = await invariance.check(config, invariance.PROMPTS, n_new=64)
+    assert report["bitwise"], invariance.describe(report)
+    assert report["cached_tokens"] == 0  # nothing claimed from a cache it does not keep
+    if arch == "mamba" or speculation == "off":
+        assert report["drafted"] == 0
+    elif speculation == "always" and kind == "F32":
+        # these weights' answers reject drafts here: the rollback ran
+        assert report["rejected"] > 0, invariance.describe(report)
 
 
 @pytest.mark.parametrize(("arch", "kind"), [("llama", "Q4_0"), ("llama", "IQ4_NL"),
