@@ -159,7 +159,8 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
     n_ctx = config.n_ctx or default_ctx(config, model_path)
     engine = _open(config, model_path, n_ctx)
     info = engine.info
-    info["invariance"] = kernel_coverage.report(model_path, set(repacked_tensors(config, model_path)))
+    info["invariance"] = kernel_coverage.report(
+        model_path, frozenset(repacked_tensors(config, model_path)), info, _engine.system_info())
     budgets = Budgets(
         kv_cells_total=info["n_ctx"],
         kv_cells_per_session=min(config.session_ctx or info["n_ctx_seq"], info["n_ctx_seq"]),

@@ -64,7 +64,8 @@ def first_difference(solo, other) -> dict | None:
 async def check(config: NodeConfig, prompts=PROMPTS, n_new: int = 32,
                 stagger_s: float = 0.05) -> dict:
     """{"sessions", "bitwise": bool, "runs": {run: [first_difference per session]},
-    "cached_tokens", "drafted", "rejected" (draft tokens verified beside the others)}."""
+    "cached_tokens", "drafted", "rejected" (draft tokens verified beside the others),
+    "coverage" (what the node claims: dgr.kernel_coverage)}."""
     greedy = SamplingParams(max_tokens=n_new, logprobs=2, ignore_eos=True)
     async with open_node(attrs.evolve(config, prefix_cache=False)) as fresh:
         solo = [await fresh.generate(p, greedy) for p in prompts]
@@ -72,11 +73,14 @@ async def check(config: NodeConfig, prompts=PROMPTS, n_new: int = 32,
         runs = {"concurrent": await all_at_once(node, prompts, greedy, stagger_s)}
         runs["cached"] = await all_at_once(node, prompts, greedy, stagger_s)
         cached_tokens = sum(r.cached_tokens for r in runs["cached"])
-        sources = node.capabilities()["speculation"]["sources"].values()
+        capabilities = node.capabilities()
+        sources = capabilities["speculation"]["sources"].values()
         drafted = sum(source["drafted"] for source in sources)
         rejected = drafted - sum(source["accepted"] for source in sources)
     report = {"sessions": len(prompts), "tokens": n_new, "cached_tokens": cached_tokens,
               "drafted": drafted, "rejected": rejected,
+              # what the node claims for this model here (dgr.kernel_coverage)
+              "coverage": capabilities["invariance"],
               "runs": {name: [first_difference(a, b) for a, b in zip(solo, results)]
                        for name, results in runs.items()}}
     report["bitwise"] = all(d is None for diffs in report["runs"].values() for d in diffs)
@@ -95,4 +99,10 @@ def describe(report: dict) -> str:
     lines.append(f"({report['cached_tokens']} prompt tokens came from the prefix cache; "
                  f"{report['drafted']} draft tokens verified, {report['rejected']} rejected)")
     lines.append("verdict: " + ("bitwise invariant" if report["bitwise"] else "NOT invariant"))
+    coverage = report["coverage"]
+    if coverage["covered"]:
+        lines.append(f"the node claims the invariance for this model on this CPU ({coverage['cpu']})")
+    else:
+        lines.append("the node does not claim the invariance for this model here: "
+                     + "; ".join(coverage["why_not"]))
     return "\n".join(lines)

@@ -1,30 +1,41 @@
-"""Whether the patch stack's invariance covers a model: the weight types of its
-tensors, read from the GGUF header, against the types whose matmuls and MoE expert
+"""Whether the invariance covers a model on this node, and why not where it does not.
+
+The promise rests on what tests show: the weight types whose matmuls and MoE expert
 matmuls the native tests show row-invariant (patches/native-tests; docs/design.md,
-Batch invariance). `GET /capabilities` reports it under "invariance"; `python -m dgr
-check-invariance` checks a model end to end on this CPU."""
+Batch invariance), read from the GGUF header; the architectures a test serves and
+checks bitwise; the attention path (the row-invariant flash attention, which the
+engine asks llama.cpp for); the repacking mode; and the CPUs the native tests ran on.
+`GET /capabilities` reports it under "invariance"; `python -m dgr check-invariance`
+checks a model end to end on this CPU and prints it beside its verdict."""
 
 from __future__ import annotations
 
+import platform
 import struct
 
 from dgr.gguf_file import tensors
 
 COVERED = frozenset({"F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                      "Q5_K", "Q6_K", "IQ4_XS"})
+# served and checked bitwise by a test: random-weight models in tests/test_model_matrix.py
+# (attention, mixture of experts, a hybrid with short convolutions, a state-space model)
+# and the default model (Gemma 3) in tests/test_default_model.py
+TESTED_ARCHITECTURES = frozenset({"llama", "qwen3moe", "lfm2", "mamba", "gemma3"})
+# the CPUs the native invariance tests (scripts/native_tests.py) ran on: a name, the
+# machine, and the llama.cpp system_info features that pick the kernels they tested
+TESTED_CPUS = (("x86-64 with AVX-512", "x86_64", ("AVX512 = 1",)),)
 
 
-def report(path: str, repacked: frozenset[str] = frozenset()) -> dict:
-    """{"covered": whether every weight type is one the invariance covers (flash
-    attention is, over dgr's F16 KV cache) or the weight is among `repacked`
-    (dgr.weight_repack: row-invariant repacked kernels), "weight_types": {name:
-    tensors}, "not_covered": [names]}; a header this reader cannot follow
-    (llama.cpp loaded the model, so it is not the file's fault) gives covered False
-    and the reason."""
+def weight_types(path: str, repacked: frozenset[str] = frozenset()) -> dict:
+    """{"weight_types": {name: tensors}, "not_covered": [type names whose tensors the
+    invariance does not cover]}: a weight among `repacked` (dgr.weight_repack:
+    row-invariant repacked kernels) is covered whatever its type; a header this reader
+    cannot follow (llama.cpp loaded the model, so it is not the file's fault) adds
+    "error"."""
     try:
         found = tensors(path)
     except (ValueError, KeyError, struct.error, OSError) as exc:
-        return {"covered": False, "weight_types": {}, "not_covered": [],
+        return {"weight_types": {}, "not_covered": [],
                 "error": f"cannot read the GGUF header's tensor types: {exc}"}
     types: dict[str, int] = {}
     for _, kind, _ in found:
@@ -34,4 +45,46 @@ def report(path: str, repacked: frozenset[str] = frozenset()) -> dict:
     lookup_only = {"token_embd.weight"} if any(n == "output.weight" for n, _, _ in found) else set()
     missing = sorted({kind for name, kind, _ in found
                       if kind not in COVERED and name not in repacked and name not in lookup_only})
-    return {"covered": not missing, "weight_types": types, "not_covered": missing}
+    return {"weight_types": types, "not_covered": missing}
+
+
+def cpu_kind(system_info: str, machine: str | None = None) -> str | None:
+    """The name of the tested CPU kind this one is (TESTED_CPUS), else None."""
+    machine = machine or platform.machine()
+    for name, tested_machine, features in TESTED_CPUS:
+        if machine == tested_machine and all(f in system_info for f in features):
+            return name
+    return None
+
+
+def report(path: str, repacked: frozenset[str], info: dict, system_info: str,
+           machine: str | None = None) -> dict:
+    """{"covered", "weight_types", "not_covered", "architecture", "flash_attn",
+    "weight_repack", "cpu" (the tested CPU kind, or None), "why_not": [reasons]} of
+    the model at `path` as the engine runs it (`info`: Engine.info) on this CPU."""
+    weights = weight_types(path, repacked)
+    why_not = []
+    if "error" in weights:
+        why_not.append(weights["error"])
+    if weights["not_covered"]:
+        why_not.append(f"weight types {', '.join(weights['not_covered'])} take kernels no "
+                       "native test shows row-invariant")
+    if info["weight_repack"] == "all":
+        why_not.append("--weight-repack all: llama.cpp's repacked kernels of other types "
+                       "(Q4_K, Q2_K among them) round a row differently beside others")
+    if info["memory"] != "recurrent" and info["flash_attn"] != "enabled":
+        why_not.append(f"flash attention is {info['flash_attn']} for this model: the other "
+                       "attention path sums by absolute cell index, which depends on the "
+                       "other sessions in a shared pool")
+    if info["architecture"] not in TESTED_ARCHITECTURES:
+        why_not.append(f"no test serves the {info['architecture'] or 'unnamed'} architecture "
+                       f"(tested: {', '.join(sorted(TESTED_ARCHITECTURES))}): its graph may "
+                       "hold ops whose kernels are not row-invariant")
+    cpu = cpu_kind(system_info, machine)
+    if cpu is None:
+        why_not.append(f"the native invariance tests ran on {', '.join(t[0] for t in TESTED_CPUS)}"
+                       f" only; this CPU ({machine or platform.machine()}) takes other kernel "
+                       "paths")
+    return {"covered": not why_not, **weights, "architecture": info["architecture"],
+            "flash_attn": info["flash_attn"], "weight_repack": info["weight_repack"],
+            "cpu": cpu, "why_not": why_not}
