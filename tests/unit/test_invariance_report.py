@@ -22,11 +22,20 @@ def test_equal_runs_have_no_difference_and_the_first_departure_is_named():
 
 
 def test_the_verdict_says_which_run_differs_and_where():
-    report = {"sessions": 2, "tokens": 3, "cached_tokens": 10, "bitwise": False,
+    report = {"sessions": 2, "tokens": 3, "cached_tokens": 10, "drafted": 5, "rejected": 2,
+              "bitwise": False,
               "runs": {"concurrent": [None, None],
-                       "cached": [None, {"position": 4, "what": "token", "solo": 7, "other": 9}]}}
+                       "cached": [None, {"position": 4, "what": "token", "solo": 7, "other": 9}]},
+              "coverage": {"covered": False, "why_not": ["flash attention is disabled"]}}
     text = describe(report)
     assert "concurrent: 2 of 2 sessions bitwise" in text
     assert "cached: 1 of 2 sessions bitwise" in text
     assert "session 1, token 4, token 7 alone vs 9" in text
-    assert text.endswith("verdict: NOT invariant")
+    assert "5 draft tokens verified, 2 rejected" in text
+    assert "verdict: NOT invariant" in text
+    # what the node claims here, beside what the run showed
+    assert text.endswith("does not claim the invariance for this model here: "
+                         "flash attention is disabled")
+    covered = report | {"coverage": {"covered": True, "cpu": "x86-64 with AVX-512"}}
+    assert describe(covered).endswith("claims the invariance for this model on this CPU "
+                                      "(x86-64 with AVX-512)")
