@@ -398,6 +398,14 @@ cdef class Engine(Vocabulary):
         self._check_slot(slot)
         self.end_slot(slot, 0)
 
+    def truncate(self, int slot, int keep):
+        """The slot's sequence keeps positions [0, keep) (kv_keep): whether llama.cpp
+        could cut it there (a recurrent state rolls back only as far as its
+        snapshots reach)."""
+        self.check_open()
+        self._check_slot(slot)
+        return self.kv_keep(slot, keep)
+
     def pos_max(self, int slot):
         """Largest position held in KV for `slot`, -1 when it holds none."""
         self.check_open()

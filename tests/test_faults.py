@@ -86,7 +86,8 @@ async def test_a_refused_call_is_run_again_one_session_a_call(code, node_config)
     """llama.cpp refusing a call whole (no KV slot, an invalid batch) leaves its memory
     as it was: each session's rows run again in a call of their own, and a refusal
     that was no session's fails none; every session's bits are its solo run's."""
-    params = dgr.SamplingParams(max_tokens=60, ignore_eos=True, logprobs=2)
+    # long enough that no session ends before the fault, however far the loop ran ahead
+    params = dgr.SamplingParams(max_tokens=400, ignore_eos=True, logprobs=2)
     prompts = [f"session {i} of a refused call" for i in range(4)]
     async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
         solo = [await node.generate(p, params) for p in prompts]
@@ -113,7 +114,7 @@ async def test_the_session_llama_cpp_refuses_fails_alone(code, node_config):
     """A session whose rows llama.cpp refuses in every call (its KV inconsistent)
     ends with the error; the sessions that shared its steps complete, bitwise
     their solo runs, and the node serves on."""
-    params = dgr.SamplingParams(max_tokens=60, ignore_eos=True, logprobs=2)
+    params = dgr.SamplingParams(max_tokens=400, ignore_eos=True, logprobs=2)
     prompts = [f"a culprit among {i}" for i in range(4)]
     async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
         solo = [await node.generate(p, params) for p in prompts]
