@@ -23,7 +23,7 @@ cdef class Engine(Vocabulary):
     cdef int abort_flag
     cdef int n_slots
     cdef int batch_capacity
-    cdef long long steps_done
+    cdef readonly long long steps_done    # run_call calls made
     # RPC workers holding layers: their endpoints (C strings into rpc_names) and
     # patch 0005's check, asked after every llama_decode
     cdef int n_rpc

@@ -92,6 +92,7 @@ async def test_a_refused_call_is_run_again_one_session_a_call(code, node_config)
     async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
         solo = [await node.generate(p, params) for p in prompts]
         await node.flush_prefix_cache()
+        calls_before, steps_before = node._engine.steps_done, node.steps[-1].index
         results = [None] * len(prompts)
 
         async def run(i):
@@ -103,6 +104,9 @@ async def test_a_refused_call_is_run_again_one_session_a_call(code, node_config)
             while len(node.steps) == 0 or len(node.steps[-1].decode) < 4:
                 await trio.sleep(0)
             node._engine.inject_fault(0, code)
+        # the refused call, then one call per session, in one step
+        extra_calls = (node._engine.steps_done - calls_before) - (node.steps[-1].index - steps_before)
+        assert extra_calls == len(prompts)
         assert [r.token_ids for r in results] == [r.token_ids for r in solo]
         assert [r.token_logprobs for r in results] == [r.token_logprobs for r in solo]
         assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",
