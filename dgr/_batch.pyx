@@ -11,8 +11,8 @@ from libc.string cimport memcpy, memset
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        MAX_LOGPROBS, SPECULATE_OFF, STATE_ROLLBACK_FAILED, WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE,
-                        WANT_SCORE)
+                        MAX_LOGPROBS, SPECULATE_OFF, STATE_ROLLBACK_FAILED, WANT_CHAIN,
+                        WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
 from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
 from dgr._events cimport Event, StepFigures, event_record
@@ -500,7 +500,8 @@ cdef class BatchLoop:
         cdef int i, s, n = 0
         for i in range(self.scheduler.n_decode):
             s = self.scheduler.decode_slots[i]
-            if (self.scheduler.slots[s].drafting.n_draft and self.scheduler.slots[s].phase == SLOT_DECODE
+            if (self.scheduler.slots[s].drafting.n_draft
+                    and self.scheduler.slots[s].phase == SLOT_DECODE
                     and not self.engine.kv_keep(s, self.scheduler.kv_valid(s))):
                 n += self.scheduler.fail(s, STATE_ROLLBACK_FAILED, out + n)
         return n

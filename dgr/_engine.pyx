@@ -24,8 +24,8 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport strcmp
 
 from dgr._clock cimport monotonic
-from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_DRAFT, MAX_LOGPROBS, NO_LOGITS,
-                        WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
+from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_DRAFT, MAX_LOGPROBS,
+                        NO_LOGITS, WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
 from dgr._llama cimport *
 from dgr._sampling cimport Sampling
 from dgr._vocab cimport Vocabulary

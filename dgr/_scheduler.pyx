@@ -105,8 +105,9 @@ cdef class Scheduler:
         self.order_buf = <int *> calloc(n_slots, sizeof(int))
         self.draft_rows = <DraftRow *> calloc(n_slots, sizeof(DraftRow))
         self.slot_rc = <int *> calloc(n_slots, sizeof(int))
-        if (self.slot_rc == NULL or self.slots == NULL or self.eog == NULL or self.decode_slots == NULL
-                or self.chunk_slot == NULL or self.chunk_start == NULL or self.chunk_end == NULL
+        if (self.slot_rc == NULL or self.slots == NULL or self.eog == NULL
+                or self.decode_slots == NULL or self.chunk_slot == NULL
+                or self.chunk_start == NULL or self.chunk_end == NULL
                 or self.order_buf == NULL or self.draft_rows == NULL):
             raise MemoryError()
         # drafts need one call a step (split KV would cut it into many)

@@ -101,7 +101,8 @@ def describe(report: dict) -> str:
     lines.append("verdict: " + ("bitwise invariant" if report["bitwise"] else "NOT invariant"))
     coverage = report["coverage"]
     if coverage["covered"]:
-        lines.append(f"the node claims the invariance for this model on this CPU ({coverage['cpu']})")
+        lines.append("the node claims the invariance for this model on this CPU "
+                     f"({coverage['cpu']})")
     else:
         lines.append("the node does not claim the invariance for this model here: "
                      + "; ".join(coverage["why_not"]))

@@ -278,7 +278,9 @@ class Node:
         """A session's speculation mode (NodeConfig.session_speculation), "off" where
         the model's KV cannot drop rejected drafts (engine info's max_draft 0: a
         recurrent state without llama.cpp's rollback)."""
-        return self.config.session_speculation(requested) if self._engine.info["max_draft"] else "off"
+        if not self._engine.info["max_draft"]:
+            return "off"
+        return self.config.session_speculation(requested)
 
     def slots(self) -> list[dict]:
         """Each slot's state as llama-server's GET /slots shows it: its context, whether

@@ -2,8 +2,9 @@
 
 Architecture "llama" (or "qwen3moe": q/k norms and a mixture of experts; "lfm2": a
 hybrid of short-convolution and attention layers; "mamba": a selective state-space
-model, recurrent only), a few layers, f32 weights drawn from a seeded generator, and an SPM tokenizer with byte
-fallback (every UTF-8 byte has a token, so any text encodes), printable ASCII
+model, recurrent only), a few layers, f32 weights drawn from a seeded generator, and
+an SPM tokenizer with byte fallback (every UTF-8 byte has a token, so any text
+encodes), printable ASCII
 characters, a few merged pairs, and ChatML control tokens so that llama.cpp
 recognizes its chat template. `quantize` turns one into another weight type with
 the installed llama.cpp's quantizer.
@@ -80,7 +81,8 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_tokenizer(writer, tokens, scores, types, chat_template)
-    writer.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
+    writer.add_tensor("token_embd.weight",
+                      rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
     if architecture == "mamba":
         _mamba_layers(writer, weight, n_embd, n_layer)
     elif architecture == "lfm2":
