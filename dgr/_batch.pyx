@@ -474,8 +474,8 @@ cdef class BatchLoop:
 
     cdef int _isolate(self, int start, int end, double * times) noexcept nogil:
         """Rows [start, end), which llama.cpp refused as one call, a call per session
-        (a session's rows lie together); a session whose own call fails gets its
-        code in the scheduler's slot_rc. Returns the calls run; times: their sums."""
+        (a session's rows lie together); a session whose own call fails is refused
+        (Scheduler.refuse). Returns the calls run; times: their sums."""
         cdef int first = start, row, rc, calls = 0
         cdef double each[3]
         times[0] = times[1] = times[2] = 0.0
@@ -484,7 +484,7 @@ cdef class BatchLoop:
                 continue
             rc = self._run_rows(first, row, each)
             if rc != 0:
-                self.scheduler.slot_rc[self.row_seq[first]] = rc
+                self.scheduler.refuse(self.row_seq[first], rc)
             times[0] += each[0]
             times[1] += each[1]
             times[2] += each[2]

@@ -13,7 +13,6 @@ flight on other threads.
 """
 
 import os
-import re
 import time
 
 import numpy as np
@@ -33,6 +32,7 @@ from dgr._vocab cimport Vocabulary
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
                         InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
 from dgr.gguf_file import check_model_file
+from dgr.llama_log import buffer_sizes, flash_attn
 from dgr.rpc_placement import connect_and_place, device_report
 
 cnp.import_array()
@@ -79,10 +79,6 @@ def system_info():
     return llama_print_system_info().decode("utf-8", "replace")
 
 
-_MIB = re.compile(r"(KV|RS|compute|output|CPU_REPACK model) buffer size =\s*([0-9.]+) MiB")
-# what llama.cpp logs of the attention path a context runs
-_FLASH_ATTN = re.compile(r"flash_attn\s+=\s+(\w+)")
-
 # the output layer's tensors (a tied output is the token embedding, duplicated)
 cdef const char * _OUTPUT_TENSORS = b"^(output|output_norm|token_embd)\\."
 
@@ -101,15 +97,6 @@ cdef ggml_backend_buffer_type_t _cpu_extra_buffer_type(const char * name) except
     raise ContextError(f"this llama.cpp build has no {name.decode()} buffer type to repack weights in")
 
 
-def _buffer_sizes(log_text):
-    """Sum the buffer sizes llama.cpp logged while loading a model (repacked weights)
-    or creating a context."""
-    sizes = {"KV": 0, "RS": 0, "compute": 0, "output": 0, "CPU_REPACK model": 0}
-    for kind, mib in _MIB.findall(log_text):
-        sizes[kind] += int(float(mib) * 1024 * 1024)
-    return sizes
-
-
 cdef class Engine(Vocabulary):
     """A llama.cpp model and context serving up to `n_seq_max` sequences.
 
@@ -126,8 +113,7 @@ cdef class Engine(Vocabulary):
         self.n_slots = 0
         self.n_rpc = 0
         self.rpc_endpoints = NULL
-        self.fault_step = -1
-        self.fault_slot = -1
+        self.fault_step = self.fault_slot = -1
 
     def __init__(self, model_path, *, int n_ctx=4096, int n_seq_max=8, int n_batch=512,
                  int n_ubatch=512, n_threads=None, bint kv_unified=False,
@@ -151,7 +137,9 @@ cdef class Engine(Vocabulary):
         the same matmul kernels for a 1-row and an n-row step, but for the weights
         whose names match a pattern of `repack` (dgr.weight_repack), placed in
         llama.cpp's CPU_REPACK buffer type. These keep a sequence's logits
-        independent of the others (docs/design.md).
+        independent of the others (docs/design.md), with the flash attention the
+        context asks for. state_rollback: snapshots of each sequence's recurrent
+        state, for rolling rejected drafts back where llama.cpp can.
         """
         init_backend()
         path = os.fspath(model_path)
@@ -221,7 +209,7 @@ cdef class Engine(Vocabulary):
         if self.model == NULL:
             raise ModelLoadError(f"cannot load model {path}: "
                                  f"{error_lines() or 'llama.cpp refused it'}")
-        repacked_bytes = _buffer_sizes(llama_log_text())["CPU_REPACK model"]
+        repacked_bytes = buffer_sizes(llama_log_text())["CPU_REPACK model"]
 
         cdef llama_context_params cparams = llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -256,8 +244,7 @@ cdef class Engine(Vocabulary):
                                f"(n_ctx={n_ctx}, n_seq_max={n_seq_max}, n_batch={n_batch}): "
                                f"{error_lines() or 'llama.cpp refused it'}")
         context_log = llama_log_text()
-        sizes = _buffer_sizes(context_log)
-        flash_attn = _FLASH_ATTN.findall(context_log)
+        sizes = buffer_sizes(context_log)
 
         self.vocab = llama_model_get_vocab(self.model)
         self.mem = llama_get_memory(self.ctx)
@@ -285,6 +272,7 @@ cdef class Engine(Vocabulary):
         n_ctx_total = llama_n_ctx(self.ctx)
         memory = ("hybrid" if llama_model_is_hybrid(self.model) else
                   "recurrent" if llama_model_is_recurrent(self.model) else "attention")
+        rollback = llama_n_rs_seq(self.ctx)
         self.info = {
             "path": path,
             "name": self.meta("general.name") or os.path.basename(path),
@@ -308,14 +296,12 @@ cdef class Engine(Vocabulary):
             "repacked_bytes": repacked_bytes,
             "kv_bytes": sizes["KV"],
             "kv_bytes_per_cell": sizes["KV"] // max(1, n_ctx_total),
-            # where the model keeps its context: attention KV, recurrent state or both
-            "memory": memory,
+            "memory": memory,  # its context in attention KV, recurrent state or both
             "state_bytes": sizes["RS"],
-            "state_rollback": llama_n_rs_seq(self.ctx) if memory != "attention" else 0,
+            "state_rollback": rollback,  # 0 where the architecture cannot roll back
             # draft tokens a session may verify in a step: those its KV can drop again
-            "max_draft": (MAX_DRAFT if memory == "attention"
-                          else min(MAX_DRAFT, llama_n_rs_seq(self.ctx))),
-            "flash_attn": flash_attn[len(flash_attn) - 1] if flash_attn else "unknown",
+            "max_draft": MAX_DRAFT if memory == "attention" else min(MAX_DRAFT, rollback),
+            "flash_attn": flash_attn(context_log),
             "compute_bytes": sizes["compute"],
             "output_bytes": sizes["output"],
             "logits_bytes_per_output": self.vocab_size * 4,
@@ -399,9 +385,8 @@ cdef class Engine(Vocabulary):
         self.end_slot(slot, 0)
 
     def truncate(self, int slot, int keep):
-        """The slot's sequence keeps positions [0, keep) (kv_keep): whether llama.cpp
-        could cut it there (a recurrent state rolls back only as far as its
-        snapshots reach)."""
+        """The slot's sequence keeps positions [0, keep): whether llama.cpp could cut
+        it there (a recurrent state rolls back only as far as its snapshots reach)."""
         self.check_open()
         self._check_slot(slot)
         return self.kv_keep(slot, keep)
@@ -427,15 +412,13 @@ cdef class Engine(Vocabulary):
         dgr_set_flag(&self.abort_flag, 0)
 
     def inject_fault(self, int after_steps, int code, int slot=-1):
-        """Test hook: the step after `after_steps` more steps reports `code`.
-
-        Codes 1 and -1 skip llama_decode (llama.cpp leaves memory unchanged for
-        them); 2 and codes below -1 run it and then report failure, leaving the
-        processed cells behind as llama.cpp does, so reconciliation is exercised.
-        FAULT_RAISE runs it and then raises RuntimeError without reconciling,
-        like a bug in the engine would. With a `slot`, every call from that step on
-        that holds a row of the slot's reports `code` (as llama.cpp refuses a batch
-        with a sequence whose KV is inconsistent) until the slot's KV is freed."""
+        """Test hook: the step after `after_steps` more steps reports `code`; with a
+        `slot`, every call from then on holding a row of the slot's does, until its
+        KV is freed (as llama.cpp refuses a batch with a sequence whose KV is
+        inconsistent). Codes 1 and -1 skip llama_decode (llama.cpp leaves memory
+        unchanged for them); 2 and codes below -1 run it and then fail, leaving the
+        processed cells behind as llama.cpp does; FAULT_RAISE runs it and then
+        raises RuntimeError without reconciling, like a bug in the engine would."""
         self.fault_step = self.steps_done + after_steps
         self.fault_code = code
         self.fault_slot = slot
@@ -566,8 +549,7 @@ cdef class Engine(Vocabulary):
         llama_memory_seq_rm(self.mem, slot, keep, -1)
         self.sampling.reset(slot)
         if slot == self.fault_slot and keep == 0:
-            self.fault_slot = -1
-            self.fault_step = -1
+            self.fault_slot = self.fault_step = -1
 
     cdef size_t kv_state_size(self, int slot) noexcept nogil:
         """Bytes of the slot's sequence state (its KV cells and their positions)."""

@@ -59,8 +59,9 @@ cdef class Scheduler:
     cdef int * chunk_end
     cdef int * order_buf
     cdef readonly int max_draft         # draft tokens a session may verify in one step
-    cdef int * slot_rc                  # per slot: its own call's code where the step's
-                                        # call was run again one session a call (0: none)
+    cdef int * slot_rc                  # per slot: the code of its refused call of its
+                                        # own (refuse), until the update reads it
+    cdef int refused_rc                 # the first such code of the step (0: none)
 
     cdef int max_step_events(self) noexcept nogil
     cdef int take_finish_requests(self, Event * out) noexcept nogil
@@ -74,6 +75,7 @@ cdef class Scheduler:
                     const int32_t * top_ids, const float * top_lp, Event * out,
                     StepFigures * figures) noexcept nogil
     cdef int _failure(self, int code, Event * out) noexcept nogil
+    cdef void refuse(self, int s, int code) noexcept nogil
     cdef int fail(self, int s, int code, Event * out) noexcept nogil
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil

@@ -32,15 +32,13 @@ Policy (re-planned every step; sessions join and leave between steps):
    the speculation policy's (dgr/_speculation.pyx), from what the token budget
    leaves beyond the decode rows and MIN_PIECE prefill rows, and the step-time
    model. A session drafts no more than its credits and max_tokens leave room
-   for, so drafts never take KV beyond its reservation, nor more than max_draft
-   (a model with recurrent state drops rejected drafts from snapshots of it, which
-   reach back that far).
+   for (so drafts never take KV beyond its reservation) and max_draft allows.
 4. At most `prefill_sessions` chunks per step. With `one_call` (a unified KV
    pool) the whole step, decode rows and chunks, is one llama_decode: a row's
    results do not depend on the rows it shares a call with (the patch stack's
-   row-invariant matmuls and flash attention). Otherwise (split KV, where llama.cpp would cut a
-   mixed call into many equal-length ubatches) the decode rows run in one
-   call and each chunk in a call of its own.
+   row-invariant matmuls and flash attention). Otherwise (split KV, where
+   llama.cpp would cut a mixed call into many equal-length ubatches) the decode
+   rows run in one call and each chunk in a call of its own.
 
 Bounds: rows per step <= token_budget; calls per step <= 1 + prefill_sessions;
 events per step <= max_step_events().
@@ -48,10 +46,8 @@ events per step <= max_step_events().
 Post-step update: a sampled token is appended to its slot; an end-of-generation
 token (unless ignore_eos) ends the slot with FINISH_STOP and is not reported;
 otherwise it is reported (EV_TOKEN, one credit spent) and the slot ends with
-FINISH_LENGTH at max_tokens. A slot whose call failed ends with FINISH_ERROR; where
-llama.cpp refused a call whole and the loop ran its sessions' rows again one
-session a call (BatchLoop._isolate), only the sessions whose own call failed
-(slot_rc) end, and the others take their results from their own calls.
+FINISH_LENGTH at max_tokens. A slot whose call failed, or whose own call was
+refused (`refuse`), ends with FINISH_ERROR.
 A decode row with drafts yields its sampled tokens in order while each equals
 the draft the next row was fed (the sampler samples a draft row only then:
 WANT_CHAIN), so the tokens, the sampler's state and its random draws are those
@@ -124,12 +120,8 @@ cdef class Scheduler:
         free(self.slots)
         free(self.eog)
         free(self.decode_slots)
-        free(self.chunk_slot)
-        free(self.chunk_start)
-        free(self.chunk_end)
-        free(self.order_buf)
-        free(self.draft_rows)
-        free(self.slot_rc)
+        free(self.chunk_slot); free(self.chunk_start); free(self.chunk_end)
+        free(self.order_buf); free(self.draft_rows); free(self.slot_rc)
 
     # ------------------------------------------------------------ the node's side
 
@@ -293,9 +285,8 @@ cdef class Scheduler:
     # ------------------------------------------------------------ the loop's side (nogil)
 
     cdef int max_step_events(self) noexcept nogil:
-        # decode rows + chunks + tokens + finishes + failed calls (and one for the
-        # sessions that failed alone) + the step record, one scoring chunk's scores
-        # and the tokens of accepted drafts
+        # decode rows + chunks + tokens + finishes + failed calls (and the refused
+        # sessions') + the step record, one scoring chunk's scores, accepted drafts
         return 3 * self.n_slots + 2 * self.prefill_sessions + 3 + SCORE_CHUNK + MAX_STEP_DRAFTS
 
     cdef int take_finish_requests(self, Event * out) noexcept nogil:
@@ -311,7 +302,6 @@ cdef class Scheduler:
         cdef int s, i, j, start, end, left, n_waiting
         cdef Slot * sl
         self.n_decode = 0
-        memset(self.slot_rc, 0, self.n_slots * sizeof(int))
         for s in range(self.n_slots):
             sl = &self.slots[s]
             if sl.phase == SLOT_DECODE and sl.credits > 0:
@@ -427,7 +417,7 @@ cdef class Scheduler:
         (without one_call); sampled,
         chosen_lp: per row; top_*: per row, MAX_LOGPROBS apart. Returns the
         events written (the step record is the loop's)."""
-        cdef int n = 0, i, c, s, row, last, rc
+        cdef int n = 0, i, c, s, row, last, rc, refused
         cdef bint reported = False  # with one_call, one failed call is one EV_FAILURE
         cdef Event * e
         figures.decode_rows = self.n_decode
@@ -458,14 +448,14 @@ cdef class Scheduler:
         if self.n_decode and call_rc[0] != 0:
             n += self._failure(call_rc[0], out + n)
             reported = self.one_call
-        for s in range(self.n_slots):
-            if self.slot_rc[s] != 0:  # one EV_FAILURE for the sessions that failed alone
-                n += self._failure(self.slot_rc[s], out + n)
-                break
+        if self.refused_rc != 0:  # one EV_FAILURE for the sessions refused alone
+            n += self._failure(self.refused_rc, out + n)
+            self.refused_rc = 0
         row = 0
         for i in range(self.n_decode):
             s = self.decode_slots[i]
             rc = call_rc[0] if call_rc[0] != 0 else self.slot_rc[s]
+            self.slot_rc[s] = 0
             if self.slots[s].phase == SLOT_FREE:
                 pass
             elif rc != 0:
@@ -477,16 +467,13 @@ cdef class Scheduler:
         for c in range(self.n_chunks):
             s = self.chunk_slot[c]
             rc = call_rc[0 if self.one_call else 1 + c]
-            if rc == 0 and self.slot_rc[s] != 0:
-                if self.slots[s].phase != SLOT_FREE:
-                    n += self._finish(s, FINISH_ERROR, self.slot_rc[s], out + n)
-                continue
-            if rc != 0:
-                if not reported:
+            refused, self.slot_rc[s] = self.slot_rc[s], 0
+            if rc != 0 or refused != 0:
+                if rc != 0 and not reported:
                     n += self._failure(rc, out + n)
                     reported = self.one_call
                 if self.slots[s].phase != SLOT_FREE:
-                    n += self._finish(s, FINISH_ERROR, rc, out + n)
+                    n += self._finish(s, FINISH_ERROR, rc or refused, out + n)
                 continue
             figures.prefill_rows += self.chunk_end[c] - self.chunk_start[c]
             if self.slots[s].phase == SLOT_FREE:
@@ -557,12 +544,14 @@ cdef class Scheduler:
         out.code = code
         return 1
 
+    cdef void refuse(self, int s, int code) noexcept nogil:
+        """llama.cpp refused slot s's rows in a call of their own: the update ends it."""
+        self.slot_rc[s] = code
+        self.refused_rc = self.refused_rc or code
+
     cdef int fail(self, int s, int code, Event * out) noexcept nogil:
-        """End slot s with FINISH_ERROR and `code` after the step's update (its KV could
-        not be set right: the loop's KV operation failed); returns the events written."""
-        if self.slots[s].phase == SLOT_FREE:
-            return 0
-        return self._finish(s, FINISH_ERROR, code, out)
+        """End slot s with `code` after the update (the loop could not set its KV right)."""
+        return 0 if self.slots[s].phase == SLOT_FREE else self._finish(s, FINISH_ERROR, code, out)
 
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out) noexcept nogil:

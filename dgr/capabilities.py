@@ -76,14 +76,9 @@ def speculation_facts(mode: str, info: dict, telemetry: Telemetry) -> dict:
     return {**facts, **telemetry.speculation_totals()}
 
 
-def prefix_cache_facts(enabled: bool, info: dict, config, load: Load,
-                       telemetry: Telemetry) -> dict:
-    facts = {"enabled": enabled}
-    if not enabled:
-        facts["why_off"] = ("--no-prefix-cache" if not config.prefix_cache else
-                            "split KV (--no-kv-unified)" if not config.kv_unified else
-                            f"the model's {info['memory']} state keeps a sequence's whole past "
-                            "in one cell: no prefix of it can be shared or kept")
+def prefix_cache_facts(why_off: Optional[str], load: Load, telemetry: Telemetry) -> dict:
+    """Whether the node keeps prefixes (why not: dgr.node.prefix_cache_off), and its use."""
+    facts = {"enabled": why_off is None} | ({"why_off": why_off} if why_off else {})
     return {**facts, "cached_cells": load.cached_cells, **telemetry.prefix_totals()}
 
 

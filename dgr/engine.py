@@ -135,7 +135,9 @@ def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _engine.Engine:
         rpc_servers=config.rpc_workers,
         rpc_layers=-1 if config.rpc_layers is None else config.rpc_layers,
         rpc_split=config.rpc_tensor_split, rpc_timeout_s=config.rpc_timeout_s,
-        state_rollback=config.state_rollback if config.session_speculation() != "off" else 0)
+        # a request may speculate where the node does not by default: snapshots wherever
+        # drafts can run
+        state_rollback=config.state_rollback if config.kv_unified else 0)
 
 
 def default_ctx(config: NodeConfig, model_path: str) -> int:

@@ -58,6 +58,20 @@ def _no_credit() -> None:
     """A whole answer's reader hands back no credits: its session has them all."""
 
 
+def prefix_cache_off(config: NodeConfig, info: dict) -> Optional[str]:
+    """Why the node runs without the prefix cache, or None where it has one. A
+    recurrent state holds a sequence's whole past in one cell: no prefix of it can be
+    shared or kept."""
+    if not config.prefix_cache:
+        return "--no-prefix-cache"
+    if not config.kv_unified:
+        return "split KV (--no-kv-unified)"
+    if info["memory"] != "attention":
+        return (f"the model's {info['memory']} state keeps a sequence's whole past in one "
+                "cell: no prefix of it can be shared or kept")
+    return None
+
+
 class Node:
     """A running node. Get one with `open_node(config)`."""
 
@@ -68,11 +82,9 @@ class Node:
         self.telemetry = Telemetry()
         self._engine = engine
         self._nursery = nursery
-        # A recurrent state holds a sequence's whole past in one cell: no prefix of it
-        # can be shared or kept, so such models run without the prefix cache.
+        self.prefix_cache_off = prefix_cache_off(config, engine.info)
         cache = (PrefixCache(min_follow=config.prefill_chunk)
-                 if config.prefix_cache and config.kv_unified
-                 and engine.info["memory"] == "attention" else None)
+                 if self.prefix_cache_off is None else None)
         # the KV tiers beyond the pool (dgr.kv_tiers): prefix cache entries leaving it
         self.tiers = (Tiers(HostTier(budgets.cache_ram_bytes), self.telemetry,
                             min_restore=MIN_RESTORE_TOKENS)
@@ -321,8 +333,8 @@ class Node:
             "invariance": info["invariance"],
             "speculation": capabilities.speculation_facts(self.speculation_mode(), info,
                                                           telemetry),
-            "prefix_cache": capabilities.prefix_cache_facts(
-                self._admission.placement.cache is not None, info, self.config, load, telemetry),
+            "prefix_cache": capabilities.prefix_cache_facts(self.prefix_cache_off, load,
+                                                            telemetry),
             "kv_tiers": capabilities.kv_tier_facts(
                 self.tiers.report() if self.tiers is not None else None, telemetry),
             "bounds": self.statistics(),

@@ -81,32 +81,45 @@ async def test_node_fails_affected_sessions_and_keeps_serving(code, node_config)
         assert again.token_ids == reference.token_ids
 
 
+# long enough that no session ends before the fault, however far the loop ran ahead
+REFUSED_PARAMS = dgr.SamplingParams(max_tokens=400, ignore_eos=True, logprobs=2)
+
+
+async def together_with_a_fault(node, prompts, inject) -> list:
+    """Each prompt's result (or its DgrError), run at once; `inject()` once every
+    session decodes in the same step."""
+    outcomes = [None] * len(prompts)
+
+    async def run(i):
+        try:
+            outcomes[i] = await node.generate(prompts[i], REFUSED_PARAMS)
+        except DgrError as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(prompts)):
+            nursery.start_soon(run, i)
+        while len(node.steps) == 0 or len(node.steps[-1].decode) < len(prompts):
+            await trio.sleep(0)
+        inject()
+    return outcomes
+
+
 @pytest.mark.parametrize("code", [1, -1])
 async def test_a_refused_call_is_run_again_one_session_a_call(code, node_config):
     """llama.cpp refusing a call whole (no KV slot, an invalid batch) leaves its memory
     as it was: each session's rows run again in a call of their own, and a refusal
     that was no session's fails none; every session's bits are its solo run's."""
-    # long enough that no session ends before the fault, however far the loop ran ahead
-    params = dgr.SamplingParams(max_tokens=400, ignore_eos=True, logprobs=2)
     prompts = [f"session {i} of a refused call" for i in range(4)]
     async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
-        solo = [await node.generate(p, params) for p in prompts]
+        solo = [await node.generate(p, REFUSED_PARAMS) for p in prompts]
         await node.flush_prefix_cache()
         calls_before, steps_before = node._engine.steps_done, node.steps[-1].index
-        results = [None] * len(prompts)
-
-        async def run(i):
-            results[i] = await node.generate(prompts[i], params)
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(prompts)):
-                nursery.start_soon(run, i)
-            while len(node.steps) == 0 or len(node.steps[-1].decode) < 4:
-                await trio.sleep(0)
-            node._engine.inject_fault(0, code)
+        results = await together_with_a_fault(node, prompts,
+                                              lambda: node._engine.inject_fault(0, code))
         # the refused call, then one call per session, in one step
-        extra_calls = (node._engine.steps_done - calls_before) - (node.steps[-1].index - steps_before)
-        assert extra_calls == len(prompts)
+        steps = node.steps[-1].index - steps_before
+        assert node._engine.steps_done - calls_before - steps == len(prompts)
         assert [r.token_ids for r in results] == [r.token_ids for r in solo]
         assert [r.token_logprobs for r in results] == [r.token_logprobs for r in solo]
         assert node.telemetry.registry.get_sample_value("dgr_step_failures_total",
@@ -118,33 +131,19 @@ async def test_the_session_llama_cpp_refuses_fails_alone(code, node_config):
     """A session whose rows llama.cpp refuses in every call (its KV inconsistent)
     ends with the error; the sessions that shared its steps complete, bitwise
     their solo runs, and the node serves on."""
-    params = dgr.SamplingParams(max_tokens=400, ignore_eos=True, logprobs=2)
     prompts = [f"a culprit among {i}" for i in range(4)]
     async with dgr.open_node(node_config(**FAULTS_NODE, reply_buffer=512)) as node:
-        solo = [await node.generate(p, params) for p in prompts]
+        solo = [await node.generate(p, REFUSED_PARAMS) for p in prompts]
         await node.flush_prefix_cache()
-        outcomes = [None] * len(prompts)
-
-        async def run(i):
-            try:
-                outcomes[i] = await node.generate(prompts[i], params)
-            except DgrError as exc:
-                outcomes[i] = exc
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(prompts)):
-                nursery.start_soon(run, i)
-            while len(node.steps) == 0 or len(node.steps[-1].decode) < 4:
-                await trio.sleep(0)
-            culprit_slot = 1
-            node._engine.inject_fault(0, code, culprit_slot)
+        outcomes = await together_with_a_fault(node, prompts,
+                                               lambda: node._engine.inject_fault(0, code, 1))
         failed = [i for i, o in enumerate(outcomes) if isinstance(o, DgrError)]
         assert len(failed) == 1 and "the model failed" in str(outcomes[failed[0]])
         for i, outcome in enumerate(outcomes):
             if i not in failed:
                 assert outcome.token_ids == solo[i].token_ids
                 assert outcome.token_logprobs == solo[i].token_logprobs
-        again = await node.generate(prompts[failed[0]], params)
+        again = await node.generate(prompts[failed[0]], REFUSED_PARAMS)
         assert again.token_ids == solo[failed[0]].token_ids
 
 
