@@ -11,8 +11,8 @@ from libc.string cimport memcpy, memset
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        MAX_LOGPROBS, SPECULATE_OFF, STATE_ROLLBACK_FAILED, WANT_CHAIN,
-                        WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
+                        KV_MOVE_FAILED, MAX_LOGPROBS, SPECULATE_OFF, STATE_ROLLBACK_FAILED,
+                        WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
 from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
 from dgr._events cimport Event, StepFigures, event_record
@@ -236,7 +236,7 @@ cdef class BatchLoop:
 
     @property
     def tier_figures(self):
-        """Saves and restores done by the loop: counts, seconds and drops."""
+        """Saves, restores and moves done by the loop: counts, seconds and drops."""
         pthread_mutex_lock(&self.lock)
         try:
             return self.kv_ops.figures()
@@ -425,11 +425,11 @@ cdef class BatchLoop:
             fill_s += times[0]
             decode_s += times[1]
             sample_s += times[2]
-            if (rc == 1 or rc == -1) and self.row_seq[start] != self.row_seq[end - 1]:
+            if rc == 1 or rc == -1:
                 # llama.cpp refused the call whole and left the memory as it was: each
                 # session's rows again in a call of their own, so only the session it
-                # refuses fails (its code in slot_rc); rows are row-invariant, so the
-                # others' results are those of the call they were planned in
+                # refuses fails; rows are row-invariant, so the others' results are
+                # those of the call they were planned in
                 n_calls += self._isolate(start, end, times)
                 fill_s += times[0]
                 decode_s += times[1]
@@ -474,23 +474,37 @@ cdef class BatchLoop:
 
     cdef int _isolate(self, int start, int end, double * times) noexcept nogil:
         """Rows [start, end), which llama.cpp refused as one call, a call per session
-        (a session's rows lie together); a session whose own call fails is refused
+        (a session's rows lie together). A session that finds no KV cell after its own
+        (code 1 in an ordered pool, patch 0015) is moved (KvOperations.move) and its
+        rows run again; a session whose own call still fails is refused
         (Scheduler.refuse). Returns the calls run; times: their sums."""
-        cdef int first = start, row, rc, calls = 0
-        cdef double each[3]
+        cdef int first = start, row, rc, s, calls = 0
         times[0] = times[1] = times[2] = 0.0
         for row in range(start + 1, end + 1):
             if row < end and self.row_seq[row] == self.row_seq[first]:
                 continue
-            rc = self._run_rows(first, row, each)
-            if rc != 0:
-                self.scheduler.refuse(self.row_seq[first], rc)
-            times[0] += each[0]
-            times[1] += each[1]
-            times[2] += each[2]
+            s = self.row_seq[first]
+            rc = self._run_timed(first, row, times)
             calls += 1
+            if rc == 1:
+                if self.kv_ops.move(s):
+                    rc = self._run_timed(first, row, times)
+                    calls += 1
+                else:
+                    rc = KV_MOVE_FAILED
+            if rc != 0:
+                self.scheduler.refuse(s, rc)
             first = row
         return calls
+
+    cdef int _run_timed(self, int start, int end, double * times) noexcept nogil:
+        """_run_rows, its seconds added to times."""
+        cdef double each[3]
+        cdef int rc = self._run_rows(start, end, each)
+        times[0] += each[0]
+        times[1] += each[1]
+        times[2] += each[2]
+        return rc
 
     cdef int _drop_rejected_drafts(self, Event * out) noexcept nogil:
         """A decoder still running after a step with drafts keeps the KV of its

@@ -61,6 +61,8 @@ cpdef enum:
     NO_LOGITS = -1002          # llama.cpp gave no logits for an output row
     STATE_ROLLBACK_FAILED = -1003  # llama.cpp could not drop a session's rejected drafts
                                    # (its recurrent state rolls back no further)
+    KV_MOVE_FAILED = -1004     # no KV cell in position order for a session, and llama.cpp
+                               # could not move it to cells that have one
 
 # Per-row flags of a step: whether a row is sampled, and whether its
 # log-probabilities are reported.

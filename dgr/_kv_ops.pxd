@@ -40,10 +40,13 @@ cdef class KvOperations:
     cdef size_t saved_bytes, save_bound
     cdef int64_t saves, saves_dropped, restores, restores_failed
     cdef double save_s, restore_s
+    cdef int64_t moves, moves_failed   # sequences moved to cells in order (move)
+    cdef double move_s
 
     cdef bint full(self) noexcept nogil
     cdef void push(self, int slot, int src, int keep, bytes state) except *
     cdef int apply(self) noexcept nogil
     cdef void _save(self, int slot, int64_t ticket) noexcept nogil
     cdef void _restore(self, int slot, const uint8_t * state, size_t size) noexcept nogil
+    cdef bint move(self, int slot) noexcept nogil
     cdef SavesTaken take_saves(self)

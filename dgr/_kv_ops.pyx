@@ -163,6 +163,25 @@ cdef class KvOperations:
             self.restores_failed += 1
         self.restore_s += monotonic() - t0
 
+    cdef bint move(self, int slot) noexcept nogil:
+        """The slot's sequence saved, removed and restored: in an ordered pool the
+        restore places it anew, in the lowest cells that keep it in order, so cells
+        that ended sessions freed below it serve it again. Its bits are unchanged (the
+        same KV, in the same order). False if llama.cpp could not (the sequence then
+        holds what it held if the save failed, else nothing)."""
+        cdef double t0 = monotonic()
+        cdef size_t size = self.engine.kv_state_size(slot)
+        cdef uint8_t * data = <uint8_t *> malloc(size) if size else NULL
+        cdef bint moved = False
+        if data != NULL:
+            size = self.engine.kv_save(slot, data, size)
+            moved = size != 0 and self.engine.kv_restore(slot, data, size)
+            free(data)
+        self.moves += 1
+        self.moves_failed += not moved
+        self.move_s += monotonic() - t0
+        return moved
+
     cdef SavesTaken take_saves(self):
         """The saves done so far, handed over (their buffers go with them), with the
         count of operations published; the states of restores published are let go."""
@@ -185,10 +204,11 @@ cdef class KvOperations:
         return taken
 
     def figures(self):
-        """Saves and restores done: counts, seconds and drops."""
+        """Saves, restores and moves done: counts, seconds and drops."""
         return {"saves": self.saves, "saves_dropped": self.saves_dropped,
                 "save_s": self.save_s, "restores": self.restores,
-                "restores_failed": self.restores_failed, "restore_s": self.restore_s}
+                "restores_failed": self.restores_failed, "restore_s": self.restore_s,
+                "moves": self.moves, "moves_failed": self.moves_failed, "move_s": self.move_s}
 
     def statistics(self):
         """Its bounds in use: the queued operations, the saves held (entries, bytes)."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dgr._codes import DECODE_ABORTED, ENGINE_FAULT, NO_LOGITS, STATE_ROLLBACK_FAILED, WORKER_LOST
+from dgr._codes import (DECODE_ABORTED, ENGINE_FAULT, KV_MOVE_FAILED, NO_LOGITS,
+                        STATE_ROLLBACK_FAILED, WORKER_LOST)
 
 
 class DgrError(Exception):
@@ -107,6 +108,9 @@ def decode_error(rc: int) -> DecodeError:
     if rc == STATE_ROLLBACK_FAILED:
         return DecodeError("llama.cpp could not roll the session's recurrent state back past "
                            f"its rejected drafts (code {rc})", rc)
+    if rc == KV_MOVE_FAILED:
+        return DecodeError("no KV cells in position order for the session, and it could not "
+                           f"be moved to some: the pool is too full (code {rc})", rc)
     if rc == NO_LOGITS:
         return DecodeError(f"llama.cpp gave no logits for an output row (code {rc})", rc)
     if rc < -1:
