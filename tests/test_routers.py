@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import openai
@@ -170,3 +171,85 @@ async def test_the_everyday_calls_work_through_a_router_to_two_nodes(start_serve
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def readme_router_command(router: str) -> list[str]:
+    """The README's command for `router`, as a user copies it."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith(router + " "))
+    return line.split()
+
+
+async def admitted(url: str) -> float:
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url + "/metrics")).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("dgr_admissions_total"))
+
+
+async def wait_ready(url: str, path: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=5) as probe:
+        with trio.fail_after(120):
+            while True:
+                try:
+                    if (await probe.get(path)).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await trio.sleep(0.2)
+
+
+async def test_a_node_killed_behind_vllm_router_started_as_the_readme_says_loses_nothing(
+        tiny_model):
+    """Two node processes behind vllm-router with the README's flags: six requests at
+    once spread over both; then one node is killed (SIGKILL) and none of the 20
+    non-streamed requests after it fails."""
+    binary = shutil.which("vllm-router", path=os.pathsep.join(
+        [os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    if binary is None:
+        pytest.skip("vllm-router is not installed (the test extra installs it)")
+    ports = [_free_port(), _free_port()]
+    nodes = [subprocess.Popen([sys.executable, "-m", "dgr", "run", "--model", tiny_model,
+                               "--port", str(p), "--max-running", "4", "--ctx", "4096",
+                               "--threads", "1", "--log-level", "WARNING"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    argv = readme_router_command("vllm-router")
+    port = _free_port()
+    flags = argv[argv.index("--worker-urls") + 3:]  # after the two workers' URLs
+    flags[flags.index("--port") + 1] = str(port)
+    router = subprocess.Popen([binary, "--worker-urls", *urls, *flags, "--host", "127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for url in urls:
+            await wait_ready(url, "/health")
+        await wait_ready(base, "/v1/models")
+        async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused",
+                                      max_retries=0, timeout=60) as client:
+            async def ask(text):
+                return await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": text}], max_tokens=4,
+                    temperature=0)
+
+            # six at once: a request no node's cache matches goes to the node with the
+            # fewest requests in flight (the first on a tie: sequential ones stay on one)
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(ask, f"conversation {i}: " + "words " * 40 * i)
+            served = [await admitted(url) for url in urls]
+            assert all(served), served  # the load spread over both nodes
+            nodes[0].kill()
+            nodes[0].wait()
+            lost = []
+            for i in range(20):
+                try:
+                    await ask(f"after the kill {i}")
+                except openai.APIError as exc:
+                    lost.append(exc)
+            assert not lost, lost
+    finally:
+        for proc in (router, *nodes):
+            proc.terminate()
+            proc.wait(20)

@@ -1,13 +1,15 @@
 """Issue 64, part 5: two dgr nodes behind a router started as the README starts it.
 
-Two nodes (the default model; with --tiny a random-weight tiny model written here), the router in front with
+Two nodes (the default model; with --tiny a random-weight tiny model written here;
+with --sequential the conversations run one after another instead of at once), the router in front with
 the README's flags (`--policy cache_aware`, its other flags at their defaults, or as
 given after the router's name), 6 conversations of 3 turns each (a system prompt of
 its own, non-streamed, the `openai` client without retries): how many requests each
 node admitted. Then the node that admitted most is killed (SIGKILL) and 20 more
 non-streamed requests are sent, one at a time: how many failed.
 
-    PATH=.venv/bin:$PATH .venv/bin/python evidence/DGR-064/router_spread.py [--tiny] vllm-router [FLAGS...]
+    PATH=.venv/bin:$PATH .venv/bin/python evidence/DGR-064/router_spread.py \
+        [--tiny] [--sequential] vllm-router [FLAGS...]
 """
 
 import random
@@ -54,8 +56,9 @@ def conversation(base: str, model: str, c: int) -> list[str]:
 
 def main() -> None:
     args = sys.argv[1:]
-    tiny = args[:1] == ["--tiny"]
-    router, flags = args[tiny], args[tiny + 1:]
+    tiny, sequential = "--tiny" in args, "--sequential" in args
+    args = [a for a in args if a not in ("--tiny", "--sequential")]
+    router, flags = args[0], args[1:]
     model = (str(write_test_model(Path("/tmp") / "dgr-router-tiny.gguf")) if tiny
              else resolve_model_path(None))
     nodes = [dgr_server(model, 4, 1024, 1, free_port()) for _ in range(2)]
@@ -66,11 +69,12 @@ def main() -> None:
                 "--host", "127.0.0.1", "--port", str(port), *flags]
         with ServerProcess(router, argv, port) as front:
             model_id = httpx.get(front.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-            with ThreadPoolExecutor(6) as pool:
+            with ThreadPoolExecutor(1 if sequential else 6) as pool:
                 errors = sum(pool.map(lambda c: conversation(front.url, model_id, c), range(6)),
                              [])
             counts = [admitted(a), admitted(b)]
-            print(f"{router} {' '.join(flags) or '(defaults)'}: 18 requests, "
+            print(f"{router} {' '.join(flags) or '(defaults)'}"
+                  f"{', conversations one after another' if sequential else ''}: 18 requests, "
                   f"node a {counts[0]:.0f}, node b {counts[1]:.0f}, failed {len(errors)}")
             victim = (a, b)[counts[1] > counts[0]]
             victim.proc.send_signal(signal.SIGKILL)
