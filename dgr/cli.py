@@ -67,10 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check-invariance", help="check that a model's sessions get the same tokens and "
         "log-probabilities alone, beside others and from the prefix cache, on this CPU",
-        description="Runs a few sessions alone, then together (arriving staggered), then again "
-        "from the prefix cache, and compares every session's tokens and log-probabilities bit "
-        "for bit with its solo run. Exit status 0: invariant; 1: not (the first difference is "
-        "printed).")
+        description="Runs 16 sessions (one past 2,000 tokens) alone, then together (arriving "
+        "staggered), then again from the prefix cache, then together in a nearly full pool "
+        "drafting whenever they can, and compares every session's tokens and "
+        "log-probabilities bit for bit with its solo run. Exit status 0: invariant; 1: not "
+        "(the first difference is printed).")
     check.add_argument("--model", default=None, help="GGUF model file (default: the default model)")
     check.add_argument("--tokens", type=int, default=32, help="tokens per session (default: 32)")
     check.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -99,11 +100,11 @@ def run_check(args: argparse.Namespace) -> int:
     from dgr import invariance
 
     try:
-        config = NodeConfig(model_path=args.model, max_running=len(invariance.PROMPTS),
+        config = NodeConfig(model_path=args.model, max_running=len(invariance.CHECK_PROMPTS),
                             **({"n_threads": args.threads} if args.threads else {}))
         if args.tokens < 1:
             raise ValueError("--tokens must be at least 1")
-        report = trio.run(invariance.check, config, invariance.PROMPTS, args.tokens)
+        report = trio.run(invariance.check, config, invariance.CHECK_PROMPTS, args.tokens)
     except BaseException as raised:
         print(f"dgr: error: {_user_error(raised)}", file=sys.stderr)
         return 2

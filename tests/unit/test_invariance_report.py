@@ -23,7 +23,7 @@ def test_equal_runs_have_no_difference_and_the_first_departure_is_named():
 
 def test_the_verdict_says_which_run_differs_and_where():
     report = {"sessions": 2, "tokens": 3, "cached_tokens": 10, "drafted": 5, "rejected": 2,
-              "bitwise": False,
+              "longest_prompt": 2100, "pool_cells": 2560, "reserved": 2200, "bitwise": False,
               "runs": {"concurrent": [None, None],
                        "cached": [None, {"position": 4, "what": "token", "solo": 7, "other": 9}]},
               "coverage": {"covered": False, "why_not": ["flash attention is disabled"]}}
@@ -32,6 +32,7 @@ def test_the_verdict_says_which_run_differs_and_where():
     assert "cached: 1 of 2 sessions bitwise" in text
     assert "session 1, token 4, token 7 alone vs 9" in text
     assert "5 draft tokens verified, 2 rejected" in text
+    assert "the longest prompt 2100 tokens; the full pool 2560 cells for 2200 reserved" in text
     assert "verdict: NOT invariant" in text
     # what the node claims here, beside what the run showed
     assert text.endswith("does not claim the invariance for this model here: "
