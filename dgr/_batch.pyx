@@ -486,7 +486,7 @@ cdef class BatchLoop:
             s = self.row_seq[first]
             rc = self._run_timed(first, row, times)
             calls += 1
-            if rc == 1:
+            if rc == 1 and self.scheduler.one_call:  # the unified, ordered pool: a move may fit it
                 if self.kv_ops.move(s):
                     rc = self._run_timed(first, row, times)
                     calls += 1

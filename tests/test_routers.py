@@ -96,8 +96,10 @@ async def test_a_drained_node_says_so_at_once_and_loses_nothing(start_server):  
             body.replace(" ", "")
     strict = await start_server(drain_quiet_s=0)
     async with strict.client() as client:
+        # long enough that it is still running (and the drained node up) when the late
+        # request comes, however slow this machine is at the moment
         async with client.stream("POST", "/v1/completions", json={
-                "prompt": "a", "max_tokens": 40, "ignore_eos": True, "stream": True}) as running:
+                "prompt": "a", "max_tokens": 1000, "ignore_eos": True, "stream": True}) as running:
             assert (await client.post("/v1/dgr/drain")).status_code == 202
             with trio.fail_after(10):
                 while (await client.get("/health")).status_code != 503:
