@@ -1,12 +1,13 @@
 """Issue 64, part 2: the randomized storm of tests/test_pool_storm.py (8 running, 24
 requests: shared system prompts, continuations resent as token ids, staggered
 arrivals, 20-120 new tokens, cancellations), seeds 11-15, on the tiny test model in a
-1,024-cell pool, or with --default-model on the default model in a 2,048-cell pool.
+1,024-cell pool, or with --default-model on the default model in a 2,048-cell pool
+(--cells N: N cells instead).
 Prints per seed the sessions that completed, how many equal their solo runs bit for
 bit, and the sequences the node moved to cells in order (patch 0015), with their
 seconds.
 
-    .venv/bin/python evidence/DGR-064/pool_storm.py [--default-model]
+    .venv/bin/python evidence/DGR-064/pool_storm.py [--default-model] [--cells N]
 """
 
 import sys
@@ -28,6 +29,8 @@ async def main() -> None:
     model = (resolve_model_path(None) if default
              else str(write_test_model(Path("/tmp") / "dgr-storm-tiny.gguf")))
     pool = POOL | ({"n_ctx": 2048, "n_batch": 512, "n_ubatch": 512} if default else {})
+    if "--cells" in sys.argv:
+        pool["n_ctx"] = int(sys.argv[sys.argv.index("--cells") + 1])
     print(f"{'default model' if default else 'tiny model'}, {pool['n_ctx']} cells")
     print("seed  completed  bitwise  moved  move failed  move s")
     for seed in (11, 12, 13, 14, 15):
