@@ -21,13 +21,13 @@ COVERED = frozenset({"F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q2_K", "Q3_K
 # (attention, mixture of experts, a hybrid with short convolutions, a state-space model)
 # and the default model (Gemma 3) in tests/test_default_model.py
 TESTED_ARCHITECTURES = frozenset({"llama", "qwen3moe", "lfm2", "mamba", "gemma3"})
-# the CPUs the native invariance tests (scripts/native_tests.py, --cpu avx2) pass on: a
-# name, the machine, and the llama.cpp system_info features that pick the kernels they
-# tested. Not aarch64: built for NEON with dotprod and i8mm (--cpu aarch64, under
-# qemu-user) the plain matmuls of Q4_0, Q8_0, Q4_K and Q6_K differ between 1 row and
-# several
-TESTED_CPUS = (("x86-64 with AVX-512", "x86_64", ("AVX512 = 1",)),
-               ("x86-64 with AVX2", "x86_64", ("AVX2 = 1", "FMA = 1")))
+# the CPUs the native invariance tests pass on (scripts/native_tests.py, and with --cpu
+# avx2 | aarch64): a name, the machine, the llama.cpp system_info features that pick the
+# kernels they tested, and those that would pick others (an SVE build's)
+TESTED_CPUS = (("x86-64 with AVX-512", "x86_64", ("AVX512 = 1",), ()),
+               ("x86-64 with AVX2", "x86_64", ("AVX2 = 1", "FMA = 1"), ()),
+               ("aarch64 with NEON, dotprod and i8mm", "aarch64",
+                ("NEON = 1", "DOTPROD = 1", "MATMUL_INT8 = 1"), ("SVE = 1",)))
 
 
 def weight_types(path: str, repacked: frozenset[str] = frozenset()) -> dict:
@@ -55,8 +55,9 @@ def weight_types(path: str, repacked: frozenset[str] = frozenset()) -> dict:
 def cpu_kind(system_info: str, machine: str | None = None) -> str | None:
     """The name of the tested CPU kind this one is (TESTED_CPUS), else None."""
     machine = machine or platform.machine()
-    for name, tested_machine, features in TESTED_CPUS:
-        if machine == tested_machine and all(f in system_info for f in features):
+    for name, tested_machine, features, others in TESTED_CPUS:
+        if (machine == tested_machine and all(f in system_info for f in features)
+                and not any(f in system_info for f in others)):
             return name
     return None
 
@@ -64,7 +65,8 @@ def cpu_kind(system_info: str, machine: str | None = None) -> str | None:
 def report(path: str, repacked: frozenset[str], info: dict, system_info: str,
            machine: str | None = None) -> dict:
     """{"covered", "weight_types", "not_covered", "architecture", "flash_attn",
-    "weight_repack", "cpu" (the tested CPU kind, or None), "why_not": [reasons]} of
+    "weight_repack", "cpu" (the tested CPU kind, or None), "cpus_covered", "why_not":
+    [reasons]} of
     the model at `path` as the engine runs it (`info`: Engine.info) on this CPU."""
     weights = weight_types(path, repacked)
     why_not = []
@@ -91,4 +93,4 @@ def report(path: str, repacked: frozenset[str], info: dict, system_info: str,
                        "paths")
     return {"covered": not why_not, **weights, "architecture": info["architecture"],
             "flash_attn": info["flash_attn"], "weight_repack": info["weight_repack"],
-            "cpu": cpu, "why_not": why_not}
+            "cpu": cpu, "cpus_covered": [t[0] for t in TESTED_CPUS], "why_not": why_not}

@@ -54,8 +54,11 @@ def test_only_the_cpus_the_native_tests_ran_on_are_covered(tmp_path):
     path = write(tmp_path / "m.gguf", {"a.weight": (np.ones((4, 32), dtype=np.float32), None)})
     assert cpu_kind(AVX512, "x86_64") == "x86-64 with AVX-512"
     assert cpu_kind("CPU : AVX = 1 | AVX2 = 1 | FMA = 1 |", "x86_64") == "x86-64 with AVX2"
+    arm = "CPU : NEON = 1 | ARM_FMA = 1 | MATMUL_INT8 = 1 | DOTPROD = 1 |"
+    assert cpu_kind(arm, "aarch64") == "aarch64 with NEON, dotprod and i8mm"
     for features, machine in (("CPU : SSE3 = 1 | AVX = 1 |", "x86_64"),
-                              ("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 |", "aarch64")):
+                              ("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 |", "aarch64"),
+                              (arm + " SVE = 1 |", "aarch64")):
         assert cpu_kind(features, machine) is None
         got = report(path, frozenset(), INFO, features, machine)
         assert not got["covered"] and got["cpu"] is None
