@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from dgr.config import ServerConfig
 from dgr.doors.fields import FIELDS, BadRequest
-from dgr.doors.responses import ResponseStore
+from dgr.doors.response_store import ResponseStore
 from dgr.node import Node
 
 

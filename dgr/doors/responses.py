@@ -8,7 +8,6 @@ it (its prefix then comes from the prefix cache like any resent history).
 
 from __future__ import annotations
 
-import collections
 import json
 import time
 import uuid
@@ -23,6 +22,7 @@ from dgr.doors.fields import BadRequest, check_fields
 from dgr.doors.openai import (ParsedRequest, parse_chat, progress_timings, prompt_progress,
                              timings)
 from dgr.doors.prompts import chat_ids
+from dgr.doors.response_store import ResponseStore
 from dgr.doors.sse import SessionEvents, ending, read_one
 
 if TYPE_CHECKING:
@@ -41,41 +41,6 @@ class ResponseRequest:
     store: bool
     instructions: Optional[str]
     previous_response_id: Optional[str]
-
-
-class ResponseStore:
-    """Recent conversations by response id, least recently used out beyond
-    `max_count` entries or `max_bytes` of JSON text (0 keeps none)."""
-
-    def __init__(self, max_count: int, max_bytes: int):
-        self._max_count, self._max_bytes = max_count, max_bytes
-        self._entries: collections.OrderedDict[str, tuple[list[dict], int]] = \
-            collections.OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def bytes(self) -> int:
-        return self._bytes
-
-    def put(self, response_id: str, messages: list[dict]) -> None:
-        size = len(json.dumps(messages, ensure_ascii=False).encode())
-        if size > self._max_bytes or self._max_count == 0:
-            return
-        self._entries[response_id] = (messages, size)
-        self._bytes += size
-        while len(self._entries) > self._max_count or self._bytes > self._max_bytes:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self._bytes -= dropped
-
-    def get(self, response_id: str) -> Optional[list[dict]]:
-        entry = self._entries.get(response_id)
-        if entry is None:
-            return None
-        self._entries.move_to_end(response_id)
-        return entry[0]
 
 
 def _messages(value: Any) -> list[dict]:

@@ -3,7 +3,8 @@
 import pytest
 
 from dgr.doors.fields import BadRequest
-from dgr.doors.responses import ResponseStore, parse_response_request
+from dgr.doors.response_store import ResponseStore
+from dgr.doors.responses import parse_response_request
 
 
 def test_the_store_keeps_recent_conversations_within_count_and_bytes():
