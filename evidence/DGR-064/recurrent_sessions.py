@@ -2,8 +2,8 @@
 
 For each random-weight model (lfm2: 4 short-convolution and 2 attention layers; mamba)
 in F32 and Q4_K_M, and each speculation mode: 8 sessions alone, then 8 at once
-(staggered), then 8 at once again, through `dgr.invariance.check` (the check of
-`python -m dgr check-invariance`). Prints, per case, the sessions that completed,
+(staggered), 8 at once again, and 8 at once in a nearly full pool drafting whenever
+they can, through `dgr.invariance.check` (the check of `python -m dgr check-invariance`). Prints, per case, the sessions that completed,
 those bitwise equal to their solo runs, prompt tokens claimed from a cache, and
 draft tokens verified and rejected.
 
@@ -39,7 +39,7 @@ async def main() -> None:
                 except DgrError as exc:  # a session failed: the check cannot compare
                     print(f"{arch:12} {kind:7} {speculation:12} failed: {exc}")
                     continue
-                runs = 2 * report["sessions"]
+                runs = len(report["runs"]) * report["sessions"]
                 equal = sum(d is None for diffs in report["runs"].values() for d in diffs)
                 print(f"{arch:12} {kind:7} {speculation:12} {runs:>9}  {equal:>7}  "
                       f"{report['cached_tokens']:>6}  {report['drafted']:>7}  {report['rejected']:>8}")
