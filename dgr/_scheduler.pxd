@@ -78,7 +78,7 @@ cdef class Scheduler:
     cdef void refuse(self, int s, int code) noexcept nogil
     cdef int fail(self, int s, int code, Event * out) noexcept nogil
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
-                     const float * top_lp, Event * out) noexcept nogil
+                     const float * top_lp, Event * out, StepFigures * figures) noexcept nogil
     cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil
     cdef int _verify(self, int s, int row, const int32_t * sampled, const float * chosen_lp,
                      const int32_t * top_ids, const float * top_lp, Event * decoded,

@@ -489,8 +489,7 @@ cdef class Scheduler:
                 self.slots[s].phase = SLOT_DECODE
                 n += self._output(s, sampled[last], chosen_lp[last],
                                   top_ids + last * MAX_LOGPROBS, top_lp + last * MAX_LOGPROBS,
-                                  out + n)
-                figures.generated += 1
+                                  out + n, figures)
         return n
 
     cdef int _verify(self, int s, int row, const int32_t * sampled, const float * chosen_lp,
@@ -505,8 +504,7 @@ cdef class Scheduler:
         for j in range(k + 1):
             n += self._output(s, sampled[row + j], chosen_lp[row + j],
                               top_ids + (row + j) * MAX_LOGPROBS,
-                              top_lp + (row + j) * MAX_LOGPROBS, out + n)
-            figures.generated += 1
+                              top_lp + (row + j) * MAX_LOGPROBS, out + n, figures)
             if sl.phase == SLOT_FREE or j == k or sampled[row + j] != d.draft[j]:
                 break
             accepted += 1
@@ -554,8 +552,10 @@ cdef class Scheduler:
         return 0 if self.slots[s].phase == SLOT_FREE else self._finish(s, FINISH_ERROR, code, out)
 
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
-                     const float * top_lp, Event * out) noexcept nogil:
-        """Append one sampled token to slot s; returns the events written."""
+                     const float * top_lp, Event * out, StepFigures * figures) noexcept nogil:
+        """Append one sampled token to slot s and count it in the step's figures
+        (an end-of-generation token ends the session and is not one); returns the
+        events written."""
         cdef Slot * sl = &self.slots[s]
         if sl.finish_requested != FINISH_NONE:
             return self._finish(s, sl.finish_requested, 0, out)
@@ -566,6 +566,7 @@ cdef class Scheduler:
             return self._finish(s, FINISH_STOP, 0, out)
         sl.tokens[sl.n_prompt + sl.n_generated] = token
         sl.n_generated += 1  # the tokens reported: the node's Session.generated
+        figures.generated += 1
         out.kind = EV_TOKEN
         out.slot = s
         out.token = token

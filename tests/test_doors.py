@@ -185,8 +185,14 @@ async def test_the_servers_sampling_defaults_fill_what_a_request_leaves_out(star
 async def test_metrics_carry_llama_servers_families_too(start_server):  # noqa: F811
     server = await start_server()
     async with server.client() as client:
-        done = (await client.post("/completion", json={"prompt": "I believe",
-                                                      "n_predict": 6})).json()
+        done = (await client.post("/completion", json={"prompt": "I believe", "n_predict": 6,
+                                                      "ignore_eos": True})).json()
+        # a session whose first token is end-of-generation: that token ends it and is
+        # counted as predicted nowhere, neither in its timings nor in the metrics
+        eog = done["generation_settings"]["logit_bias"][0]["token"]
+        ended = (await client.post("/completion", json={
+            "prompt": "I believe", "n_predict": 6, "logit_bias": [[eog, 100]]})).json()
+        assert ended["stop_type"] == "eos" and ended["tokens_predicted"] == 0
         scraped = await client.get("/metrics")
         assert float(scraped.headers["process-start-time-unix"]) > 0
         families, values = {}, {}
@@ -200,8 +206,10 @@ async def test_metrics_carry_llama_servers_families_too(start_server):  # noqa: 
         assert set(values) == set(families) and len(families) == 15
         assert families["llamacpp:n_tokens_max"] == families["llamacpp:n_decode_total"] == "counter"
         assert families["llamacpp:requests_processing"] == "gauge"
-        assert values["llamacpp:tokens_predicted_total"] == done["timings"]["predicted_n"] == 6
-        assert values["llamacpp:prompt_tokens_total"] == done["timings"]["prompt_n"]
+        assert done["timings"]["predicted_n"] == 6 and ended["timings"]["predicted_n"] == 0
+        assert values["llamacpp:tokens_predicted_total"] == 6
+        assert values["llamacpp:prompt_tokens_total"] == (done["timings"]["prompt_n"]
+                                                          + ended["timings"]["prompt_n"])
         assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:requests_processing"] == 0
 
 

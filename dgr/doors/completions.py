@@ -76,7 +76,7 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
         [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
         prompt_tokens(streams, parsed.n), completion, cached_tokens(streams, parsed.n),
         [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None)
-        | {"timings": timings(streams[0], completion)} | (extra or {}))
+        | {"timings": timings(streams[0])} | (extra or {}))
 
 
 def prompt_tokens(streams, n: int) -> int:
@@ -154,9 +154,7 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
             await emit("".join(sse_event(builder.role_chunk(i)) for i in range(len(streams))))
 
         def timing(index):  # llama-server's timings_per_token
-            stream = streams[index]
-            return (timings(stream, len(stream.session.generated))
-                    if parsed.timings_per_token else None)
+            return timings(streams[index]) if parsed.timings_per_token else None
 
         progress_started: dict = {}  # each choice's first report's time
 
@@ -218,5 +216,5 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
     elif not failed and parsed.include_usage:
         await emit(sse_event(builder.usage_chunk(prompt_tokens(streams, parsed.n), completion,
                                                  cached_tokens(streams, parsed.n))
-                             | {"timings": timings(streams[0], completion)}))
+                             | {"timings": timings(streams[0])}))
     await emit("data: [DONE]\n\n")

@@ -125,7 +125,7 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
                  "limit" if reason == "length" else "eos")
     return {"index": 0, "content": text, "tokens": tokens if return_tokens else [],
             "id_slot": chunks.session.slot if chunks.session.slot is not None else -1,
-            "stop": True, "model": model, "tokens_predicted": len(tokens),
+            "stop": True, "model": model, "tokens_predicted": len(chunks.session.generated),
             "tokens_evaluated": chunks.prompt_tokens, "tokens_cached": chunks.cached_tokens,
             "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
             "stopping_word": chunks.stop_sequence or "",
@@ -133,7 +133,7 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
                                     "temperature": parsed.params.temperature,
                                     "seed": parsed.params.seed,
                                     "logit_bias": _logit_bias(parsed.params, node.eog_tokens)},
-            "timings": timings(chunks, len(tokens))}
+            "timings": timings(chunks)}
 
 
 async def completion(request: Request, server: "ServerState") -> Response:
@@ -177,7 +177,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
                              "tokens": [chunk.token_id] if chunk.token_id is not None else [],
                              "stop": False}
                     if parsed.timings_per_token:
-                        piece["timings"] = timings(chunks, len(tokens))
+                        piece["timings"] = timings(chunks)
                     if parsed.params.logprobs and chunk.token_id is not None:
                         piece["completion_probabilities"] = [_probabilities(node, chunk)]
                     await emit("data: " + json.dumps(piece, ensure_ascii=False) + "\n\n")

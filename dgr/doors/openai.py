@@ -467,12 +467,15 @@ class CompletionBuilder:
                 "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
-def timings(stream, predicted_n: int) -> dict:
+def timings(stream) -> dict:
     """llama-server's `timings` of a session's stream (dgr.stream.SessionStream) so
     far: its prompt (from arrival to the first token, the queue included) and its
     generation (from the first token to the last: the rate is over the steps after
-    the first token, which came with the prompt), counts, milliseconds, rates."""
+    the first token, which came with the prompt), counts, milliseconds, rates. The
+    tokens predicted are the session's generated tokens, as the node's metrics count
+    them (an end-of-generation token that ends it is not one)."""
     session = stream.session
+    predicted_n = len(session.generated)
     cached = stream.cached_tokens
     prompt_n = stream.prompt_tokens - cached
     first, last = session.first_token_at, session.last_token_at

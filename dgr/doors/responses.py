@@ -356,7 +356,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
                     generated.append(chunk.token_id)
                     request.scope["dgr.tokens"] = len(generated)
                 if chat.timings_per_token:  # llama-server's: on each event from here on
-                    builder.extra = {"timings": timings(chunks, len(generated))}
+                    builder.extra = {"timings": timings(chunks)}
                 if chunk.text and chunk.finish_reason != "error":
                     texts.append(chunk.text)
                     for event in builder.delta(chunk.text):
