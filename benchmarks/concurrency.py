@@ -13,8 +13,11 @@ JSON-schema-constrained session slows others), speculation (benchmarks/
 speculation.py: exact speculative decoding on quoting and natural workloads
 against llama-server with and without its n-gram speculation), kv_tier
 (benchmarks/kv_tier.py: the KV tier beyond the pool against llama-server's
---cache-ram) and prefill (benchmarks/prefill.py: cold prompts at c = 1 against
-llama-server's defaults). The servers they start are in benchmarks/servers.py.
+--cache-ram), prefill (benchmarks/prefill.py: cold prompts at c = 1 against
+llama-server's defaults) and decode (benchmarks/decode.py: steady decode at c = 1,
+8 and 16 against llama-server's defaults, on a random-weight Llama of about 1B
+parameters and on the default model, and the share of the memory bound each
+reaches). The servers they start are in benchmarks/servers.py.
 
 Output: JSON, Markdown and, with the levels case, a PNG plot.
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import decode as decode_case  # noqa: E402
 from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import kv_tier as kv_tier_case  # noqa: E402
 from benchmarks import levels as levels_case  # noqa: E402
@@ -61,6 +65,8 @@ def markdown(report) -> str:
         lines.extend(prefill_case.markdown(report["prefill"]))
     if report.get("scaleout"):
         lines.extend(scaleout_case.markdown(report["scaleout"]))
+    for result in report.get("decode", []):
+        lines.extend(decode_case.markdown(result))
     return "\n".join(lines) + "\n"
 
 
@@ -95,7 +101,7 @@ def main(argv=None) -> int:
                         help="servers of the kv_tier case")
     parser.add_argument("--cases",
                         default="levels,serving,mixed,prefix,grammar,speculation,kv_tier,prefill,"
-                                "scaleout",
+                                "scaleout,decode",
                         help="cases to run: levels (dgr vs peers at each c, patch cost, "
                              "corruption check), serving (the serving path: the tiny model, "
                              "c = 1, 16, 64, streamed and not), mixed (mixed load), prefix "
@@ -105,7 +111,9 @@ def main(argv=None) -> int:
                              "kv_tier (the KV tier beyond the pool vs llama-server's "
                              "--cache-ram), prefill (cold prompts at c = 1 vs llama-server's "
                              "defaults), scaleout (two nodes behind smg and vllm-router: "
-                             "affinity, cached tokens, a node killed or drained)")
+                             "affinity, cached tokens, a node killed or drained), decode "
+                             "(steady decode at c = 1, 8, 16 vs llama-server's defaults on a "
+                             "~1B Llama and the default model)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
@@ -164,7 +172,8 @@ def main(argv=None) -> int:
              + (1 if "grammar" in cases else 0) + (1 if "speculation" in cases else 0)
              + (1 if "kv_tier" in cases else 0)
              + (args.rounds if "prefill" in cases else 0)
-             + (4 * len(scaleout_case.ROUTERS) if "scaleout" in cases else 0))
+             + (4 * len(scaleout_case.ROUTERS) if "scaleout" in cases else 0)
+             + (2 * args.rounds * len(decode_case.LEVELS) if "decode" in cases else 0))
     out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
@@ -208,6 +217,12 @@ def main(argv=None) -> int:
                                                      args.rounds, bar)
         if "scaleout" in cases:
             report["scaleout"] = scaleout_case.run(model, args.threads, bar=bar)
+        if "decode" in cases:
+            report["decode"] = []
+            for name, path in (("random-weight Llama ~1B Q4_K_M", prefill_case.llama_1b(out)),
+                               ("the default model", model)):
+                result = decode_case.run(peers, path, args.threads, rounds=args.rounds, bar=bar)
+                report["decode"].append(result | {"model": name})
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

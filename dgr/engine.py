@@ -119,11 +119,12 @@ def resolve_model_path(path: Optional[str]) -> str:
 
 def repacked_tensors(config: NodeConfig, model_path: str) -> list[str]:
     """The weights the node places in llama.cpp's CPU_REPACK buffer type: in
-    "invariant" mode on a node without RPC workers (whose layers must stay theirs),
-    dgr.weight_repack's choice."""
-    if config.weight_repack != "invariant" or config.rpc_workers:
+    "invariant" and "decode" modes on a node without RPC workers (whose layers must
+    stay theirs), dgr.weight_repack's choice."""
+    if config.weight_repack not in weight_repack.TYPES or config.rpc_workers:
         return []
-    return weight_repack.invariant_tensors(model_path, _engine.system_info())
+    return weight_repack.invariant_tensors(model_path, _engine.system_info(),
+                                           config.weight_repack)
 
 
 def _open(config: NodeConfig, model_path: str, n_ctx: int) -> _engine.Engine:

@@ -77,7 +77,7 @@ def report(path: str, repacked: frozenset[str], info: dict, system_info: str,
                        "native test shows row-invariant")
     if info["weight_repack"] == "all":
         why_not.append("--weight-repack all: llama.cpp's repacked kernels of other types "
-                       "(Q4_K, Q2_K among them) round a row differently beside others")
+                       "(Q2_K among them) round a row differently beside others")
     if info["memory"] != "recurrent" and info["flash_attn"] != "enabled":
         why_not.append(f"flash attention is {info['flash_attn']} for this model: the other "
                        "attention path sums by absolute cell index, which depends on the "

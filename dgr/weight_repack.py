@@ -2,13 +2,17 @@
 
 llama.cpp's CPU backend can copy a weight at load into an interleaved layout
 (its CPU_REPACK buffer type) whose kernels multiply several rows at once. For
-Q4_0, IQ4_NL and MXFP4 those kernels give every batch column, and every MoE
-token's expert output, the bits it gets alone, and they run 1.3-3x the plain
-kernels on x86 (patches/native-tests: repacked_mul_mat and bench-kernels). For
-Q4_K and Q2_K the repacked matmul rounds a column differently in a group of four
-than alone, and llama.cpp's AMX buffer type crashes on some machines: the
-"invariant" mode places only the first kind in CPU_REPACK, by name, and leaves
-everything else (and the AMX buffer type) out.
+Q4_0, IQ4_NL, MXFP4 and Q4_K (patch 0017 makes Q4_K's one-column kernel round
+as its batch kernel does) those kernels give every batch column, and every MoE
+token's expert output, the bits it gets alone (patches/native-tests:
+repacked_mul_mat). The first three run 1.3-3x the plain kernels on x86
+(bench-kernels): the "invariant" mode places them in CPU_REPACK, by name. Q4_K's
+repacked kernels trade: one to three columns run faster than dgr's tiled kernel
+(a 1B Llama's single-session decode 1.47x), four and more slower (its cold
+prompt 0.65x): the "decode" mode adds them, for nodes that serve one session at
+a time. For Q2_K the repacked matmul rounds a column differently in a group of
+four than alone, and llama.cpp's AMX buffer type crashes on some machines: both
+modes leave everything else (and the AMX buffer type) as loaded.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from collections import defaultdict
 
 from dgr import gguf_file
 
-MODES = ("invariant", "off", "all")
-# weight types whose repacked x86 kernels are row-invariant for MUL_MAT and MUL_MAT_ID
-INVARIANT_TYPES = frozenset({"Q4_0", "IQ4_NL", "MXFP4"})
+MODES = ("invariant", "decode", "off", "all")
+# the weight types each named mode repacks: types whose repacked x86 kernels are
+# row-invariant for MUL_MAT and MUL_MAT_ID
+TYPES = {"invariant": frozenset({"Q4_0", "IQ4_NL", "MXFP4"}),
+         "decode": frozenset({"Q4_0", "IQ4_NL", "MXFP4", "Q4_K"})}
 # layer weights that every architecture multiplies by F32 activations (MUL_MAT, or
 # MUL_MAT_ID for MoE experts): the only ops the repacked buffer type computes
 _MATMUL_WEIGHT = re.compile(
@@ -30,11 +36,11 @@ _MATMUL_WEIGHT = re.compile(
 _ROW_GROUP = 8
 
 
-def invariant_tensors(model_path: str, system_info: str) -> list[str]:
-    """The names of the weights "invariant" mode repacks: layer matmul weights of
-    INVARIANT_TYPES whose rows fill the tiles; none on CPUs without AVX2 (x86's
-    repacked kernels need it; other CPUs' are not checked), and none from a file
-    whose header cannot be read (loading it says what is wrong)."""
+def invariant_tensors(model_path: str, system_info: str, mode: str = "invariant") -> list[str]:
+    """The names of the weights `mode` ("invariant" or "decode") repacks: layer
+    matmul weights of TYPES[mode] whose rows fill the tiles; none on CPUs without
+    AVX2 (x86's repacked kernels need it; other CPUs' are not checked), and none
+    from a file whose header cannot be read (loading it says what is wrong)."""
     if "AVX2 = 1" not in system_info:
         return []
     try:
@@ -42,7 +48,7 @@ def invariant_tensors(model_path: str, system_info: str) -> list[str]:
     except (OSError, ValueError, struct.error):
         return []
     return [name for name, kind, dims in found
-            if kind in INVARIANT_TYPES and _MATMUL_WEIGHT.match(name)
+            if kind in TYPES[mode] and _MATMUL_WEIGHT.match(name)
             and len(dims) >= 2 and dims[1] % _ROW_GROUP == 0]
 
 

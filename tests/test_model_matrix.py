@@ -42,6 +42,19 @@ async def test_every_session_is_bitwise_alone_together_and_cached(source_models,
     assert report["bitwise"], invariance.describe(report)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+async def test_q4_k_repacked_for_decode_is_bitwise_alone_together_and_cached(source_models,
+                                                                            tmp_path, arch):
+    """--weight-repack decode: Q4_K weights take llama.cpp's repacked kernels, whose
+    one-column GEMV rounds as the 4-column GEMM does (patch 0017)."""
+    model = quantize(source_models[arch], tmp_path / f"{arch}-Q4_K_M.gguf", "Q4_K_M")
+    config = dgr.NodeConfig(model_path=str(model), max_running=8, n_ctx=4096, n_batch=256,
+                            n_ubatch=256, prefill_chunk=16, n_threads=2, weight_repack="decode")
+    report = await invariance.check(config, invariance.PROMPTS, n_new=16)
+    assert report["cached_tokens"] > 0
+    assert report["bitwise"], invariance.describe(report)
+
+
 @pytest.mark.parametrize("speculation", ["off", "auto", "always"])
 @pytest.mark.parametrize("kind", ["F32", "Q4_K_M"])
 @pytest.mark.parametrize("arch", ["lfm2", "mamba"])
@@ -94,14 +107,17 @@ def test_a_rolled_back_state_continues_as_if_the_drafts_never_ran(source_models,
         engine.close()
 
 
-@pytest.mark.parametrize(("arch", "kind"), [("llama", "Q4_0"), ("llama", "IQ4_NL"),
-                                            ("qwen3moe", "MXFP4_MOE")])
-def test_the_default_repacks_the_weights_whose_repacked_kernels_are_row_invariant(
-        source_models, tmp_path, arch, kind):
-    """The matrix above runs these models with --weight-repack invariant (the
-    default): their layer weights are in llama.cpp's CPU_REPACK buffer type."""
+@pytest.mark.parametrize(("arch", "kind", "mode"), [
+    ("llama", "Q4_0", "invariant"), ("llama", "IQ4_NL", "invariant"),
+    ("qwen3moe", "MXFP4_MOE", "invariant"), ("llama", "Q4_K_M", "decode"),
+    ("qwen3moe", "Q4_K_M", "decode")])
+def test_the_named_modes_repack_the_weights_whose_repacked_kernels_are_row_invariant(
+        source_models, tmp_path, arch, kind, mode):
+    """The matrix runs these models with --weight-repack invariant (the default) and
+    Q4_K_M also with "decode": their layer weights are in llama.cpp's CPU_REPACK
+    buffer type; "off" repacks none, and "invariant" no Q4_K."""
     model = str(quantize(source_models[arch], tmp_path / f"{arch}-{kind}.gguf", kind))
-    names = repacked_tensors(dgr.NodeConfig(model_path=model), model)
+    names = repacked_tensors(dgr.NodeConfig(model_path=model, weight_repack=mode), model)
     if "AVX2 = 1" not in _engine.system_info():
         assert names == []
         return
@@ -113,3 +129,5 @@ def test_the_default_repacks_the_weights_whose_repacked_kernels_are_row_invarian
     finally:
         engine.close()
     assert repacked_tensors(dgr.NodeConfig(model_path=model, weight_repack="off"), model) == []
+    if kind == "Q4_K_M":
+        assert repacked_tensors(dgr.NodeConfig(model_path=model), model) == []

@@ -3,7 +3,7 @@
 // pool's), one decode row, and 16 decode rows of 16 sequences in one unified stream. MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
 // shape (2048 -> 768, 128 experts, 8 per token, Q4_K and Q6_K) for 1, 4 and 16 tokens. A
 // 2048 x 2048 matmul of the types the CPU_REPACK buffer type repacks row-invariantly (Q4_0,
-// IQ4_NL, MXFP4), its weights in the plain CPU buffer and repacked, for 1, 16 and 512 columns. Built
+// IQ4_NL, MXFP4, Q4_K), its weights in the plain CPU buffer and repacked, for 1, 16 and 512 columns. Built
 // against each tree to compare, run alternating:
 //
 //   bench-kernels [n_threads] [repeats] [case]
@@ -229,7 +229,7 @@ int main(int argc, char ** argv) {
         }
     }
     ggml_backend_buffer_type_t repack = extra_buffer_type("CPU_REPACK");
-    for (ggml_type type : { GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4 }) {
+    for (ggml_type type : { GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K }) {
         for (int n : { 1, 16, 512 }) {
             for (ggml_backend_buffer_type_t buft : { ggml_backend_cpu_buffer_type(), repack }) {
                 char line[256];

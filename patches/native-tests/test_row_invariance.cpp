@@ -8,7 +8,7 @@
 //               tokens each.
 //   repacked_mul_mat: weights in the CPU backend's extra buffer types (CPU_REPACK, AMX), for
 //               each type they take: mul_mat columns and mul_mat_id tokens alone and in
-//               batches, printed; fails where a type dgr repacks (Q4_0, IQ4_NL, MXFP4 in
+//               batches, printed; fails where a type dgr repacks (Q4_0, IQ4_NL, MXFP4, Q4_K in
 //               CPU_REPACK) is not bitwise equal to solo.
 //   flash_attn: a query row's attention output is bitwise the same alone and beside other
 //               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
@@ -287,7 +287,8 @@ static std::vector<float> matmul_placed(ggml_backend_t backend, ggml_backend_buf
 // be row-invariant. The survey prints the others too.
 static bool dgr_repacks(ggml_backend_buffer_type_t buft, ggml_type type) {
     return strcmp(ggml_backend_buft_name(buft), "CPU_REPACK") == 0 &&
-           (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4);
+           (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4 ||
+            type == GGML_TYPE_Q4_K);
 }
 
 // Weight repacking, one extra buffer type: for each weight type it takes, whether every column
