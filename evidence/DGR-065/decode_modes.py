@@ -1,0 +1,38 @@
+"""The decode case (benchmarks/decode.py) on the random-weight ~1B Llama in Q4_K_M, once
+with dgr's default weight repacking and once with --weight-repack decode (Q4_K
+repacked too), each against llama-server's defaults; prints both tables.
+
+    .venv/bin/python evidence/DGR-065/decode_modes.py [--rounds 3] [--folder DIR]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import decode, prefill  # noqa: E402
+from benchmarks.peers import ensure_peers  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--folder", default="/tmp/dgr-decode")
+    args = parser.parse_args()
+    Path(args.folder).mkdir(parents=True, exist_ok=True)
+    peers = ensure_peers(log=lambda m: print(m, file=sys.stderr), batched_bench=False)
+    model = prefill.llama_1b(args.folder)
+    for mode in ("invariant", "decode"):
+        result = decode.run(peers, model, 2, rounds=args.rounds,
+                            dgr_extra=["--weight-repack", mode])
+        result["model"] = f"random-weight Llama ~1B Q4_K_M, dgr --weight-repack {mode}"
+        print("\n".join(decode.markdown(result)), flush=True)
+        for r, row in enumerate(result["rounds"]):
+            print(f"round {r}: " + ", ".join(f"c={c}: " + " ".join(
+                f"{name} {rate:.1f}" for name, rate in per.items()) for c, per in row.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
