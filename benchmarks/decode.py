@@ -11,10 +11,9 @@ model rather than the step). Those are the only settings that differ from the
 defaults. One warm-up request each; then each round sends c streaming greedy
 completions of `n_new` tokens (ignore_eos, short prompts that no earlier request
 began with) to one server and then to the other, the server that goes first
-alternating by round. A
-round's decode tokens/s is the tokens after each session's first over the time from
-the first session's first token to the last session's last: the prompts' prefill
-stays out of it.
+alternating by round. A round's decode tokens/s is the tokens after each session's
+first over the time from the first session's first token to the last session's
+last: the prompts' prefill stays out of it.
 
 The memory bound: a decode step reads every weight a token multiplies (all tensors
 but the token embedding, which is read row by row, unless the output matrix shares
