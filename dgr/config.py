@@ -154,7 +154,7 @@ class NodeConfig:
         "layer weights whose repacked kernels keep a row's bits whatever the batch (Q4_0, "
         "IQ4_NL and MXFP4 on x86 with AVX2; 1.3-3x faster matmuls), not with RPC workers; "
         "'decode': those and Q4_K, whose repacked kernels run one to three sessions' decode "
-        "faster (1.26x on a 1B Llama) and prompts and larger batches slower (0.65x); "
+        "faster and prompts and larger batches slower (docs/design.md); "
         "'off': none; 'all': llama.cpp's choice, faster for more types, but batched logits "
         "then differ from solo ones (refused on CPUs with AMX, where it crashes).",
         default="invariant")

@@ -7,10 +7,9 @@ as its batch kernel does) those kernels give every batch column, and every MoE
 token's expert output, the bits it gets alone (patches/native-tests:
 repacked_mul_mat). The first three run 1.3-3x the plain kernels on x86
 (bench-kernels): the "invariant" mode places them in CPU_REPACK, by name. Q4_K's
-repacked kernels trade: one to three columns run faster than dgr's tiled kernel
-(a 1B Llama's single-session decode 1.26x), four and more slower (its cold
-prompt 0.65x): the "decode" mode adds them, for nodes that serve one session at
-a time. For Q2_K the repacked matmul rounds a column differently in a group of
+repacked kernels trade: one to three columns run faster than dgr's tiled kernel,
+four and more slower (docs/design.md has the figures): the "decode" mode adds
+them, for nodes that serve one session at a time. For Q2_K the repacked matmul rounds a column differently in a group of
 four than alone, and llama.cpp's AMX buffer type crashes on some machines: both
 modes leave everything else (and the AMX buffer type) as loaded.
 """
