@@ -34,10 +34,10 @@ import numpy as np
 import trio
 
 from benchmarks.completions import PROMPTS, stream_one
+from benchmarks.levels import CTX_PER_SLOT
 from benchmarks.servers import ServerProcess, free_port
 
 LEVELS = (1, 8, 16)
-CTX_PER_SLOT = 1024
 
 
 def weight_bytes_per_token(model: str) -> int:
