@@ -11,9 +11,13 @@ model rather than the step). Those are the only settings that differ from the
 defaults. One warm-up request each; then each round sends c streaming greedy
 completions of `n_new` tokens (ignore_eos, short prompts that no earlier request
 began with) to one server and then to the other, the server that goes first
-alternating by round. A round's decode tokens/s is the tokens after each session's
-first over the time from the first session's first token to the last session's
-last: the prompts' prefill stays out of it.
+alternating by round. A round's decode tokens/s counts the tokens that arrive while
+all c sessions decode (from the last session's first token to the first session's
+last) over that window, so neither server's prompt prefill is in it: a server that
+prefills the prompts in turns beside its first decoders (dgr, by --decode-stall)
+and one that prefills them all in its first step (llama-server) are measured on the
+same steps. How long the c first tokens took is reported beside it: the mean and
+the longest time from request to first token.
 
 The memory bound: a decode step reads every weight a token multiplies (all tensors
 but the token embedding, which is read row by row, unless the output matrix shares
@@ -107,21 +111,33 @@ async def _sessions(url: str, c: int, n_new: int, is_dgr: bool, tag: str) -> lis
     return results
 
 
-def decode_rate(url: str, c: int, n_new: int, is_dgr: bool, tag: str) -> float:
-    """Decode tokens/s of c concurrent sessions (see the module's docstring), their
-    prompts told apart by `tag`."""
+def figures(sessions: list[dict]) -> dict:
+    """{"decode": tokens/s while all the sessions decode, "ttft_mean", "ttft_max":
+    seconds from request to first token} of streamed sessions ({"sent", "stamps"}:
+    stream_one's times)."""
+    start = max(s["stamps"][0] for s in sessions)
+    end = min(s["stamps"][-1] for s in sessions)
+    tokens = sum(start < stamp <= end for s in sessions for stamp in s["stamps"])
+    if end <= start or tokens == 0:
+        raise ValueError("no window had all sessions decoding: ask for more tokens")
+    ttfts = [s["stamps"][0] - s["sent"] for s in sessions]
+    return {"decode": tokens / (end - start), "ttft_mean": statistics.fmean(ttfts),
+            "ttft_max": max(ttfts)}
+
+
+def decode_rate(url: str, c: int, n_new: int, is_dgr: bool, tag: str) -> dict:
+    """figures() of c concurrent sessions (see the module's docstring), their prompts
+    told apart by `tag`."""
     results = trio.run(_sessions, url, c, n_new, is_dgr, tag)
     if any(r.get("status") != 200 or len(r["stamps"]) < 2 for r in results):
         raise RuntimeError(f"a session failed at c = {c}: {[r.get('status') for r in results]}")
-    start = min(r["stamps"][0] for r in results)
-    end = max(r["stamps"][-1] for r in results)
-    return sum(len(r["stamps"]) - 1 for r in results) / (end - start)
+    return figures(results)
 
 
 def run(peers, model: str, threads: int, levels=LEVELS, n_new: int = 64, rounds: int = 3,
         bar=None, dgr_extra=()) -> dict:
     """{"levels", "n_new", "weight_bytes", "read_bandwidth", "rounds": [{c: {server:
-    tokens/s}}]}; dgr started with `dgr_extra` options besides the case's."""
+    decode_rate's figures}}]}; dgr started with `dgr_extra` options besides the case's."""
     result = {"levels": list(levels), "n_new": n_new, "threads": threads,
               "weight_bytes": weight_bytes_per_token(model),
               "read_bandwidth": read_bandwidth(threads),
@@ -151,14 +167,18 @@ def markdown(result: dict) -> list[str]:
              f"weights a step reads: {result['weight_bytes'] / 1e6:.0f} MB; this machine reads "
              f"{bound / 1e9:.1f} GB/s with {result['threads']} threads.", "",
              "| c | dgr (median) | llama-server (median) | dgr / llama-server (min / median / max) "
-             "| dgr / llama-server of the read bandwidth |", "|---|---|---|---|---|"]
+             "| dgr / llama-server of the read bandwidth | first token, mean / longest (s): dgr "
+             "| llama-server |", "|---|---|---|---|---|---|---|"]
     for c in result["levels"]:
         per = [row[c] if c in row else row[str(c)] for row in result["rounds"]]
-        ratios = sorted(p["dgr"] / p["llama-server"] for p in per)
-        ours = statistics.median(p["dgr"] for p in per)
-        peer = statistics.median(p["llama-server"] for p in per)
+        ratios = sorted(p["dgr"]["decode"] / p["llama-server"]["decode"] for p in per)
+        ours, peer = (statistics.median(p[name]["decode"] for p in per)
+                      for name in ("dgr", "llama-server"))
         share = (f"{ours * result['weight_bytes'] / bound:.0%} / "
                  f"{peer * result['weight_bytes'] / bound:.0%}" if c == 1 else "")
+        first = [f"{statistics.median(p[name]['ttft_mean'] for p in per):.2f} / "
+                 f"{max(p[name]['ttft_max'] for p in per):.2f}" for name in ("dgr", "llama-server")]
         lines.append(f"| {c} | {ours:.1f} | {peer:.1f} | {ratios[0]:.3f} / "
-                     f"{statistics.median(ratios):.3f} / {ratios[-1]:.3f} | {share} |")
+                     f"{statistics.median(ratios):.3f} / {ratios[-1]:.3f} | {share} | "
+                     f"{first[0]} | {first[1]} |")
     return lines

@@ -67,12 +67,12 @@ def timed(url: str, ids: list[int]) -> float:
     return elapsed
 
 
-def servers(peers, model: str, threads: int, lengths) -> dict:
-    """The two servers as their users start them (but for the module's two settings);
-    dgr's queue bound on waiting prompt tokens (16,384 by default) raised only as far as
-    the longest prompt needs."""
+def servers(peers, model: str, threads: int, lengths, dgr_extra=()) -> dict:
+    """The two servers as their users start them (but for the module's two settings,
+    and dgr's `dgr_extra` options); dgr's queue bound on waiting prompt tokens (16,384 by
+    default) raised only as far as the longest prompt needs."""
     longest = max(lengths)
-    extra = ["--cache-ram", "0"]
+    extra = ["--cache-ram", "0", *dgr_extra]
     if longest > 16384:
         extra += ["--max-waiting-tokens", str(longest)]
     dgr_port, peer_port = free_port(), free_port()
@@ -88,10 +88,10 @@ def servers(peers, model: str, threads: int, lengths) -> dict:
 
 
 def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=None,
-        id_range=ID_RANGE) -> dict:
+        id_range=ID_RANGE, dgr_extra=()) -> dict:
     """{"lengths", "rounds": [{length: {server: tokens/s}}]}; prompts drawn from
-    `id_range` of the model's vocabulary."""
-    procs = servers(peers, model, threads, lengths)
+    `id_range` of the model's vocabulary; dgr started with `dgr_extra` options."""
+    procs = servers(peers, model, threads, lengths, dgr_extra)
     result = {"lengths": list(lengths), "rounds": []}
     with procs["dgr"] as dgr, procs["llama-server"] as peer:
         urls = {"dgr": dgr.url, "llama-server": peer.url}

@@ -44,7 +44,7 @@ def served(model: str, mode: str) -> list[float]:
     procs = decode.servers(peers, model, 1, 2, ["--weight-repack", mode])
     with procs["dgr"] as node:
         decode.decode_rate(node.url, 1, 8, True, "warm-up")
-        return [decode.decode_rate(node.url, 1, N_NEW, True, f"s{r}") for r in range(ROUNDS)]
+        return [decode.decode_rate(node.url, 1, N_NEW, True, f"s{r}")["decode"] for r in range(ROUNDS)]
 
 
 def main() -> int:
