@@ -72,7 +72,8 @@ extensions = [
     llama_extension("dgr._sampling", "dgr_argmax.c", openmp=True),
     # llama.cpp's log goes to one process-wide callback: its buffer lives here only
     llama_extension("dgr._vocab"),
-    llama_extension("dgr._engine", "dgr_log.c"),
+    llama_extension("dgr._backend", "dgr_log.c"),
+    llama_extension("dgr._engine"),
     llama_extension("dgr._kv_ops"),
     llama_extension("dgr._batch"),
     llama_extension("dgr._step"),

@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dgr import _engine  # noqa: E402
+from dgr._step import step  # noqa: E402
 from dgr.consistency import Verdict  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
 
@@ -37,10 +38,10 @@ PROMPTS = ["The capital of France is", "Write a haiku about the sea:", "def fibo
 def solo(engine, prompt, n_new):
     engine.release(0)
     n = len(prompt)
-    sampled, _, top, _ = engine.step(prompt, list(range(n)), [0] * n, [0] * (n - 1) + [3], 2)
+    sampled, _, top, _ = step(engine, prompt, list(range(n)), [0] * n, [0] * (n - 1) + [3], 2)
     tokens, gaps, pos = [int(sampled[-1])], [float(top[-1, 0] - top[-1, 1])], n
     while len(tokens) < n_new:
-        sampled, _, top, _ = engine.step([tokens[-1]], [pos], [0], [3], 2)
+        sampled, _, top, _ = step(engine, [tokens[-1]], [pos], [0], [3], 2)
         tokens.append(int(sampled[0]))
         gaps.append(float(top[0, 0] - top[0, 1]))
         pos += 1
@@ -58,17 +59,17 @@ def together(engine, prompts, n_new, one_step_prefill):
             n = len(p)
             for acc, part in zip(rows, (p, range(n), [slot] * n, [0] * (n - 1) + [1])):
                 acc.extend(part)
-        sampled, *_ = engine.step(*rows)
+        sampled, *_ = step(engine, *rows)
         outs = [[int(sampled[e])] for e in np.cumsum([len(p) for p in prompts]) - 1]
     else:
         for slot, p in enumerate(prompts):
             n = len(p)
-            sampled, *_ = engine.step(p, list(range(n)), [slot] * n, [0] * (n - 1) + [1])
+            sampled, *_ = step(engine, p, list(range(n)), [slot] * n, [0] * (n - 1) + [1])
             outs.append([int(sampled[-1])])
     pos = [len(p) for p in prompts]
     slots = list(range(len(prompts)))
     for _ in range(n_new - 1):
-        sampled, *_ = engine.step([o[-1] for o in outs], pos, slots, [1] * len(slots))
+        sampled, *_ = step(engine, [o[-1] for o in outs], pos, slots, [1] * len(slots))
         for slot in slots:
             outs[slot].append(int(sampled[slot]))
             pos[slot] += 1
@@ -113,10 +114,10 @@ def rows_per_call(model, steps=16):
             engine.release(slot)
         seqs = prompts[:k]
         for slot, p in enumerate(seqs):
-            engine.step(p, list(range(len(p))), [slot] * len(p), [0] * (len(p) - 1) + [1])
+            step(engine, p, list(range(len(p))), [slot] * len(p), [0] * (len(p) - 1) + [1])
         positions, top = [len(p) for p in seqs], []
         for _ in range(steps):
-            _, _, lp, _ = engine.step([5] * k, positions, list(range(k)), [3] * k, 2)
+            _, _, lp, _ = step(engine, [5] * k, positions, list(range(k)), [3] * k, 2)
             top.append(lp[0].copy())
             positions = [x + 1 for x in positions]
         return np.array(top)

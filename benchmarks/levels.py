@@ -27,6 +27,7 @@ import trio
 
 from benchmarks.completions import PROMPTS, pct, stream_one, whole_one
 from benchmarks.servers import NO_REPACK, dgr_server, free_port, llama_server
+from dgr._step import step
 from dgr.consistency import Verdict
 from dgr.telemetry import STEP_PHASES
 
@@ -253,12 +254,12 @@ def engine_decode_rate(model, levels, n_new, threads):
     for c in levels:
         for slot in range(c):
             engine.release(slot)
-            engine.step(prompt, list(range(len(prompt))), [slot] * len(prompt),
+            step(engine, prompt, list(range(len(prompt))), [slot] * len(prompt),
                         [0] * (len(prompt) - 1) + [1])
         tokens, positions = [prompt[-1]] * c, [len(prompt)] * c
         started = time.perf_counter()
         for _ in range(n_new):
-            sampled, *_ = engine.step(tokens, positions, list(range(c)), [1] * c)
+            sampled, *_ = step(engine, tokens, positions, list(range(c)), [1] * c)
             tokens, positions = sampled.tolist(), [p + 1 for p in positions]
         rates[str(c)] = c * n_new / (time.perf_counter() - started)
         for slot in range(c):

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dgr import _engine, weight_repack  # noqa: E402
+from dgr._step import step  # noqa: E402
 from dgr.testmodel import quantize, write_test_model  # noqa: E402
 
 SHAPE = dict(n_embd=1024, n_layer=8, n_head=16, n_head_kv=4)
@@ -36,11 +37,11 @@ def timed(model: str, repack: bool, threads: int) -> tuple[float, float]:
     try:
         tokens = [5 + i % 300 for i in range(PROMPT)]
         start = time.perf_counter()
-        engine.step(tokens, list(range(PROMPT)), [0] * PROMPT, [0] * (PROMPT - 1) + [1])
+        step(engine, tokens, list(range(PROMPT)), [0] * PROMPT, [0] * (PROMPT - 1) + [1])
         prefill = time.perf_counter() - start
         start = time.perf_counter()
         for i in range(DECODE):
-            engine.step([7 + i], [PROMPT + i], [0], [1])
+            step(engine, [7 + i], [PROMPT + i], [0], [1])
         return prefill, time.perf_counter() - start
     finally:
         engine.close()

@@ -11,7 +11,7 @@ from libc.string cimport memcpy, memset
 from posix.unistd cimport write
 
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
-                        KV_MOVE_FAILED, MAX_LOGPROBS, SPECULATE_OFF, STATE_ROLLBACK_FAILED,
+                        KV_MOVE_FAILED, MAX_LOGPROBS, STATE_ROLLBACK_FAILED,
                         WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
 from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
@@ -19,7 +19,6 @@ from dgr._events cimport Event, StepFigures, event_record
 from dgr._kv_ops cimport OP_RESTORE, OP_SAVE, KvOperations
 from dgr._scheduler cimport SLOT_DECODE, Scheduler, Slot
 
-from dgr.config import SPECULATION_MODES
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
@@ -157,8 +156,8 @@ cdef class BatchLoop:
     def start(self, int slot, spec, *, int credits=1, int reuse_from=-1, int n_reused=0,
               bint keep_kv=False, bytes restore=None):
         """Run a session on a free slot (one whose EV_FINISH the node has seen), as
-        its SessionSpec `spec` asks (dgr.spec): its prompt, sampling, tokens and
-        speculation mode.
+        its SessionSpec `spec` asks (dgr.spec): its prompt and its sampling
+        parameters, max_tokens and speculation mode among them.
 
         The slot's sequence first drops what it holds (a cache entry), but for
         the KV of prompt positions [0, n_reused) taken from slot `reuse_from`'s
@@ -174,17 +173,13 @@ cdef class BatchLoop:
             raise ValueError("a restored state needs n_reused >= 1 and bytes")
         if restore is None and n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
-        params = spec.params
-        cdef int speculate = SPECULATION_MODES[spec.speculation]
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
-        self.engine.sampling.configure(slot, params)
-        if speculate != SPECULATE_OFF:
+        self.engine.sampling.configure(slot, spec.params)
+        if spec.params.speculation != "off":
             self.engine.learn_words(spec.prompt)  # the values draft source's twins
         pthread_mutex_lock(&self.lock)
         try:
-            self.scheduler.start(slot, spec.prompt, spec.max_tokens, params.logprobs,
-                                 params.ignore_eos, credits, n_reused, keep_kv,
-                                 params.prompt_logprobs if spec.scores_prompt else -1, speculate)
+            self.scheduler.start(slot, spec, credits, n_reused, keep_kv)
             if restore is not None:
                 self._queue_kv_op(slot, OP_RESTORE, n_reused, restore)
             else:

@@ -70,7 +70,7 @@ cdef enum:
     STRUCTURE_MIN = 4
     VALUE_MAX = 4
     # ... and how far back it looks: a structure repeats close by (a list's objects),
-    # and the search (4 to 20 comparisons a token back) stays near 0.1 ms a row
+    # and the search (a few comparisons a token back) stays a small part of a row
     STRUCTURE_REACH = 4096
     RING_TOKENS = 1 << 20
     TABLE_BUCKETS = 1 << 18

@@ -10,10 +10,6 @@ from dgr._sampling cimport Sampling
 from dgr._vocab cimport Vocabulary
 
 
-cdef void init_backend() except *
-cdef str error_lines(int limit=*)
-
-
 cdef class Engine(Vocabulary):
     cdef llama_context * ctx
     cdef llama_memory_t mem

@@ -3,10 +3,10 @@
 the KV operations on each sequence slot, and the slots' sampling (dgr._sampling);
 its vocabulary side (tokenize, detokenize, chat template) is dgr._vocab.
 
-`Engine.step` fills the batch from arrays, runs `llama_decode` and samples every
+`run_call` fills the batch from arrays, runs `llama_decode` and samples every
 output row with that row's slot sampler, all without the GIL; the batch loop
-(dgr._batch) calls the same `run_call` and the KV operations through
-dgr/_engine.pxd. The engine knows nothing of Trio, HTTP or scheduling policy,
+(dgr._batch) calls it and the KV operations through dgr/_engine.pxd, and
+dgr._step.step calls it from Python (for tests and tools). The engine knows nothing of Trio, HTTP or scheduling policy,
 and it is not thread-safe: one caller at a time (the node's batch loop), but
 for the vocabulary's read-only methods. `close` waits for tokenize calls in
 flight on other threads.
@@ -22,6 +22,7 @@ from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport strcmp
 
+from dgr._backend cimport clear_log, error_lines, init_backend
 from dgr._clock cimport monotonic
 from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_DRAFT, MAX_LOGPROBS,
                         NO_LOGITS, WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
@@ -29,54 +30,19 @@ from dgr._llama cimport *
 from dgr._sampling cimport Sampling
 from dgr._vocab cimport Vocabulary
 
+from dgr._backend import llama_log_text, system_info  # system_info: also the engine's
 from dgr.errors import (ContextError, DecodeAborted, DecodeError, FatalDecodeError,
                         InvalidBatch, KVSlotUnavailable, ModelLoadError, WorkerLost)
 from dgr.gguf_file import check_model_file
 from dgr.llama_log import buffer_sizes, flash_attn
-from dgr.rpc_placement import connect_and_place, device_report
+from dgr._rpc import connect_and_place, connected_check
+from dgr.rpc_placement import device_report
 
 cnp.import_array()
-
-cdef extern from "dgr_log.h" nogil:
-    int dgr_log_echo
-    void dgr_log_sink(ggml_log_level level, const char * text, void * user_data) noexcept
-    void dgr_log_clear() noexcept
-    size_t dgr_log_copy(char * out, size_t cap) noexcept
 
 cdef extern from "dgr_abort.h" nogil:
     bint dgr_abort_callback(void * data) noexcept
     void dgr_set_flag(int * flag, int value) noexcept
-
-cdef bint _backend_ready = False
-
-
-cdef void init_backend() except *:
-    """llama.cpp's backends and dgr's log sink, once per process."""
-    global _backend_ready, dgr_log_echo
-    if not _backend_ready:
-        dgr_log_echo = 1 if os.environ.get("DGR_LLAMA_LOG") else 0
-        llama_log_set(dgr_log_sink, NULL)
-        llama_backend_init()
-        _backend_ready = True
-
-
-def llama_log_text():
-    """The most recent llama.cpp log text, debug lines left out (up to 256 KiB)."""
-    cdef bytes buf = bytes(1 << 18)
-    cdef size_t n = dgr_log_copy(buf, len(buf))
-    return buf[:n].decode("utf-8", "replace")
-
-
-cdef str error_lines(int limit=4):
-    """The last error lines of llama.cpp's log, joined."""
-    lines = [line.strip() for line in llama_log_text().splitlines()
-             if "error" in line.lower() or "failed" in line.lower() or "invalid" in line.lower()]
-    return "; ".join(lines[-limit:])
-
-
-def system_info():
-    init_backend()
-    return llama_print_system_info().decode("utf-8", "replace")
 
 
 # the output layer's tensors (a tied output is the token embedding, duplicated)
@@ -201,7 +167,7 @@ cdef class Engine(Vocabulary):
                 overrides[n_overrides].buft = _cpu_extra_buffer_type(b"CPU_REPACK")
                 n_overrides += 1
             mparams.tensor_buft_overrides = overrides if n_overrides else NULL
-            dgr_log_clear()
+            clear_log()
             with nogil:
                 self.model = llama_model_load_from_file(cpath, mparams)
         finally:
@@ -226,7 +192,7 @@ cdef class Engine(Vocabulary):
         cparams.no_perf = True
         cparams.abort_callback = dgr_abort_callback
         cparams.abort_callback_data = &self.abort_flag
-        dgr_log_clear()
+        clear_log()
         # read by the KV cache's constructor only; restored so that other contexts in
         # the process (llama_cpp.Llama) keep llama.cpp's default placement
         ordered_before = os.environ.get("LLAMA_KV_CACHE_ORDERED")
@@ -259,8 +225,7 @@ cdef class Engine(Vocabulary):
         self.sampling = Sampling()
         self.sampling.setup(self.vocab, self.n_slots, threads)
         if placement is not None:
-            from dgr import _rpc
-            self.rpc_connected = <rpc_connected_fn> <size_t> _rpc.connected_check()
+            self.rpc_connected = <rpc_connected_fn> <size_t> connected_check()
             self.rpc_names = [d["endpoint"].encode() for d in placement["devices"]]
             self.rpc_endpoints = <const char **> malloc(len(self.rpc_names) * sizeof(char *))
             if self.rpc_endpoints == NULL:
@@ -369,7 +334,7 @@ cdef class Engine(Vocabulary):
     def check_grammar(self, grammar):
         """None if llama.cpp parses the GBNF `grammar` (root rule "root"), else the
         reason from its log."""
-        dgr_log_clear()
+        clear_log()
         cdef bytes text = grammar.encode()
         cdef llama_sampler * parsed = llama_sampler_init_grammar(self.vocab, text, b"root")
         if parsed != NULL:
@@ -425,12 +390,6 @@ cdef class Engine(Vocabulary):
 
     # ---------------------------------------------------------------- step
 
-    def step(self, tokens, positions, seq_ids, want, int n_logprobs=0):
-        """Decode one batch and sample its output rows, for tests and tools
-        (dgr._step.step says how)."""
-        from dgr._step import step
-        return step(self, tokens, positions, seq_ids, want, n_logprobs)
-
     cdef int run_call(self, int n, const int32_t * tok, const int32_t * pos, const int32_t * seq,
                       const int8_t * want, const int32_t * next_tok, int k,
                       int32_t * out_ids, float * out_lp,
@@ -441,7 +400,7 @@ cdef class Engine(Vocabulary):
         apart in out_top*; a WANT_SCORE row reports those of next_tok[i] instead of
         sampling). Returns llama_decode's code (or an injected fault's);
         a row without logits ends sampling with its index in bad_row. times:
-        batch fill, decode and sampling seconds. Shared by step() and BatchLoop."""
+        batch fill, decode and sampling seconds. Shared by dgr._step.step and BatchLoop."""
         cdef int i, rc, injected = 0
         cdef double t0 = monotonic(), t1, t2
         if self.fault_step >= 0 and self.fault_slot < 0 and self.steps_done == self.fault_step:

@@ -7,10 +7,10 @@ is decided in dgr.rpc_placement."""
 import os
 
 from dgr._llama cimport *
-from dgr._engine cimport init_backend, error_lines
+from dgr._backend cimport error_lines, init_backend
 
 from dgr.errors import ModelLoadError
-from dgr.rpc_placement import check_worker
+from dgr.rpc_placement import check_worker, place_layers
 
 cdef extern from "dgr_rpc_offer.h" nogil:
     ggml_backend_dev_t dgr_cpu_offering(size_t bytes)
@@ -59,6 +59,15 @@ def connect_workers(servers):
                             "handle": <size_t> dev, "free_bytes": free_b,
                             "total_bytes": total_b})
     return devices
+
+
+def connect_and_place(path, servers, int rpc_layers, split):
+    """Connect to the RPC workers and place the model's layers on them
+    (dgr.rpc_placement.place_layers); None without workers."""
+    if not servers:
+        return None
+    return place_layers(connect_workers(servers), layer_count(path), rpc_layers, split,
+                        os.path.getsize(path))
 
 
 def connected_check():

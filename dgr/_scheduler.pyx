@@ -7,8 +7,7 @@ Policy (re-planned every step; sessions join and leave between steps):
 
 1. Decode first. Every decoding slot whose reader can take one more token
    (credits > 0) gets exactly one row, in ascending slot order (llama.cpp
-   evaluates out-of-order sequence ids in several ubatches: measured with 16
-   decode rows, 72 ms ascending, 183 ms shuffled). A slot without credits
+   evaluates out-of-order sequence ids in several ubatches). A slot without credits
    (slow reader) is skipped, so backpressure reaches the model step instead
    of memory.
 2. Prefill fills what the token budget leaves, oldest session first, each
@@ -63,6 +62,8 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 from dgr._events cimport event_record
+
+from dgr.config import SPECULATION_MODES
 
 
 cdef class Scheduler:
@@ -125,19 +126,24 @@ cdef class Scheduler:
 
     # ------------------------------------------------------------ the node's side
 
-    def start(self, int slot, prompt, int max_tokens, int n_logprobs=0, bint ignore_eos=False,
-              int credits=1, int n_reused=0, bint keep_kv=False, int prompt_logprobs=-1,
-              int speculate=SPECULATE_OFF):
-        """Give a free slot a session: prefill `prompt` from position n_reused (the
-        KV of the positions before it is already in the slot's sequence: a
-        shared prefix), then generate up to max_tokens. With keep_kv its sequence
-        keeps what it computed when it ends (but after an error): the finish
-        event's `kept` positions. With prompt_logprobs >= 0 it also scores its
-        prompt: each prompt token's log-probability given the ones before it (and
-        that many alternatives) as EV_SCORE events, its prompt prefilled
-        SCORE_CHUNK tokens a step, from position 0; max_tokens may then be 0. With
-        speculate (a Speculation, with one_call) its decode rows may carry drafts
-        (Policy 3)."""
+    def start(self, int slot, spec, int credits=1, int n_reused=0, bint keep_kv=False):
+        """Give a free slot the session its SessionSpec `spec` asks for (dgr.spec):
+        prefill its prompt from position n_reused (the KV of the positions before
+        it is already in the slot's sequence: a shared prefix), then generate up to
+        its params.max_tokens, `credits` tokens ahead of its reader. With keep_kv
+        its sequence keeps what it computed when it ends (but after an error): the
+        finish event's `kept` positions. A session that scores its prompt
+        (spec.scores_prompt) reports each prompt token's log-probability given the
+        ones before it (and params.prompt_logprobs alternatives) as EV_SCORE
+        events, its prompt prefilled SCORE_CHUNK tokens a step, from position 0;
+        its max_tokens may then be 0. With its speculation mode on, its decode
+        rows may carry drafts (Policy 3)."""
+        params = spec.params
+        prompt = spec.prompt
+        cdef int max_tokens = params.max_tokens
+        cdef int n_logprobs = params.logprobs
+        cdef int prompt_logprobs = params.prompt_logprobs if spec.scores_prompt else -1
+        cdef int speculate = SPECULATION_MODES[params.speculation]
         self._check(slot)
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
@@ -166,13 +172,11 @@ cdef class Scheduler:
         sl.credits = credits
         sl.finish_requested = FINISH_NONE
         sl.n_logprobs = n_logprobs
-        sl.ignore_eos = ignore_eos
+        sl.ignore_eos = params.ignore_eos
         sl.keep_kv = keep_kv
         sl.prompt_logprobs = prompt_logprobs
         sl.order = self.next_order
         self.next_order += 1
-        if not SPECULATE_OFF <= speculate <= SPECULATE_ALWAYS:
-            raise ValueError(f"not a speculation code: {speculate}")
         if self.speculation is not None:
             self.speculation.begin(&sl.drafting, speculate)
         else:

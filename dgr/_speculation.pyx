@@ -25,14 +25,10 @@ overestimated, and their drafts give less than expected (at c = 16); the trust
 takes that back into the next plans. What the
 trust cannot take back is a draft whose edge is smaller than the plan's error (in a
 draft's tokens, or in the step's time: a count of rows last timed beside longer
-contexts reads slow): the step pays its rows for nothing (16 decoders and a draft
-row each planned 29.5 tokens at 217 ms, where the decode rows alone gave 16 in about
-118; such steps gave 16-32). So a session drafts only where its draft raises
+contexts reads slow): the step pays its rows for nothing. So a session drafts only where its draft raises
 the step's expected tokens per second by GAIN_MARGIN at least.
 
-A step's time grows with the KV cells its rows attend (the same 16 decode rows took
-134.9 ms beside sessions of 9,949-10,909 cells and 111.6 ms beside sessions of
-766-2,046), and while every step drafts, the step without drafts
+A step's time grows with the KV cells its rows attend, and while every step drafts, the step without drafts
 is not timed at the sessions' contexts: its count of rows, last timed beside longer
 contexts, reads slow and credits every draft with an edge it lacks. So "auto" drafts
 only where a step of the decode rows' count was timed at about the cells they attend
@@ -125,8 +121,7 @@ cdef double GAIN_MARGIN = 0.05
 
 # A step's time holds for steps of as many output rows whose rows attend a number of
 # KV cells within CONTEXT_SLACK of it, or within CONTEXT_FLOOR cells (where a row
-# attends few, its own cost dominates: 512 cells are about 1.4 ms of a step on a
-# 2-core CPU)
+# attends few, its own cost dominates the attention's)
 cdef double CONTEXT_SLACK = 0.125
 cdef double CONTEXT_FLOOR = 512.0
 

@@ -100,8 +100,8 @@ cdef class Vocabulary:
 
     def tokenize(self, text, bint add_special=True, bint parse_special=False):
         """Token ids of `text` (str or UTF-8 bytes) as an int32 array. The GIL is
-        released while llama.cpp tokenizes (a 30,000-token text takes ~0.1 s), so
-        a caller on a worker thread does not stall the others."""
+        released while llama.cpp tokenizes (a long text takes a while), so a
+        caller on a worker thread does not stall the others."""
         cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         cdef const char * chars = data
         cdef int length = len(data)
@@ -145,8 +145,7 @@ cdef class Vocabulary:
         """The vocabulary's word forms, for the values draft source (dgr/_drafts.pyx):
         per token its WordKind (dgr._codes), and its twin row (TWIN_TOKENS), -1 until
         learn_words learns it. The same arrays on every call; learn_words fills the
-        twins in place. One pass over the vocabulary's pieces (~15 ms for 262,144
-        tokens here)."""
+        twins in place. One pass over the vocabulary's pieces, on the first call."""
         self.check_open()
         if self.word_kinds is not None:
             return self.word_kinds, self.word_twins

@@ -58,7 +58,7 @@ class ChatRenderer:
 
     def prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
                continue_final: bool = False) -> str:
-        """The prompt of a chat (messages as dgr.doors.openai.parse_chat makes them)
+        """The prompt of a chat (messages as dgr.doors.request.chat_message makes them)
         with the request's tools (a dgr.tools.ToolSpec, or None) in their format.
         continue_final: the last message, the assistant's, is continued: the chat
         before it prompts the assistant's turn, which begins with its text."""

@@ -152,7 +152,7 @@ class NodeConfig:
     weight_repack: str = option(
         "--weight-repack", "Weights llama.cpp repacks for its CPU kernels: 'invariant': the "
         "layer weights whose repacked kernels keep a row's bits whatever the batch (Q4_0, "
-        "IQ4_NL and MXFP4 on x86 with AVX2; 1.3-3x faster matmuls), not with RPC workers; "
+        "IQ4_NL and MXFP4 on x86 with AVX2; faster matmuls), not with RPC workers; "
         "'decode': those and Q4_K, whose repacked kernels run one to three sessions' decode "
         "faster and prompts and larger batches slower (docs/design.md); "
         "'off': none; 'all': llama.cpp's choice, faster for more types, but batched logits "

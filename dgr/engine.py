@@ -15,6 +15,7 @@ import trio
 
 from dgr import _engine, kernel_coverage, weight_repack
 from dgr._codes import MAX_STEP_DRAFTS, SCORE_CHUNK, WANT_SAMPLE
+from dgr._step import step
 from dgr.admission import Budgets
 from dgr.config import NodeConfig
 from dgr.errors import DgrError
@@ -199,7 +200,7 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
         # Warm-up, as llama-server does: the first llama_decode pays one-time graph
         # and buffer setup that would otherwise land on the first request's TTFT.
         warm = engine.tokenize("Hello")[:2]
-        engine.step(warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
+        step(engine, warm, list(range(len(warm))), [0] * len(warm), [0] * (len(warm) - 1) + [1])
         engine.release(0)
         row_probes = []
         if config.session_speculation() != "off" and info["max_draft"]:
@@ -227,7 +228,7 @@ def measure_row_times(engine: _engine.Engine, max_rows: int,
                 break
             tokens = [(17 * k) % engine.n_vocab for k in range(position, position + rows)]
             started = time.perf_counter()
-            engine.step(tokens, list(range(position, position + rows)), [0] * rows,
+            step(engine, tokens, list(range(position, position + rows)), [0] * rows,
                         [WANT_SAMPLE] * rows)
             out.append((rows, time.perf_counter() - started))
             position += rows

@@ -61,9 +61,9 @@ _MAX_HEADER = 4096
 
 # A stored prefix is restored only when it gives at least this many prompt tokens
 # more than the pool could share, and saved only when it holds at least this many.
-# Restoring beats recomputing at every size that restores (63 tokens: 5.2-6.4x, the
-# loop's part 0.2 ms); shorter prefixes are not worth an entry's save, bytes and
-# look-ups: computing 32 tokens takes about 50 ms on a 2-core CPU.
+# Restoring beats recomputing at every size that restores (benchmarks/kv_tier.py
+# measures it); shorter prefixes cost more in an entry's save, bytes and look-ups
+# than computing them costs.
 MIN_RESTORE_TOKENS = 32
 
 

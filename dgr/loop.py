@@ -290,8 +290,8 @@ class StepLoop:
         """Requests into the BatchLoop's mailbox, a burst at a time. A start that
         restores a stored prefix is fed once the restore fed before it has been
         applied: the loop applies KV operations between two steps, so decoders
-        wait for one restore at most between two steps (3.5 ms for a 1,000-token
-        prefix, 31 ms for 16,000), however many arrive at once."""
+        wait for one restore at most between two steps, however many arrive at
+        once."""
         async for request in self._incoming:
             while True:
                 if type(request) is Start and request.session.restore is not None:

@@ -48,9 +48,8 @@ from dgr.telemetry import Telemetry
 
 log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
-# Texts up to this many characters are tokenized on the Trio thread: about 0.2 ms for
-# 256 characters, where a hop to a worker thread takes 0.37 ms on an idle node and
-# 1.4 ms of the Trio thread's time a request under serving load
+# Texts up to this many characters are tokenized on the Trio thread: tokenizing them
+# takes less of its time than the hop to a worker thread and back would
 TOKENIZE_INLINE_CHARS = 256
 
 
@@ -146,8 +145,7 @@ class Node:
 
     async def tokenize_off_loop(self, text: str, add_special: bool = True,
                                 parse_special: bool = False) -> list[int]:
-        """`tokenize` on a worker thread: a long text (about 0.1 s for 30,000 tokens
-        here) does not stall the Trio loop, which meanwhile hands other sessions
+        """`tokenize` on a worker thread: a long text does not stall the Trio loop, which meanwhile hands other sessions
         their tokens; a short one (TOKENIZE_INLINE_CHARS) costs less than the hop
         and is tokenized at once. Prompts given as text to `stream`,
         `stream_group` and `generate` are tokenized this way."""
@@ -225,9 +223,7 @@ class Node:
         for ids in prompt_ids:
             first = None
             for j in range(n):
-                sample = params if params.seed is None or j == 0 else attrs.evolve(
-                    params, seed=params.seed + j)
-                session = self._new_session(ids, sample, leader=first,
+                session = self._new_session(ids, params, j, leader=first,
                                             progress=progress and not whole)
                 first = first or session
                 sessions.append(session)
@@ -307,7 +303,7 @@ class Node:
                           "n_prompt_tokens_processed": session.n_prefilled - session.n_reused,
                           "n_prompt_tokens_cache": session.n_reused,
                           "next_token": [{"has_next_token": not session.done,
-                                          "n_remain": session.spec.max_tokens - len(session.generated),
+                                          "n_remain": session.spec.params.max_tokens - len(session.generated),
                                           "n_decoded": len(session.generated)}]}
             states.append(state)
         return states
@@ -440,8 +436,11 @@ class Node:
             raise InvalidRequest(f"prompt token ids must be within 0..{self._engine.n_vocab - 1}")
         return prompt_ids
 
-    def _new_session(self, prompt_ids: list[int], params: SamplingParams,
+    def _new_session(self, prompt_ids: list[int], params: SamplingParams, sample: int = 0,
                      leader: Optional[Session] = None, progress: bool = False) -> Session:
+        """Sample `sample` of a prompt, its params resolved for the node: its
+        max_tokens and speculation mode, and its seed (the request's plus the
+        sample's index, or a fresh one where it samples without one)."""
         if self._closing:
             raise NodeClosed("the node is shut down")
         if not prompt_ids:
@@ -454,14 +453,13 @@ class Node:
             raise InvalidRequest(f"logit_bias token ids must be within 0..{self._engine.n_vocab - 1}")
         if any(token >= self._engine.n_vocab for token in params.stop_token_ids):
             raise InvalidRequest(f"stop_token_ids must be within 0..{self._engine.n_vocab - 1}")
-        if params.temperature > 0 and params.seed is None:
-            params = attrs.evolve(params, seed=random.getrandbits(32))
-        spec = SessionSpec(
-            prompt=prompt_ids, params=params,
+        seed = (params.seed + sample if params.seed is not None
+                else random.getrandbits(32) if params.temperature > 0 else None)
+        resolved = attrs.evolve(
+            params, seed=seed, speculation=self.speculation_mode(params.speculation),
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
-                                                      self.config.default_max_tokens),
-            speculation=self.speculation_mode(params.speculation),
-            reports_progress=progress)
+                                                      self.config.default_max_tokens))
+        spec = SessionSpec(prompt=prompt_ids, params=resolved, reports_progress=progress)
         return Session(id=next(self._ids), spec=spec, arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session], whole: bool):
@@ -483,7 +481,7 @@ class Node:
             # The reader's credits bound the token chunks unread; the final one always fits
             # (a whole answer's chunks come as one list).
             # (A session that only scores its prompt has max_tokens 0, and a credit.)
-            credits = max(session.spec.max_tokens, 1) if whole else self.config.reply_buffer
+            credits = max(session.spec.params.max_tokens, 1) if whole else self.config.reply_buffer
             room = credits + 1 + (PROGRESS_SLOTS if session.spec.reports_progress else 0)
             chunk_send, chunk_recv = trio.open_memory_channel(1 if whole else room)
             replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,

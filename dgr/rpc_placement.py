@@ -6,7 +6,6 @@ dgr._engine loads the model with the placement made here."""
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 
@@ -102,14 +101,3 @@ def device_report(placement: dict | None, n_layer: int) -> list[dict]:
     local["layers"] = n_layer - placement["offloaded"]
     return [local] + [{k: v for k, v in d.items() if k not in ("handle", "output")}
                       for d in placement["devices"]]
-
-
-def connect_and_place(path: str, servers: list[str], rpc_layers: int, split: tuple) -> dict | None:
-    """Connect to the RPC workers and place the model's layers on them
-    (place_layers); None without workers."""
-    if not servers:
-        return None
-    from dgr import _rpc
-    devices = _rpc.connect_workers(servers)
-    return place_layers(devices, _rpc.layer_count(path), rpc_layers, split,
-                        os.path.getsize(path))

@@ -93,7 +93,7 @@ class Session:
     @property
     def reserved_cells(self) -> int:
         """KV cells reserved while running: the whole prompt plus every new token."""
-        return len(self.spec.prompt) + self.spec.max_tokens
+        return len(self.spec.prompt) + self.spec.params.max_tokens
 
     def kv_tokens(self, kept: int) -> list[int]:
         """The tokens of the first `kept` positions of this session's sequence: its

@@ -23,18 +23,17 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware.cors import CORSMiddleware
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dgr.config import NodeConfig, ServerConfig
+from dgr.doors import (anthropic, completions, llama_metrics, llama_native, problems, responses,
+                       routers, tokens)
+from dgr.doors.context import ServerState
+from dgr.doors.fields import BadRequest
+from dgr.doors.problems import TooLarge, Unavailable, error_response
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
-from dgr.doors import (anthropic, completions, llama_metrics, llama_native, responses, routers,
-                       tokens)
-from dgr.doors.context import ServerState, TooLarge, Unavailable
-from dgr.doors.fields import BadRequest, error_body
-from dgr.doors.sse import error_response
 from dgr.doors.vertex import VertexSettings, predict_endpoint
 from dgr.node import Node, open_node
 
@@ -53,10 +52,16 @@ def _retry_after(node: Node) -> str:
 def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     """The routes: the protocol doors (dgr.doors) and the node's own endpoints."""
 
-    def door(handler):
+    mapper = _ErrorMapper(state, config)
+
+    def door(handler, render=problems.openai):
+        """A protocol's handler, its errors answered in that protocol's shape."""
         async def endpoint(request: Request) -> Response:
             state.last_request_at = time.monotonic()  # a drain waits for these to stop
-            return await handler(request, state)
+            try:
+                return await handler(request, state)
+            except Exception as exc:  # noqa: BLE001 - every error is answered (problems)
+                return mapper.map(exc, render)
         return endpoint
 
     async def models(request: Request) -> Response:
@@ -87,7 +92,9 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     async def capabilities(request: Request) -> Response:
         if state.node is None:
             raise Unavailable("the model is loading")
-        return JSONResponse(state.node.capabilities())
+        report = state.node.capabilities()
+        report["bounds"] |= state.responses.statistics()
+        return JSONResponse(report)
 
     async def health(request: Request) -> Response:
         if state.node is None:
@@ -144,8 +151,9 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     routes += [
         Route("/v1/completions", door(completions.completions), methods=["POST"]),
         Route("/completions", door(llama_native.completion), methods=["POST"]),
-        Route("/v1/messages", door(anthropic.messages), methods=["POST"]),
-        Route("/v1/messages/count_tokens", door(anthropic.count_tokens), methods=["POST"]),
+        Route("/v1/messages", door(anthropic.messages, problems.anthropic), methods=["POST"]),
+        Route("/v1/messages/count_tokens", door(anthropic.count_tokens, problems.anthropic),
+              methods=["POST"]),
         Route("/models", models, methods=["GET"]),
         # llama.cpp's native API
         Route("/completion", door(llama_native.completion), methods=["POST"]),
@@ -177,7 +185,6 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         # for a coordinator moving conversations between nodes (dgr.kv_tier's blob format)
         routes += [Route("/v1/dgr/prefix/export", prefix_export, methods=["POST"]),
                    Route("/v1/dgr/prefix/import", prefix_import, methods=["POST"])]
-    mapper = _ErrorMapper(state, config)
     vertex = VertexSettings.from_env(os.environ)
     if vertex is not None:  # in a Vertex AI container
         doors = {r.path: r.endpoint for r in routes if "POST" in (r.methods or ())}
@@ -185,6 +192,8 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
                             predict_endpoint(doors, state.read_json, mapper.map), methods=["POST"]))
         if vertex.health_route is not None:
             routes.append(Route(vertex.health_route, health, methods=["GET"]))
+    # Starlette's ExceptionMiddleware answers these (an `Exception` handler alone would
+    # run in its ServerErrorMiddleware, which raises the exception again)
     handled = (BadRequest, InvalidRequest, TooLarge, AdmissionRejected, Unavailable, NodeClosed,
                ClientDisconnect, ExceptionGroup, Exception)
     handlers = {cls: mapper for cls in handled}
@@ -201,8 +210,8 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
 
 
 class _ErrorMapper:
-    """Exception -> OpenAI-style error response: 4xx for bad input and refusals,
-    503 while unavailable; a 500 only for a real server fault (logged)."""
+    """An exception -> its Problem (dgr.doors.problems) -> a response in a
+    protocol's shape (OpenAI's unless a door says otherwise)."""
 
     def __init__(self, state: ServerState, config: ServerConfig):
         self.state = state
@@ -211,40 +220,11 @@ class _ErrorMapper:
     async def __call__(self, request: Request, exc: Exception) -> Response:
         return self.map(exc)
 
-    def map(self, exc: BaseException) -> Response:
-        if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            return self.map(exc.exceptions[0])
-        if isinstance(exc, HTTPException) and exc.status_code in (404, 405):
-            found = exc.status_code == 404
-            return error_response(exc.status_code,
-                                  "no such endpoint" if found else "method not allowed",
-                                  "invalid_request_error",
-                                  "not_found" if found else "method_not_allowed",
-                                  headers=exc.headers)
-        if isinstance(exc, BadRequest):
-            return error_response(400, str(exc), "invalid_request_error", "invalid_value",
-                                  exc.param)
-        if isinstance(exc, InvalidRequest):
-            return error_response(400, str(exc), "invalid_request_error", "invalid_value")
-        if isinstance(exc, TooLarge):
-            return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
-                                  "invalid_request_error", "body_too_large")
-        if isinstance(exc, AdmissionRejected):
-            if exc.reason == "never_fits":
-                # llama-server's type and figures, which its clients read to trim a history
-                body = error_body(str(exc), "exceed_context_size_error", "context_length_exceeded")
-                body["error"] |= exc.figures
-                return JSONResponse(body, status_code=400)
-            if exc.reason in ("draining", "unhealthy"):
-                return error_response(503, str(exc), "server_error", exc.reason)
-            headers = {"Retry-After": _retry_after(self.state.node)} if self.state.node else None
-            return error_response(429, str(exc), "rate_limit_error", exc.reason, headers=headers)
-        if isinstance(exc, (Unavailable, NodeClosed)):
-            return error_response(503, str(exc), "server_error", "unavailable")
-        if isinstance(exc, ClientDisconnect):
-            return Response(status_code=499)
-        log.error("internal error", exc_info=exc)
-        return error_response(500, "internal server error", "server_error", "internal_error")
+    def map(self, exc: BaseException, render=problems.openai) -> Response:
+        def retry_after() -> Optional[str]:
+            return _retry_after(self.state.node) if self.state.node else None
+
+        return render(problems.classify(exc, retry_after, self.config.max_body_bytes))
 
 
 class _Guard:
@@ -268,10 +248,11 @@ class _Guard:
         try:
             if (self.key is not None and scope["path"] not in ("/health", "/v1/health")
                     and not self._authorized(scope)):
-                response = (anthropic.error(401, "authentication_error", "invalid x-api-key")
-                            if scope["path"].startswith("/v1/messages") else
-                            error_response(401, "missing or invalid API key",
-                                           "authentication_error", "invalid_api_key"))
+                render = (problems.anthropic if scope["path"].startswith("/v1/messages")
+                          else problems.openai)
+                response = render(problems.Problem(401, "authentication",
+                                                   "missing or invalid API key",
+                                                   "invalid_api_key"))
                 await response(scope, receive, send_logged)
             else:
                 await self.app(scope, receive, send_logged)

@@ -25,11 +25,9 @@ e >= 0, a decode-only step taking time); until then the scheduler prefills
 step that prefilled and every REFIT_EVERY other steps, sane or not.
 
 Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
-step's time is not linear in its rows on a CPU (here two rows cost about two
-one-row steps and a 17th about two fifths of one; and with many decoders, rows
-in multiples of four cost less than the counts around them: 16 rows 77 ms, 17
-rows 97 ms),
-and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
+step's time is not linear in its rows on a CPU (two rows may cost about two
+one-row steps and a 17th a fraction of one; and with many decoders, rows in
+multiples of four cost less than the counts around them), and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
 the rows its drafts give, and a draft's length is chosen by what its rows cost:
 the steps the node timed as it opened (dgr.engine.measure_row_times) give the
 curve's shape where it has run no step lately, at the level of the steps it ran.
@@ -51,8 +49,8 @@ FORGET = 0.99
 MIN_DECODE_ONLY = 3 * FORGET ** 3
 MIN_PREFILLING = 0.5
 MIN_FOR_ATTENTION = 4 * FORGET ** 4
-# decode-only steps between two fits once there is one (each step weighs about 1 % of
-# the fit); a step that prefilled is followed by a fit at once
+# decode-only steps between two fits once there is one (each step weighs little in the
+# fit, by FORGET); a step that prefilled is followed by a fit at once
 REFIT_EVERY = 16
 # RowTimes: the forgetting-weighted steps a group of rows needs to be given
 MIN_ROW_WEIGHT = 0.5
@@ -103,12 +101,10 @@ class StepTimeModel:
         """One step: its decode rows, its prefill chunks [(start, end), ...], its
         time. Returns a new fit when one is due, else None: the model is solved as
         soon as both kinds of step were seen, then after every step that prefilled
-        and every REFIT_EVERY other steps, sane or not. A long prompt's pieces
-        beside decoders follow the attention term as their positions grow (with
-        fits 16 steps apart the worst of its steps took 3.8x a decode-only step
-        where the bound was 3x, 3.3x with a fit after each); a solve each
-        decode-only step is work on the Trio
-        thread's step path that a fit moving by ~1 % a step does not need."""
+        (a long prompt's pieces beside decoders follow the attention term as their
+        positions grow) and every REFIT_EVERY other steps, sane or not: a solve
+        each decode-only step would be work on the Trio thread's step path that a
+        fit moving little a step does not need."""
         prefill_rows = sum(end - start for start, end in chunks)
         if decode_rows == 0 and prefill_rows == 0:
             return None

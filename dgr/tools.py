@@ -49,12 +49,9 @@ class ToolSpec:
 
 
 def parse_tools(body: dict, tool_format: Any = None) -> Optional[ToolSpec]:
-    """The request's tools in `tool_format` (None: the generic one), or None when
-    it has none or tool_choice is "none"."""
+    """OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` (`tool_spec`)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise ToolsError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if tools is None:
         if choice not in (None, "none", "auto"):
             raise ToolsError("'tool_choice' needs 'tools'", "tool_choice")
@@ -65,15 +62,35 @@ def parse_tools(body: dict, tool_format: Any = None) -> Optional[ToolSpec]:
     for tool in tools:
         function = tool.get("function") if isinstance(tool, dict) else None
         if (not isinstance(tool, dict) or tool.get("type") != "function"
-                or not isinstance(function, dict) or not isinstance(function.get("name"), str)
-                or not function["name"]):
+                or not isinstance(function, dict)):
             raise ToolsError("every tool must be {\"type\": \"function\", \"function\": "
                              "{\"name\": ...}}", "tools")
-        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        specs.append(function)
+    if isinstance(choice, dict):
+        named = choice.get("function") if choice.get("type") == "function" else None
+        choice = {"name": named.get("name") if isinstance(named, dict) else None}
+    return tool_spec(specs, choice, parallel, tool_format)
+
+
+def tool_spec(tools: list, choice: Any, parallel: Any, tool_format: Any = None,
+              schema_key: str = "parameters") -> Optional[ToolSpec]:
+    """The tools a request offers, whatever its protocol, or None when it offers
+    none or tool_choice is "none": each tool {"name", "description", schema_key: its
+    arguments' JSON schema}; `choice` "none", "auto", "required", {"name": a tool's
+    name} or None (auto with tools); the tools in `tool_format` (None: the generic
+    one)."""
+    if not isinstance(parallel, bool):
+        raise ToolsError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    specs = []
+    for tool in tools:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ToolsError("every tool needs a name", "tools")
+        parameters = tool.get(schema_key) or {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
-            raise ToolsError(f"tool {function['name']!r}: 'parameters' must be a JSON schema "
-                             "object", "tools")
-        specs.append({"name": function["name"], "description": function.get("description") or "",
+            raise ToolsError(f"tool {name!r}: '{schema_key}' must be a JSON schema object",
+                             "tools")
+        specs.append({"name": name, "description": tool.get("description") or "",
                       "parameters": parameters})
     names = [t["name"] for t in specs]
     if len(set(names)) != len(names):
@@ -81,11 +98,10 @@ def parse_tools(body: dict, tool_format: Any = None) -> Optional[ToolSpec]:
     if choice is None:
         choice = "auto" if specs else "none"
     if isinstance(choice, dict):
-        named = choice.get("function") if choice.get("type") == "function" else None
-        name = named.get("name") if isinstance(named, dict) else None
-        if name not in names:
-            raise ToolsError(f"'tool_choice' names no given tool ({name!r})", "tool_choice")
-        choice = name
+        if choice.get("name") not in names:
+            raise ToolsError(f"'tool_choice' names no given tool ({choice.get('name')!r})",
+                             "tool_choice")
+        choice = choice["name"]
     elif choice not in ("none", "auto", "required"):
         raise ToolsError("'tool_choice' must be none, auto, required or a named function",
                          "tool_choice")
@@ -152,41 +168,6 @@ def system_prompt(spec: ToolSpec) -> str:
     return f"You can call these tools:\n{described}\n{how}"
 
 
-def history(messages: list[Any]) -> list[dict]:
-    """The chat's assistant tool calls and tool results checked and made uniform:
-    a call as {"id", "type": "function", "function": {"name", "arguments": <the
-    arguments as a JSON value>}}, its message's content "" when none; a tool
-    message must answer an earlier call. Other messages are as given."""
-    out, call_ids = [], set()
-    for m in messages:
-        calls = m.get("tool_calls") if isinstance(m, dict) else None
-        if calls is not None:
-            if m.get("role") != "assistant" or not isinstance(calls, list):
-                raise ToolsError("'tool_calls' belong to assistant messages, as a list",
-                                 "messages")
-            uniform = []
-            for call in calls:
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                    raise ToolsError("a tool call needs a function name", "messages")
-                try:
-                    arguments = json.loads(function.get("arguments") or "{}")
-                except (TypeError, ValueError):
-                    raise ToolsError("a tool call's arguments must be JSON text",
-                                     "messages") from None
-                call_ids.add(call.get("id"))
-                uniform.append({"id": call.get("id"), "type": "function",
-                                "function": {"name": function["name"], "arguments": arguments}})
-            out.append(m | {"content": m.get("content") or "", "tool_calls": uniform})
-            continue
-        if isinstance(m, dict) and m.get("role") == "tool":
-            if m.get("tool_call_id") not in call_ids:
-                raise ToolsError(f"tool message for {m.get('tool_call_id')!r} answers no earlier "
-                                 "tool call", "messages")
-        out.append(m)
-    return out
-
-
 class GenericFormat:
     """llama.cpp's generic format (see the module doc): rendered by any template."""
 
@@ -195,7 +176,7 @@ class GenericFormat:
     @staticmethod
     def render(messages: list[dict], spec: Optional[ToolSpec], apply_template,
                add_generation_prompt: bool = True) -> str:
-        """The prompt of a chat (messages as history() makes them) through
+        """The prompt of a chat (messages as dgr.doors.request.chat_message makes them) through
         `apply_template` (messages of role and content, add_generation_prompt -> text): the tools
         described in the system message, the calls as the JSON the model answers in."""
         plain = []

@@ -5,8 +5,8 @@ llama.cpp's CPU backend can copy a weight at load into an interleaved layout
 Q4_0, IQ4_NL, MXFP4 and Q4_K (patch 0017 makes Q4_K's one-column kernel round
 as its batch kernel does) those kernels give every batch column, and every MoE
 token's expert output, the bits it gets alone (patches/native-tests:
-repacked_mul_mat). The first three run 1.3-3x the plain kernels on x86
-(bench-kernels): the "invariant" mode places them in CPU_REPACK, by name. Q4_K's
+repacked_mul_mat). The first three run faster than the plain kernels on x86
+(bench-kernels measures it): the "invariant" mode places them in CPU_REPACK, by name. Q4_K's
 repacked kernels trade: one to three columns run faster than dgr's tiled kernel,
 four and more slower (docs/design.md has the figures): the "decode" mode adds
 them, for nodes that serve one session at a time. For Q2_K the repacked matmul rounds a column differently in a group of

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from dgr import _codes, _engine
+from dgr._step import step
 from dgr.detok import IncrementalDetokenizer
 from dgr.errors import ContextError, DecodeError, InvalidBatch, ModelLoadError
 
@@ -27,11 +28,11 @@ def prefill_rows(tokens, slot, start=0):
 
 def run_alone(engine, prompt_ids, n_new, slot=0):
     engine.release(slot)
-    sampled, *_ = engine.step(*prefill_rows(prompt_ids, slot))
+    sampled, *_ = step(engine, *prefill_rows(prompt_ids, slot))
     out = [int(sampled[-1])]
     pos = len(prompt_ids)
     while len(out) < n_new:
-        sampled, *_ = engine.step([out[-1]], [pos], [slot], [1])
+        sampled, *_ = step(engine, [out[-1]], [pos], [slot], [1])
         out.append(int(sampled[0]))
         pos += 1
     engine.release(slot)
@@ -123,12 +124,12 @@ def test_batched_sequences_match_solo_runs(engine):
     for slot, p in enumerate(ids):
         for acc, part in zip(rows, prefill_rows(p, slot)):
             acc.extend(part)
-    sampled, *_ = engine.step(*rows)
+    sampled, *_ = step(engine, *rows)
     ends = np.cumsum([len(p) for p in ids]) - 1
     outs = [[int(sampled[e])] for e in ends]
     pos = [len(p) for p in ids]
     for _ in range(n_new - 1):
-        sampled, *_ = engine.step([o[-1] for o in outs], pos, list(range(4)), [1] * 4)
+        sampled, *_ = step(engine, [o[-1] for o in outs], pos, list(range(4)), [1] * 4)
         for slot in range(4):
             outs[slot].append(int(sampled[slot]))
             pos[slot] += 1
@@ -140,7 +141,7 @@ def test_batched_sequences_match_solo_runs(engine):
 def test_release_frees_cells_and_slot_reuse_is_clean(engine):
     prompt = list(engine.tokenize("reuse this slot"))
     fresh = run_alone(engine, prompt, 8, slot=1)
-    engine.step(*prefill_rows(list(engine.tokenize("something else entirely, and longer")), 1))
+    step(engine, *prefill_rows(list(engine.tokenize("something else entirely, and longer")), 1))
     assert engine.pos_max(1) >= 0
     engine.release(1)
     assert engine.pos_max(1) == -1
@@ -153,7 +154,7 @@ def test_logprobs_are_a_sorted_normalized_top_k(engine):
     engine.release(0)
     toks, pos, seq, want = prefill_rows(prompt, 0)
     want[-1] = _codes.WANT_SAMPLE | _codes.WANT_LOGPROBS
-    sampled, top_ids, top_lp, chosen_lp = engine.step(toks, pos, seq, want, n_logprobs=5)
+    sampled, top_ids, top_lp, chosen_lp = step(engine, toks, pos, seq, want, n_logprobs=5)
     engine.release(0)
     row = len(prompt) - 1
     assert top_ids[row, 0] == sampled[row]  # greedy picks the best
@@ -170,7 +171,7 @@ def test_gil_is_released_during_step(wide_model):
 
     def long_step():
         started.set()
-        eng.step(*prefill_rows(prompt, 0))
+        step(eng, *prefill_rows(prompt, 0))
 
     worker = threading.Thread(target=long_step)
     loops = 0
@@ -224,7 +225,7 @@ def test_weight_repack_is_refused_where_amx_would_crash_and_works_elsewhere(tiny
             _engine.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
     else:
         eng = _engine.Engine(tiny_model, n_ctx=256, n_seq_max=1, weight_repack=True)
-        sampled, *_ = eng.step([1, 2, 3], [0, 1, 2], [0, 0, 0], [0, 0, 1])
+        sampled, *_ = step(eng, [1, 2, 3], [0, 1, 2], [0, 0, 0], [0, 0, 1])
         assert sampled[-1] >= 0
         eng.close()
 
@@ -232,39 +233,39 @@ def test_weight_repack_is_refused_where_amx_would_crash_and_works_elsewhere(tiny
 def test_decreasing_positions_are_rejected(engine):
     engine.release(2)
     with pytest.raises(InvalidBatch, match="does not continue"):
-        engine.step([5, 6, 7], [0, 2, 1], [2, 2, 2], [0, 0, 1])
+        step(engine, [5, 6, 7], [0, 2, 1], [2, 2, 2], [0, 0, 1])
     assert engine.pos_max(2) == -1
 
 
 def test_positions_must_continue_the_kv(engine):
     engine.release(2)
-    engine.step([5, 6], [0, 1], [2, 2], [0, 1])
+    step(engine, [5, 6], [0, 1], [2, 2], [0, 1])
     with pytest.raises(InvalidBatch, match="expected 2"):
-        engine.step([7], [5], [2], [1])
+        step(engine, [7], [5], [2], [1])
     assert engine.pos_max(2) == 1
     engine.release(2)
 
 
 def test_token_out_of_vocabulary(engine):
     with pytest.raises(InvalidBatch, match="out of vocabulary"):
-        engine.step([engine.n_vocab], [0], [0], [1])
+        step(engine, [engine.n_vocab], [0], [0], [1])
     with pytest.raises(InvalidBatch, match="out of vocabulary"):
-        engine.step([-3], [0], [0], [1])
+        step(engine, [-3], [0], [0], [1])
 
 
 def test_more_rows_than_n_batch(engine):
     n = engine.n_batch + 1
     with pytest.raises(InvalidBatch, match="exceed n_batch"):
-        engine.step([5] * n, list(range(n)), [0] * n, [0] * n)
+        step(engine, [5] * n, list(range(n)), [0] * n, [0] * n)
 
 
 def test_bad_sequence_id_and_mismatched_lengths(engine):
     with pytest.raises(InvalidBatch, match="sequence id"):
-        engine.step([5], [0], [9], [1])
+        step(engine, [5], [0], [9], [1])
     with pytest.raises(InvalidBatch, match="same length"):
-        engine.step([5, 6], [0], [0], [1])
+        step(engine, [5, 6], [0], [0], [1])
     with pytest.raises(InvalidBatch, match="empty"):
-        engine.step([], [], [], [])
+        step(engine, [], [], [], [])
 
 
 def test_row_probes_time_each_count_that_fits_and_free_their_cells(engine):

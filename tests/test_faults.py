@@ -6,6 +6,7 @@ import trio
 
 import dgr
 from dgr import _codes, _engine
+from dgr._step import step
 from dgr.errors import DecodeAborted, DgrError, FatalDecodeError, InvalidBatch, KVSlotUnavailable
 from dgr.config import ServerConfig
 
@@ -21,13 +22,13 @@ def engine(tiny_model):
                                         (-1, InvalidBatch), (-3, FatalDecodeError)])
 def test_engine_maps_codes_and_reconciles_kv(engine, code, error):
     engine.release(0)
-    engine.step([5, 6, 7], [0, 1, 2], [0, 0, 0], [0, 0, 1])
+    step(engine, [5, 6, 7], [0, 1, 2], [0, 0, 0], [0, 0, 1])
     engine.inject_fault(0, code)
     with pytest.raises(error) as exc:
-        engine.step([8, 9], [3, 4], [0, 0], [0, 1])
+        step(engine, [8, 9], [3, 4], [0, 0], [0, 1])
     assert exc.value.code == code if code != -1 else True
     assert engine.pos_max(0) == 2  # back to the state before the failed step
-    sampled, *_ = engine.step([8, 9], [3, 4], [0, 0], [0, 1])  # and it resumes
+    sampled, *_ = step(engine, [8, 9], [3, 4], [0, 0], [0, 1])  # and it resumes
     assert engine.pos_max(0) == 4 and sampled[1] >= 0
     engine.release(0)
 
@@ -37,7 +38,7 @@ def test_abort_flag_aborts_and_reconciles(engine):
     engine.request_abort()
     try:
         with pytest.raises(DecodeAborted):
-            engine.step(list(range(5, 45)), list(range(40)), [1] * 40, [0] * 39 + [1])
+            step(engine, list(range(5, 45)), list(range(40)), [1] * 40, [0] * 39 + [1])
     finally:
         engine.clear_abort()
     assert engine.pos_max(1) == -1

@@ -11,6 +11,7 @@ import pytest
 
 import dgr
 from dgr import _engine, invariance, weight_repack
+from dgr._step import step
 from dgr.engine import repacked_tensors
 from dgr.testmodel import QUANT_TYPES, quantize, write_test_model
 
@@ -90,16 +91,16 @@ def test_a_rolled_back_state_continues_as_if_the_drafts_never_ran(source_models,
         want = [0] * (len(prompt) - 1) + [3]  # sample with log-probabilities
         n = len(prompt)
         for slot in (0, 1):
-            engine.step(prompt, list(range(n)), [slot] * n, want)
+            step(engine, prompt, list(range(n)), [slot] * n, want)
         # slot 0 never drafts; slot 1 verifies three drafts and keeps the first
-        plain = engine.step([drafts[0], 60], [n, n + 1], [0, 0], [0, 3], n_logprobs=5)
-        engine.step(drafts, [n, n + 1, n + 2], [1] * 3, [3] * 3, n_logprobs=5)
+        plain = step(engine, [drafts[0], 60], [n, n + 1], [0, 0], [0, 3], n_logprobs=5)
+        step(engine, drafts, [n, n + 1, n + 2], [1] * 3, [3] * 3, n_logprobs=5)
         rolled_back = engine.truncate(1, n + 1)
         assert rolled_back == (engine.info["state_rollback"] > 0)
         assert rolled_back == (arch == "lfm2")
         if rolled_back:
             assert engine.pos_max(1) == n
-            after = engine.step([60], [n + 1], [1], [3], n_logprobs=5)
+            after = step(engine, [60], [n + 1], [1], [3], n_logprobs=5)
             assert after[0][0] == plain[0][1]
             assert (after[1][0] == plain[1][1]).all() and (after[2][0] == plain[2][1]).all()
             assert after[3][0] == plain[3][1]

@@ -230,16 +230,17 @@ async def test_a_node_killed_behind_vllm_router_started_as_the_readme_says_loses
         await wait_ready(base, "/v1/models")
         async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused",
                                       max_retries=0, timeout=60) as client:
-            async def ask(text):
+            async def ask(text, tokens=4):
                 return await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": text}], max_tokens=4,
-                    temperature=0)
+                    model="m", messages=[{"role": "user", "content": text}], max_tokens=tokens,
+                    temperature=0, extra_body={"ignore_eos": True})
 
             # six at once: a request no node's cache matches goes to the node with the
-            # fewest requests in flight (the first on a tie: sequential ones stay on one)
+            # fewest requests in flight (the first on a tie: sequential ones stay on one),
+            # so each runs long enough to be in flight when the others are routed
             async with trio.open_nursery() as nursery:
                 for i in range(6):
-                    nursery.start_soon(ask, f"conversation {i}: " + "words " * 40 * i)
+                    nursery.start_soon(ask, f"conversation {i}: " + "words " * 40 * i, 256)
             served = [await admitted(url) for url in urls]
             assert all(served), served  # the load spread over both nodes
             nodes[0].kill()

@@ -147,6 +147,9 @@ async def test_chat_models_metrics_capabilities_health(start_server):
         assert after - before == done["usage"]["completion_tokens"] == 5
         caps = (await client.get("/capabilities")).json()
         assert caps["budgets"]["queue"]["max_running"] == 4
+        # every bound, the server's response store too, in use and in all
+        assert caps["bounds"]["response_store_entries"]["used"] == 0
+        assert all(set(bound) >= {"used", "capacity"} for bound in caps["bounds"].values())
         # the tiny model's weights are F32: types the invariance covers
         assert caps["invariance"]["covered"] and set(caps["invariance"]["weight_types"]) == {"F32"}
         assert (await client.get("/health")).json() == {"status": "ok"}

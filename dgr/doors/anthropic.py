@@ -1,8 +1,9 @@
 """Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): a
-request becomes a chat, parsed and validated as `/v1/chat/completions` is (its
-tools grammar-sure as the chat door's), and the session's answer becomes a
+request becomes a GenerationRequest by the Messages API's own fields (its tools
+grammar-sure as the chat door's), and the session's answer becomes a
 message of text and tool_use blocks, whole or as Anthropic's stream events.
-Errors are in Anthropic's shape."""
+Errors are in Anthropic's shape (the server renders what these handlers raise
+with dgr.doors.problems.anthropic)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr import tools as tool_calls
-from dgr.doors.fields import BadRequest, check_fields
-from dgr.doors.openai import parse_chat
+from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
+from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
+                               named_values, prompt_ending, sampling, tool_call)
 from dgr.doors.prompts import chat_ids
-from dgr.doors.sse import SessionEvents, ending, read_one
-from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
+from dgr.doors.problems import anthropic_error, ended
+from dgr.doors.sse import SessionEvents, read_one, sse_event
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
 
-# the chat request's name of a field -> the Messages API's (for error messages)
-_CHAT_NAMES = {"stop": "stop_sequences", "parallel_tool_calls": "tool_choice"}
+# the Messages API's name of each SamplingParams field it has
+_SAMPLING_NAMES = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+                   "top_k": "top_k", "stop_sequences": "stop"}
 _STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
-
-
-def error(status: int, kind: str, message: str) -> JSONResponse:
-    """An error in Anthropic's shape."""
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}},
-                        status_code=status)
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
 def _text(content: Any, where: str) -> str:
@@ -48,22 +46,22 @@ def _text(content: Any, where: str) -> str:
             kind = block.get("type") if isinstance(block, dict) else None
             raise BadRequest(f"'{where}' blocks of type {kind!r} are not supported here", where)
         parts.append(block["text"])
-    return "".join(parts)
+    return joined_text(parts)
 
 
 def _messages(body: dict) -> list[dict]:
     """The conversation as chat messages: text, tool_use and tool_result blocks."""
     system = body.get("system")
-    out = [{"role": "system", "content": _text(system, "system")}] if system else []
+    out = [chat_message("system", _text(system, "system"))] if system else []
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
     for message in messages:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             raise BadRequest("every message needs the role 'user' or 'assistant'", "messages")
-        content = message.get("content")
+        role, content = message["role"], message.get("content")
         if isinstance(content, str):
-            out.append({"role": message["role"], "content": content})
+            out.append(chat_message(role, content))
             continue
         if not isinstance(content, list):
             raise BadRequest("a message's 'content' must be a string or blocks", "messages")
@@ -72,80 +70,67 @@ def _messages(body: dict) -> list[dict]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text" and isinstance(block.get("text"), str):
                 text.append(block["text"])
-            elif kind == "tool_use" and message["role"] == "assistant":
-                calls.append({"id": block.get("id"), "type": "function", "function": {
-                    "name": block.get("name"), "arguments": json.dumps(block.get("input", {}))}})
-            elif kind == "tool_result" and message["role"] == "user":
-                result = block.get("content", "")
-                out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                            "content": _text(result, "messages")})
+            elif kind == "tool_use" and role == "assistant":
+                calls.append(tool_call(block.get("id"), block.get("name"), block.get("input", {})))
+            elif kind == "tool_result" and role == "user":
+                out.append(chat_message("tool", _text(block.get("content", ""), "messages"),
+                                        answers=block.get("tool_use_id")))
             else:
                 raise BadRequest(f"content blocks of type {kind!r} are not supported",
                                  "messages")
         if text or calls:
-            out.append({"role": message["role"], "content": "".join(text) or None}
-                       | ({"tool_calls": calls} if calls else {}))
-    return out
+            out.append(chat_message(role, joined_text(text), calls))
+    return checked_chat(out)
 
 
-def _tools(body: dict) -> dict:
-    """`tools` and `tool_choice` as the chat door takes them."""
-    tools = body.get("tools")
+def _tools(body: dict, tool_format) -> Optional[tool_calls.ToolSpec]:
+    """`tools` (custom tools: name, description, input_schema) and `tool_choice`."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is None:
-        if body.get("tool_choice") is not None:
+        if choice is not None:
             raise BadRequest("'tool_choice' needs 'tools'", "tool_choice")
-        return {}
+        return None
     if not isinstance(tools, list):
         raise BadRequest("'tools' must be a list", "tools")
-    chat_tools = []
     for tool in tools:
         if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise BadRequest(f"tools of type {kind!r} (server tools) are not supported",
                              "tools")
-        chat_tools.append({"type": "function", "function": {
-            "name": tool.get("name"), "description": tool.get("description", ""),
-            "parameters": tool.get("input_schema")}})
-    out: dict = {"tools": chat_tools}
-    choice = body.get("tool_choice")
-    if choice is not None:
-        kind = choice.get("type") if isinstance(choice, dict) else None
-        named = {"type": "function", "function": {"name": choice.get("name")}} \
-            if kind == "tool" else None
-        mapped = {"auto": "auto", "any": "required", "none": "none", "tool": named}
-        if kind not in mapped:
-            raise BadRequest("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
-        out["tool_choice"] = mapped[kind]
-        if choice.get("disable_parallel_tool_use"):
-            out["parallel_tool_calls"] = False
-    return out
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if choice is not None and kind not in (*_TOOL_CHOICES, "tool"):
+        raise BadRequest("'tool_choice.type' must be auto, any, tool or none", "tool_choice")
+    parallel = not (isinstance(choice, dict) and choice.get("disable_parallel_tool_use"))
+    try:
+        return tool_calls.tool_spec(
+            tools, {"name": choice.get("name")} if kind == "tool" else _TOOL_CHOICES.get(kind),
+            parallel, tool_format, schema_key="input_schema")
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
 
 
-def parse_messages(body: Any, tool_format=None, door: str = "/v1/messages"):
-    """(ParsedRequest, chat messages) of a Messages API body."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+def parse_messages(body: Any, tool_format=None, door: str = "/v1/messages") -> GenerationRequest:
+    """A Messages API body (`door`: /v1/messages or its count_tokens, which takes
+    no sampling)."""
+    body = json_object(body)
     check_fields(body, door)
     thinking = body.get("thinking")
     if thinking is not None and thinking != {"type": "disabled"}:
         raise BadRequest("'thinking' is not supported", "thinking")
-    chat_body = {"messages": _messages(body)} | _tools(body)
+    messages = _messages(body)
+    tools = _tools(body, tool_format)
+    values: dict = {}
     if door == "/v1/messages":
         if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
             raise BadRequest("'max_tokens' must be a positive integer", "max_tokens")
-        for name, chat_name in (("max_tokens", "max_tokens"), ("temperature", "temperature"),
-                                ("top_p", "top_p"), ("top_k", "top_k"),
-                                ("stop_sequences", "stop"), ("stream", "stream")):
-            if body.get(name) is not None:
-                chat_body[chat_name] = body[name]
-    try:
-        return parse_chat(chat_body, tool_format)
-    except BadRequest as exc:
-        raise BadRequest(str(exc), _CHAT_NAMES.get(exc.param, exc.param)) from None
+        values = named_values(body, _SAMPLING_NAMES)
+    params = sampling(values, grammar=tools.format.grammar(tools) if tools is not None else None)
+    return GenerationRequest(params, messages=messages, tools=tools,
+                             stream=read_bool(body, "stream"), **prompt_ending(messages))
 
 
 def _event(kind: str, **fields) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind} | fields, ensure_ascii=False)}\n\n"
+    return sse_event({"type": kind} | fields, kind)
 
 
 class _Blocks:
@@ -216,23 +201,11 @@ def _stop(chunks, tool_use: bool) -> tuple[str, Optional[str]]:
 
 async def messages(request: Request, server: "ServerState") -> Response:
     """One chat session, answered as a message or as Anthropic's stream events."""
-    try:
-        node = server.ready_node()
-        parsed, chat = parse_messages(await server.read_body(request, "/v1/messages"),
-                                      node.tool_format)
-        ids = await chat_ids(node, parsed, chat)
-        stream_cm = node.stream(ids, parsed.params, whole=not parsed.stream)
-        chunks = await stream_cm.__aenter__()
-    except (BadRequest, InvalidRequest) as exc:
-        return error(400, "invalid_request_error", str(exc))
-    except AdmissionRejected as exc:
-        if exc.reason in ("draining", "unhealthy"):
-            return error(503, "overloaded_error", str(exc))
-        return error(429 if exc.reason != "never_fits" else 400,
-                     "rate_limit_error" if exc.reason != "never_fits" else "invalid_request_error",
-                     str(exc))
-    except NodeClosed as exc:
-        return error(503, "overloaded_error", str(exc))
+    node = server.ready_node()
+    parsed = parse_messages(await server.read_body(request, "/v1/messages"), node.tool_format)
+    ids = await chat_ids(node, parsed)
+    stream_cm = node.stream(ids, parsed.params, whole=not parsed.stream)
+    chunks = await stream_cm.__aenter__()
     message_id = "msg_" + uuid.uuid4().hex
     reader = parsed.tools.format.reader() if parsed.tools is not None else None
     head = {"id": message_id, "type": "message", "role": "assistant", "model": server.model_id}
@@ -257,9 +230,9 @@ async def messages(request: Request, server: "ServerState") -> Response:
                     events = blocks.feed(chunk.text)
                     if events:
                         await emit("".join(events))
-            ended = ending([chunks])
-            if ended is not None:
-                await emit(_event("error", error={"type": "api_error", "message": ended[1]}))
+            problem = ended([chunks])
+            if problem is not None:
+                await emit(_event("error", error=anthropic_error(problem)["error"]))
                 return
             tool_use = reader is not None and reader.calls > 0 and reader.whole
             reason, sequence = _stop(chunks, tool_use)
@@ -270,12 +243,9 @@ async def messages(request: Request, server: "ServerState") -> Response:
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
     tokens: list[int] = []
     try:
-        text, instead = await read_one(request, chunks, tokens)
+        text = await read_one(request, chunks, tokens)
     finally:
         await stream_cm.__aexit__(None, None, None)
-    if instead is not None:
-        ended = ending([chunks])
-        return error(ended[0], "api_error", ended[1]) if ended else instead
     blocks, tool_use = _content(text, reader)
     reason, sequence = _stop(chunks, tool_use)
     return JSONResponse(head | {"content": blocks, "stop_reason": reason,
@@ -284,11 +254,8 @@ async def messages(request: Request, server: "ServerState") -> Response:
 
 async def count_tokens(request: Request, server: "ServerState") -> Response:
     """`POST /v1/messages/count_tokens`: the prompt's tokens, as /v1/messages makes it."""
-    try:
-        node = server.ready_node()
-        parsed, chat = parse_messages(await server.read_json(request), node.tool_format,
-                                      "/v1/messages/count_tokens")
-        ids = await chat_ids(node, parsed, chat)
-    except (BadRequest, InvalidRequest) as exc:
-        return error(400, "invalid_request_error", str(exc))
+    node = server.ready_node()
+    parsed = parse_messages(await server.read_json(request), node.tool_format,
+                            "/v1/messages/count_tokens")
+    ids = await chat_ids(node, parsed)
     return JSONResponse({"input_tokens": len(ids)})

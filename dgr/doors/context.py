@@ -12,16 +12,9 @@ from starlette.requests import Request
 
 from dgr.config import ServerConfig
 from dgr.doors.fields import FIELDS, BadRequest
+from dgr.doors.problems import TooLarge, Unavailable
 from dgr.doors.response_store import ResponseStore
 from dgr.node import Node
-
-
-class TooLarge(Exception):
-    """A body past ServerConfig.max_body_bytes (413)."""
-
-
-class Unavailable(Exception):
-    """The node is loading or shutting down (503)."""
 
 
 class ServerState:

@@ -107,6 +107,13 @@ def check_fields(body: dict, door: str, names: Optional[dict] = None) -> None:
         raise BadRequest(f"'{shown}' is not supported by this server", shown)
 
 
+def json_object(body) -> dict:
+    """A request body that must be a JSON object."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
 def error_body(message: str, kind: str, code: Optional[str] = None,
                param: Optional[str] = None) -> dict:
     """An OpenAI-style error object."""
@@ -120,4 +127,16 @@ def read_bool(body: dict, name: str) -> bool:
         return False
     if not isinstance(value, bool):
         raise BadRequest(f"'{name}' must be a boolean", name)
+    return value
+
+
+def read_int(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
+    """An integer field within lo..hi (absent or null: None)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer", name)
+    if not lo <= value <= hi:
+        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
     return value

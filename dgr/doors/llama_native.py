@@ -1,31 +1,34 @@
 """llama.cpp's native API, as llama-server serves it to the GGUF tools that speak
 it: `POST /completion` (its fields, its response and stream shapes), `GET /props`,
-`GET /slots`, `POST /apply-template`. A completion becomes an OpenAI completion
-body, parsed and validated as `/v1/completions` is; a llama.cpp field with no
-meaning here is taken only at a value that changes nothing."""
+`GET /slots`, `POST /apply-template`. A completion becomes a GenerationRequest
+by llama.cpp's own fields; a llama.cpp field with no meaning here is taken only
+at a value that changes nothing."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dgr.doors.fields import BadRequest, check_fields, read_bool
-from dgr.doors.openai import parse_completion, progress_timings, prompt_progress, timings
+from dgr._codes import MAX_LOGPROBS
+from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, read_int
+from dgr.doors.openai import parse_chat, progress_timings, prompt_progress, timings
+from dgr.doors.request import (GenerationRequest, gbnf, named_values, prompt_list, sampling,
+                               schema_grammar)
 from dgr.doors.prompts import chat_text
-from dgr.doors.sse import SessionEvents, ending, error_response, read_one, read_whole
+from dgr.doors.problems import ended, error_response, llama_error
+from dgr.doors.sse import SessionEvents, read_one, read_whole, sse_event
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
 
-# llama.cpp's name -> the OpenAI completion body's
-_RENAMED = {"max_tokens": "max_tokens", "n_predict": "max_tokens", "n_probs": "logprobs"} | {
+# llama.cpp's name of each SamplingParams field /completion takes (n_predict over
+# max_tokens, as llama-server reads them)
+_SAMPLING_NAMES = {"max_tokens": "max_tokens", "n_predict": "max_tokens"} | {
     name: name for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop",
                             "ignore_eos", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                            "frequency_penalty", "grammar", "stream", "timings_per_token",
-                            "return_progress", "logit_bias")}
+                            "frequency_penalty")}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
 
@@ -35,7 +38,7 @@ def _temperature(server: "ServerState") -> float:
 
 
 def _llama_prompt(node, prompt: Any) -> Any:
-    """llama.cpp's prompt shapes as the OpenAI door takes them: {"prompt_string":
+    """llama.cpp's prompt shapes as prompts (request.prompt_list): {"prompt_string":
     text} is its text (multimodal_data is refused: no model here reads images); a
     list mixing token ids and texts is one prompt, its texts tokenized in place
     (the first with the BOS, as llama-server does); another list is one prompt each."""
@@ -63,10 +66,9 @@ def _json_prompt(prompt: dict) -> Any:
     return prompt.get("prompt_string")
 
 
-def _llama_bias(node, bias: Any) -> Any:
-    """llama.cpp's logit_bias as OpenAI's ({token id: bias}): pairs or an object,
-    each key a token id or a text whose tokens all take the bias; a bias of false
-    bans (-100)."""
+def _llama_bias(node, bias: Any) -> dict:
+    """llama.cpp's logit_bias as {token id: bias}: pairs or an object, each key a
+    token id or a text whose tokens all take the bias; a bias of false bans (-100)."""
     pairs = bias.items() if isinstance(bias, dict) else bias
     if not isinstance(pairs, (list, type({}.items()))) or not all(
             isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
@@ -77,9 +79,12 @@ def _llama_bias(node, bias: Any) -> Any:
         value = -100 if value is False else value
         if isinstance(key, str) and not key.isdigit():
             for token in node.tokenize(key, add_special=False, parse_special=False):
-                out[str(token)] = value
+                out[token] = value
+        elif isinstance(key, int) and not isinstance(key, bool) or isinstance(key, str):
+            out[int(key)] = value
         else:
-            out[str(key)] = value
+            raise BadRequest(f"'logit_bias' keys must be token ids or texts, got {key!r}",
+                             "logit_bias")
     return out
 
 
@@ -93,22 +98,28 @@ def _probabilities(node, chunk) -> dict:
         "top_logprobs": [entry(t, lp) for t, lp in chunk.top_logprobs or []]}
 
 
-def _completion_body(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+def parse_llama_completion(body: Any, node) -> GenerationRequest:
+    """llama-server's POST /completion (its prompt shapes and logit_bias need the
+    node's tokenizer)."""
+    body = json_object(body)
     check_fields(body, "/completion")
-    out: dict = {"prompt": body.get("prompt"), "temperature": _TEMPERATURE}
-    for name, value in body.items():
-        if name in _RENAMED and value is not None:
-            out[_RENAMED[name]] = value
-    if body.get("n_predict") is not None:
-        out["max_tokens"] = body["n_predict"]  # over max_tokens, as llama-server reads them
-    if out.get("max_tokens") == -1:
-        del out["max_tokens"]  # llama.cpp's "until the end": the node's default
-    if body.get("json_schema") is not None:
-        out["response_format"] = {"type": "json_schema",
-                                  "json_schema": {"schema": body["json_schema"]}}
-    return out
+    values = named_values(body, _SAMPLING_NAMES)
+    if values.get("max_tokens", (None, None))[1] == -1:
+        del values["max_tokens"]  # llama.cpp's "until the end": the node's default
+    if body.get("grammar") is not None and body.get("json_schema") is not None:
+        raise BadRequest("give 'grammar' or 'json_schema', not both", "grammar")
+    grammar = (gbnf(body["grammar"], "grammar") if body.get("grammar") is not None else
+               schema_grammar(body["json_schema"], "'json_schema'", "json_schema")
+               if body.get("json_schema") is not None else None)
+    bias = body.get("logit_bias")
+    params = sampling(values, temperature=_TEMPERATURE,
+                      logprobs=read_int(body, "n_probs", 0, MAX_LOGPROBS) or 0,
+                      logit_bias=_llama_bias(node, bias) if bias is not None else None,
+                      grammar=grammar)
+    return GenerationRequest(params, prompts=prompt_list(_llama_prompt(node, body.get("prompt"))),
+                             stream=read_bool(body, "stream"),
+                             timings_per_token=read_bool(body, "timings_per_token"),
+                             return_progress=read_bool(body, "return_progress"))
 
 
 def _logit_bias(params, eog_tokens: list[int]) -> list[dict]:
@@ -139,11 +150,7 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
 async def completion(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     body = await server.read_body(request, "/completion")
-    if isinstance(body, dict):
-        body = body | {"prompt": _llama_prompt(node, body.get("prompt"))}
-        if body.get("logit_bias") is not None:
-            body["logit_bias"] = _llama_bias(node, body["logit_bias"])
-    parsed = parse_completion(_completion_body(body))
+    parsed = parse_llama_completion(body, node)
     return_tokens = read_bool(body, "return_tokens")
     if len(parsed.prompts) > 1:
         if parsed.stream:
@@ -164,7 +171,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
                               "prompt_progress": prompt_progress(chunk.progress, started)}
                     if parsed.timings_per_token:
                         report["timings"] = progress_timings(chunk.progress, started)
-                    await emit("data: " + json.dumps(report) + "\n\n")
+                    await emit(sse_event(report))
                     continue
                 if chunk.token_id is not None:
                     tokens.append(chunk.token_id)
@@ -180,26 +187,22 @@ async def completion(request: Request, server: "ServerState") -> Response:
                         piece["timings"] = timings(chunks)
                     if parsed.params.logprobs and chunk.token_id is not None:
                         piece["completion_probabilities"] = [_probabilities(node, chunk)]
-                    await emit("data: " + json.dumps(piece, ensure_ascii=False) + "\n\n")
+                    await emit(sse_event(piece))
                 else:
                     texts.append(chunk.text)
-            ended = ending([chunks])
-            if ended is not None:
-                await emit("data: " + json.dumps({"error": {"code": ended[0],
-                                                            "message": ended[1]}}) + "\n\n")
+            problem = ended([chunks])
+            if problem is not None:
+                await emit(sse_event(llama_error(problem)))
                 return
             final = _result(parsed, chunks, "".join(texts), tokens, server.model_id,
                             return_tokens, node)
             last = texts[-1] if texts and chunks.finish_reason is not None else ""
-            await emit("data: " + json.dumps(final | {"content": last}, ensure_ascii=False)
-                       + "\n\n")
+            await emit(sse_event(final | {"content": last}))
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
     rows: list = []
     async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
-        text, instead = await read_one(request, chunks, tokens, rows)
-    if instead is not None:
-        return instead
+        text = await read_one(request, chunks, tokens, rows)
     result = _result(parsed, chunks, text, tokens, server.model_id, return_tokens, node)
     if parsed.params.logprobs:
         result["completion_probabilities"] = [_probabilities(node, row) for row in rows]
@@ -239,9 +242,7 @@ async def _several(request: Request, server: "ServerState", node, parsed,
         tokens[i] = [chunk.token_id for chunk in got if chunk.token_id is not None]
 
     async with node.stream_group(parsed.prompts, parsed.params, 1, whole=True) as streams:
-        instead = await read_whole(request, streams, collect)
-    if instead is not None:
-        return instead
+        await read_whole(request, streams, collect)
     return JSONResponse([_result(parsed, chunks, texts[i], tokens[i], server.model_id,
                                  return_tokens, node) | {"index": i}
                          for i, chunks in enumerate(streams)])
@@ -280,10 +281,7 @@ async def apply_template(request: Request, server: "ServerState") -> Response:
     body = await server.read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise BadRequest("'messages' must be a list", "messages")
-    from dgr.doors.openai import parse_chat
-
-    chat, messages = parse_chat({k: body[k] for k in ("messages", "tools", "tool_choice",
-                                                      "add_generation_prompt",
-                                                      "continue_final_message") if k in body},
-                                node.tool_format)
-    return JSONResponse({"prompt": chat_text(node, chat, messages)})
+    chat = parse_chat({k: body[k] for k in ("messages", "tools", "tool_choice",
+                                            "add_generation_prompt", "continue_final_message")
+                       if k in body}, node.tool_format)
+    return JSONResponse({"prompt": chat_text(node, chat)})

@@ -1,132 +1,59 @@
 """OpenAI's completions and chat completions without I/O: a body becomes a
-ParsedRequest (the prompts, the SamplingParams and the output options of its
-sessions), and a session's results become response objects or stream chunks
-(CompletionBuilder). Requests are validated strictly by type and range against
-the door's fields (dgr.doors.fields).
+GenerationRequest (dgr.doors.request), and a session's results become response
+objects or stream chunks (CompletionBuilder). Requests are validated strictly by
+type and range against the door's fields (dgr.doors.fields).
 """
 
 from __future__ import annotations
 
-import math
+import json
 import time
 import uuid
 from typing import Any, Optional
 
-import attrs
-
 from dgr._codes import MAX_LOGPROBS
-from dgr.config import SamplingParams
-from dgr.errors import InvalidRequest
 from dgr import tools as tool_calls
-from dgr.doors.fields import BadRequest, check_fields, read_bool
+from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, read_int
+from dgr.doors.request import (MAX_CHOICES, GenerationRequest, chat_message, checked_chat, gbnf,
+                               joined_text, json_object_grammar, named_values, prompt_ending,
+                               prompt_list, sampling, schema_grammar, tool_call)
 from dgr.stream import Chunk, PromptProgress, TopLogprobs
 
-MAX_CHOICES = 32  # prompts x n in one request
 # OpenAI's message roles, as the chat template knows them ("developer" is OpenAI's
 # newer name for "system")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
-
-def _int(body: dict, name: str, lo: int, hi: int) -> Optional[int]:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{name}' must be an integer", name)
-    if not lo <= value <= hi:
-        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
-    return value
-
-
-def _float(body: dict, name: str, lo: float, hi: float) -> Optional[float]:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"'{name}' must be a number", name)
-    if not lo <= value <= hi:
-        raise BadRequest(f"'{name}' must be within {lo}..{hi}, got {value}", name)
-    return float(value)
-
-
-def _check_stop(value) -> None:
-    """OpenAI's shape of `stop`: a string or a list of strings."""
-    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-        raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
-
-
-@attrs.frozen
-class ParsedRequest:
-    prompts: list  # each a str or a list of token ids (chat: filled in by the server)
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    chat: bool
-    n: int = 1  # choices per prompt
-    top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
-    echo: bool = False  # completions: each choice's text begins with its prompt
-    tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
-    timings_per_token: bool = False  # llama-server's: each streamed chunk has its timings
-    return_progress: bool = False  # llama-server's: a stream reports its prompt's prefill
-    # chat: whether the prompt ends by opening the assistant's turn, or continues the
-    # last message (the assistant's: a prefill)
-    add_generation_prompt: bool = True
-    continue_final: bool = False
-    verbose: bool = False  # llama-server's: the response shows the prompt (`__verbose`)
-
-
 # OpenAI's (and llama-server's, vLLM's) name of each SamplingParams field that a
-# request passes as it is; SamplingParams validates every value and names the
-# field at fault, reported under the request's name for it.
+# request passes as it is (n_predict over max_tokens, as llama-server reads them)
 SAMPLING_NAMES = {
-    "max_tokens": "max_tokens", "n_predict": "max_tokens", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-    "seed": "seed", "stop": "stop", "ignore_eos": "ignore_eos",
-    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty",
-    "repeat_last_n": "repeat_last_n", "min_tokens": "min_tokens",
-    "stop_token_ids": "stop_token_ids", "speculation": "speculation",
+    "max_tokens": "max_tokens", "n_predict": "max_tokens", "temperature": "temperature",
+    "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
+    "ignore_eos": "ignore_eos", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty",
+    "repetition_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+    "min_tokens": "min_tokens", "stop_token_ids": "stop_token_ids", "speculation": "speculation",
 }
+CHAT_SAMPLING_NAMES = SAMPLING_NAMES | {"max_completion_tokens": "max_tokens"}
 
 
-def _common(body: dict, logprobs: int, chat: bool, prompts: list,
-            top_logprobs: int = 0, echo: bool = False,
-            prompt_logprobs: Optional[int] = None,
-            tools: Optional[tool_calls.ToolSpec] = None) -> ParsedRequest:
-    n = _int(body, "n", 1, MAX_CHOICES) or 1
-    if len(prompts) * n > MAX_CHOICES:
-        raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {len(prompts) * n}", "n")
-    stream = read_bool(body, "stream")
+def _outputs(body: dict, n_prompts: int) -> dict:
+    """The fields of GenerationRequest that completions and chat read alike."""
+    n = read_int(body, "n", 1, MAX_CHOICES) or 1
+    if n_prompts * n > MAX_CHOICES:
+        raise BadRequest(f"prompts x n must be at most {MAX_CHOICES}, got {n_prompts * n}", "n")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
-    include_usage = bool(options and options.get("include_usage") is True)
+    return {"n": n, "stream": read_bool(body, "stream"),
+            "include_usage": bool(options and options.get("include_usage") is True),
+            "timings_per_token": read_bool(body, "timings_per_token"),
+            "return_progress": read_bool(body, "return_progress")}
+
+
+def _sampling_values(body: dict, names: dict) -> dict:
     if "repeat_penalty" in body and "repetition_penalty" in body:
         raise BadRequest("give 'repeat_penalty' or 'repetition_penalty', not both", "repeat_penalty")
-    # SamplingParams field -> (the request's name for it, its value)
-    given = {SAMPLING_NAMES[name]: (name, value) for name, value in body.items()
-             if name in SAMPLING_NAMES and value is not None}
-    if chat and body.get("max_completion_tokens") is not None:
-        given["max_tokens"] = ("max_completion_tokens", body["max_completion_tokens"])
-    fields = {field: value for field, (_, value) in given.items()}
-    if "stop" in fields and (not isinstance(fields["stop"], str) or not fields["stop"]):
-        _check_stop(fields["stop"])
-    if fields.get("top_k") == -1:
-        fields["top_k"] = 0  # llama-server's "no top-k"
-    try:
-        params = SamplingParams(
-            **fields,
-            # OpenAI's default and range, narrower than the library's
-            temperature=_float(body, "temperature", 0.0, 2.0) if "temperature" in body else 1.0,
-            logprobs=logprobs, logit_bias=_logit_bias(body),
-            grammar=tools.format.grammar(tools) if tools is not None else _grammar(body),
-            prompt_logprobs=prompt_logprobs)
-    except BadRequest:
-        raise
-    except InvalidRequest as exc:
-        raise BadRequest(str(exc), given.get(exc.field, (exc.field,))[0]) from None
-    return ParsedRequest(prompts, params, stream, include_usage, chat, n, top_logprobs, echo,
-                         tools, read_bool(body, "timings_per_token"),
-                         read_bool(body, "return_progress"))
+    return named_values(body, names)
 
 
 def _grammar(body: dict) -> Optional[str]:
@@ -136,16 +63,12 @@ def _grammar(body: dict) -> Optional[str]:
     if grammar is not None and fmt is not None:
         raise BadRequest("give 'grammar' or 'response_format', not both", "grammar")
     if grammar is not None:
-        if not isinstance(grammar, str) or not grammar.strip():
-            raise BadRequest("'grammar' must be non-empty GBNF text", "grammar")
-        return grammar
+        return gbnf(grammar, "grammar")
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "text":
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF
-
     if kind == "json_object":
         # llama-server's extension: a schema beside json_object constrains the object
         extra = set(fmt) - {"type", "schema"}
@@ -153,24 +76,14 @@ def _grammar(body: dict) -> Optional[str]:
             raise BadRequest(f"'response_format.{sorted(extra)[0]}' is not supported",
                              "response_format")
         if "schema" not in fmt:
-            return JSON_GBNF
-        return _schema_grammar(fmt["schema"], "'response_format.schema'")
+            return json_object_grammar()
+        return schema_grammar(fmt["schema"], "'response_format.schema'", "response_format")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
-        return _schema_grammar(spec.get("schema") if isinstance(spec, dict) else None,
-                               "'response_format.json_schema.schema'")
+        return schema_grammar(spec.get("schema") if isinstance(spec, dict) else None,
+                              "'response_format.json_schema.schema'", "response_format")
     raise BadRequest("'response_format.type' must be text, json_object or json_schema",
                      "response_format")
-
-
-def _schema_grammar(schema, where: str) -> str:
-    """GBNF of a JSON schema (llama-cpp-python's converter)."""
-    if not isinstance(schema, dict):
-        raise BadRequest(f"{where} must be an object", "response_format")
-    try:
-        return tool_calls.json_grammar(schema)
-    except Exception as exc:  # the converter's message names what it cannot handle
-        raise BadRequest(f"unsupported JSON schema: {exc}", "response_format") from None
 
 
 def _logit_bias(body: dict) -> dict:
@@ -189,52 +102,26 @@ def _logit_bias(body: dict) -> dict:
     return out
 
 
-def parse_completion(body: Any) -> ParsedRequest:
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+def parse_completion(body: Any) -> GenerationRequest:
+    body = json_object(body)
     check_fields(body, "/v1/completions")
-    prompt = body.get("prompt")
-    # one prompt (a string or token ids), or a list of prompts: one choice each (n per prompt)
-    batch = isinstance(prompt, list) and bool(prompt) and all(
-        isinstance(p, (str, list)) for p in prompt)
-    prompts = prompt if batch else [prompt]
-    for p in prompts:
-        if isinstance(p, str):
-            if not p:
-                raise BadRequest("'prompt' must not be empty", "prompt")
-        elif not (isinstance(p, list) and p
-                  and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
-            raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a "
-                             "list of those", "prompt")
-    logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS) or 0
+    prompts = prompt_list(body.get("prompt"))
+    logprobs = read_int(body, "logprobs", 0, MAX_LOGPROBS) or 0
     echo = read_bool(body, "echo")
     # echo with logprobs: the prompt's tokens are reported too (scored, computed whole),
     # and max_tokens may be 0 (how evaluation tools score a continuation)
     scored = logprobs if echo and body.get("logprobs") is not None else None
-    return _common(body, logprobs, chat=False, prompts=prompts, echo=echo,
-                   prompt_logprobs=scored)
+    params = sampling(_sampling_values(body, SAMPLING_NAMES), logprobs=logprobs,
+                      logit_bias=_logit_bias(body), grammar=_grammar(body),
+                      prompt_logprobs=scored)
+    return GenerationRequest(params, prompts=prompts, echo=echo, **_outputs(body, len(prompts)))
 
 
-def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
-    """The request and its messages, checked and made uniform (roles, text
-    content, tool calls and results as dgr.tools.history makes them); tools are
-    in `tool_format` (the model's, dgr.tool_formats; None: the generic one)."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    check_fields(body, "/v1/chat/completions")
-    messages = body.get("messages")
+def chat_messages(messages: Any) -> list[dict]:
+    """OpenAI's chat messages as the chat template renders them (request.chat_message)."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
-    try:
-        tools = tool_calls.parse_tools(body, tool_format)
-        messages = tool_calls.history(messages)
-        if tools is not None and (body.get("grammar") is not None
-                                  or body.get("response_format") is not None):
-            raise tool_calls.ToolsError("'tools' cannot be combined with 'grammar' or "
-                                        "'response_format'", "tools")
-    except tool_calls.ToolsError as exc:
-        raise BadRequest(str(exc), exc.field) from None
-    clean = []
+    out = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("every message needs a string 'role'", "messages")
@@ -243,26 +130,52 @@ def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
                              f"{', '.join(sorted(ROLES))}", "messages")
         content = m.get("content")
         if isinstance(content, list):
-            parts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" \
-                        or not isinstance(part.get("text"), str):
-                    raise BadRequest("only text content parts are supported", "messages")
-                parts.append(part["text"])
-            content = "\n\n".join(parts)  # as llama-server joins a message's text parts
+            if not all(isinstance(part, dict) and part.get("type") == "text"
+                       and isinstance(part.get("text"), str) for part in content):
+                raise BadRequest("only text content parts are supported", "messages")
+            content = joined_text([part["text"] for part in content])
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise BadRequest("message 'content' must be a string or a list of text parts", "messages")
-        uniform = {"role": ROLES[m["role"]], "content": content}
-        if m.get("tool_calls"):
-            uniform["tool_calls"] = m["tool_calls"]
-        if uniform["role"] == "tool":
-            uniform["tool_call_id"] = m.get("tool_call_id")
-        clean.append(uniform)
+        calls = m.get("tool_calls")
+        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)):
+            raise BadRequest("'tool_calls' belong to assistant messages, as a list", "messages")
+        out.append(chat_message(ROLES[m["role"]], content,
+                                [_tool_call(call) for call in calls or ()],
+                                m.get("tool_call_id")))
+    return checked_chat(out)
+
+
+def _tool_call(call: Any) -> dict:
+    """One of OpenAI's assistant tool calls (its arguments as JSON text)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise BadRequest("a tool call needs a function name", "messages")
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+        raise BadRequest("a tool call's arguments must be JSON text", "messages") from None
+    return tool_call(call.get("id"), function.get("name"), arguments)
+
+
+def parse_chat(body: Any, tool_format=None) -> GenerationRequest:
+    """A chat completion request; tools are in `tool_format` (the model's,
+    dgr.tool_formats; None: the generic one)."""
+    body = json_object(body)
+    check_fields(body, "/v1/chat/completions")
+    messages = chat_messages(body.get("messages"))
+    try:
+        tools = tool_calls.parse_tools(body, tool_format)
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
+    if tools is not None and (body.get("grammar") is not None
+                              or body.get("response_format") is not None):
+        raise BadRequest("'tools' cannot be combined with 'grammar' or 'response_format'",
+                         "tools")
     logprobs = top = 0
     if read_bool(body, "logprobs"):
-        top = _int(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
+        top = read_int(body, "top_logprobs", 0, MAX_LOGPROBS) or 0
         logprobs = max(top, 1)  # the engine reports the chosen token's with one alternative
     elif body.get("top_logprobs") is not None:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
@@ -270,38 +183,18 @@ def parse_chat(body: Any, tool_format=None) -> tuple[ParsedRequest, list[dict]]:
         if body.get("response_format") is not None or body.get("grammar") is not None:
             raise BadRequest("give 'json_schema', 'response_format' or 'grammar', one of them",
                              "json_schema")
-        body = body | {"response_format": {"type": "json_schema",
-                                           "json_schema": {"schema": body["json_schema"]}}}
-    try:
-        parsed = _common(body, logprobs, chat=True, prompts=[], top_logprobs=top, tools=tools)
-    except tool_calls.ToolsError as exc:
-        raise BadRequest(str(exc), exc.field) from None
-    return attrs.evolve(parsed, verbose=read_bool(body, "verbose"),
-                        **_continuation(body, clean)), clean
-
-
-def _continuation(body: dict, messages: list[dict]) -> dict:
-    """How the prompt ends: a chat whose last message is the assistant's continues
-    it (llama-server's prefill; vLLM's continue_final_message asks for it), unless
-    add_generation_prompt says otherwise; else the assistant's turn is opened,
-    unless add_generation_prompt is false."""
+        grammar = schema_grammar(body["json_schema"], "'json_schema'", "json_schema")
+    else:
+        grammar = tools.format.grammar(tools) if tools is not None else _grammar(body)
     add = body.get("add_generation_prompt")
     if add is not None and not isinstance(add, bool):
         raise BadRequest("'add_generation_prompt' must be a boolean", "add_generation_prompt")
-    asked = read_bool(body, "continue_final_message")
-    if asked and add:
-        raise BadRequest("'continue_final_message' continues the last message, so "
-                         "'add_generation_prompt' cannot be true beside it",
-                         "continue_final_message")
-    last_is_text = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
-    if asked and not last_is_text:
-        raise BadRequest("'continue_final_message' needs the last message to be the "
-                         "assistant's text", "continue_final_message")
-    if len(messages) > 1 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
-        raise BadRequest("the chat cannot end with two assistant messages", "messages")
-    continue_final = asked or (last_is_text and add is None)
-    return {"add_generation_prompt": add is not False and not continue_final,
-            "continue_final": continue_final}
+    params = sampling(_sampling_values(body, CHAT_SAMPLING_NAMES), logprobs=logprobs,
+                      logit_bias=_logit_bias(body), grammar=grammar)
+    return GenerationRequest(
+        params, messages=messages, top_logprobs=top, tools=tools,
+        verbose=read_bool(body, "verbose"), **_outputs(body, 1),
+        **prompt_ending(messages, add, read_bool(body, "continue_final_message")))
 
 
 class CompletionBuilder:

@@ -26,6 +26,13 @@ class ResponseStore:
     def bytes(self) -> int:
         return self._bytes
 
+    def statistics(self) -> dict:
+        """Its bounds in use and in all (beside Node.statistics under /capabilities'
+        "bounds")."""
+        return {"response_store_entries": {"used": len(self._entries),
+                                           "capacity": self._max_count},
+                "response_store_bytes": {"used": self._bytes, "capacity": self._max_bytes}}
+
     def put(self, response_id: str, messages: list[dict]) -> None:
         size = len(json.dumps(messages, ensure_ascii=False).encode())
         if size > self._max_bytes or self._max_count == 0:

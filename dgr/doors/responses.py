@@ -1,5 +1,5 @@
-"""OpenAI's Responses API (`POST /v1/responses`): a request becomes a chat
-(parsed and validated as `/v1/chat/completions` is), the reply becomes a
+"""OpenAI's Responses API (`POST /v1/responses`): a request becomes a chat's
+GenerationRequest by the Responses API's own fields, the reply becomes a
 response object or its typed stream events, and a bounded store keeps recent
 conversations so that `previous_response_id` continues one without resending
 it (its prefix then comes from the prefix cache like any resent history).
@@ -18,26 +18,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr import tools as tool_calls
-from dgr.doors.fields import BadRequest, check_fields
-from dgr.doors.openai import (ParsedRequest, parse_chat, progress_timings, prompt_progress,
-                             timings)
+from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
+from dgr.doors.openai import progress_timings, prompt_progress, timings
+from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
+                               json_object_grammar, named_values, prompt_ending, sampling,
+                               schema_grammar, tool_call)
 from dgr.doors.prompts import chat_ids
 from dgr.doors.response_store import ResponseStore
-from dgr.doors.sse import SessionEvents, ending, read_one
+from dgr.doors.problems import ended
+from dgr.doors.sse import SessionEvents, read_one, sse_event
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
-# the chat request's name of a field -> the Responses API's (for error messages)
-_CHAT_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+# the Responses API's name of each SamplingParams field it has
+_SAMPLING_NAMES = {"max_output_tokens": "max_tokens", "temperature": "temperature",
+                   "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                   "repetition_penalty": "repeat_penalty", "seed": "seed"}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 
 
 @attrs.frozen
 class ResponseRequest:
-    chat: ParsedRequest
-    prompt: list[dict]       # what the chat template renders: instructions, tools, history
+    chat: GenerationRequest  # its messages: instructions, history, this turn's input
     conversation: list[dict]  # the chat messages so far, as stored for a next turn
-    stream: bool
     store: bool
     instructions: Optional[str]
     previous_response_id: Optional[str]
@@ -49,78 +52,100 @@ def _messages(value: Any) -> list[dict]:
     if isinstance(value, str):
         if not value:
             raise BadRequest("'input' must not be empty", "input")
-        return [{"role": "user", "content": value}]
+        return [chat_message("user", value)]
     if not isinstance(value, list) or not value:
         raise BadRequest("'input' must be a string or a non-empty list of items", "input")
     messages: list[dict] = []
     for item in value:
         kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
         if kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
-            if messages and messages[-1].get("tool_calls") is not None:
+            call = tool_call(item.get("call_id"), item.get("name"),
+                             _arguments(item.get("arguments"), strict=True))
+            if messages and messages[-1].get("tool_calls"):
                 messages[-1]["tool_calls"].append(call)  # calls of one answer: one message
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                messages.append(chat_message("assistant", "", [call]))
             continue
         if kind == "function_call_output":
             output = item.get("output")
             if not isinstance(output, str):
                 raise BadRequest("a function_call_output's 'output' must be a string", "input")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output})
+            messages.append(chat_message("tool", output, answers=item.get("call_id")))
             continue
         if kind != "message":
             raise BadRequest(f"input items of type {kind!r} are not supported", "input")
-        content = item.get("content")
+        role, content = item.get("role"), item.get("content")
+        if role not in _ROLES:
+            raise BadRequest(f"message role {role!r} is not one of {', '.join(sorted(_ROLES))}",
+                             "input")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS
                        and isinstance(p.get("text"), str) for p in content):
                 raise BadRequest("only text content parts are supported", "input")
-            content = "".join(p["text"] for p in content)
-        messages.append({"role": item.get("role"), "content": content})
+            content = joined_text([p["text"] for p in content])
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise BadRequest("a message's 'content' must be a string or text parts", "input")
+        messages.append(chat_message(_ROLES[role], content))
     return messages
 
 
-def _tools(body: dict) -> dict:
-    """The Responses API's function tools and tool_choice in the chat endpoint's shape."""
-    out: dict = {}
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise BadRequest("'tools' must be a list of function tools", "tools")
-        out["tools"] = [{"type": t.get("type"), "function": {
-            k: t[k] for k in ("name", "description", "parameters") if k in t}} for t in tools]
-    choice = body.get("tool_choice")
+# the roles an input message may have, as the chat template knows them
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _arguments(text: Any, strict: bool) -> Any:
+    """A function call's arguments (JSON text) as a JSON value; an answer's own,
+    cut short by max_tokens, as {}."""
+    try:
+        return json.loads(text or "{}")
+    except (TypeError, ValueError):
+        if strict:
+            raise BadRequest("a function_call's arguments must be JSON text", "input") from None
+        return {}
+
+
+def _tools(body: dict, tool_format) -> Optional[tool_calls.ToolSpec]:
+    """The Responses API's function tools ({type, name, description, parameters})
+    and tool_choice ("auto", "required", "none" or {type: function, name})."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None:
+        if choice not in (None, "none", "auto"):
+            raise BadRequest("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
+                                              for t in tools):
+        raise BadRequest("'tools' must be a list of function tools", "tools")
     if isinstance(choice, dict):
-        choice = {"type": choice.get("type"), "function": {"name": choice.get("name")}}
-    if choice is not None:
-        out["tool_choice"] = choice
-    if body.get("parallel_tool_calls") is not None:
-        out["parallel_tool_calls"] = body["parallel_tool_calls"]
-    return out
+        choice = {"name": choice.get("name") if choice.get("type") == "function" else None}
+    try:
+        return tool_calls.tool_spec(tools, choice, body.get("parallel_tool_calls", True),
+                                    tool_format)
+    except tool_calls.ToolsError as exc:
+        raise BadRequest(str(exc), exc.field) from None
 
 
-def _response_format(text: Any) -> Optional[dict]:
-    """`text.format` as the chat endpoint's response_format."""
+def _grammar(text: Any) -> Optional[str]:
+    """`text.format`'s grammar: none for text, JSON for json_object, a schema's."""
     if text is None:
         return None
     if not isinstance(text, dict) or not isinstance(text.get("format", {}), dict):
         raise BadRequest("'text' must be an object with a 'format' object", "text")
-    fmt = text.get("format")
-    if fmt is None or fmt.get("type") == "text":
+    fmt = text.get("format") or {"type": "text"}
+    if fmt.get("type") == "text":
         return None
+    if fmt.get("type") == "json_object":
+        return json_object_grammar()
     if fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"),
-                                                       "schema": fmt.get("schema")}}
-    return fmt  # json_object, or a type the chat parser refuses
+        return schema_grammar(fmt.get("schema"), "'text.format.schema'", "text")
+    raise BadRequest("'text.format.type' must be text, json_object or json_schema", "text")
 
 
 def parse_response_request(body: Any, store: ResponseStore,
                            tool_format=None) -> ResponseRequest:
-    """The request as a chat (tools in `tool_format`, as parse_chat takes it)."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+    """A Responses API body, its earlier turns from `store` (tools in `tool_format`)."""
+    body = json_object(body)
     check_fields(body, "/v1/responses")
     previous_id = body.get("previous_response_id")
     history: list[dict] = []
@@ -135,29 +160,24 @@ def parse_response_request(body: Any, store: ResponseStore,
     if instructions is not None and not isinstance(instructions, str):
         raise BadRequest("'instructions' must be a string", "instructions")
     conversation = [*history, *_messages(body.get("input"))]
-    chat_body = {"messages": ([{"role": "system", "content": instructions}] if instructions
-                              else []) + conversation} | _tools(body)
-    for name, chat_name in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
-                            ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
-                            ("repetition_penalty", "repetition_penalty"), ("seed", "seed"),
-                            ("timings_per_token", "timings_per_token"),
-                            ("return_progress", "return_progress")):
-        if body.get(name) is not None:
-            chat_body[chat_name] = body[name]
-    fmt = _response_format(body.get("text"))
-    if fmt is not None:
-        chat_body["response_format"] = fmt
-    try:
-        chat, messages = parse_chat(chat_body, tool_format)
-    except BadRequest as exc:
-        raise BadRequest(str(exc), _CHAT_NAMES.get(exc.param, exc.param)) from None
-    stream, stored = body.get("stream", False), body.get("store", True)
-    if not isinstance(stream, bool) or not isinstance(stored, bool):
-        raise BadRequest("'stream' and 'store' must be booleans",
-                         "stream" if not isinstance(stream, bool) else "store")
     # a later turn continues the conversation, without this turn's instructions
-    return ResponseRequest(chat, messages, conversation, stream, stored, instructions,
-                           previous_id)
+    messages = checked_chat(([chat_message("system", instructions)] if instructions else [])
+                            + conversation, "input")
+    tools, grammar = _tools(body, tool_format), _grammar(body.get("text"))
+    if tools is not None and grammar is not None:
+        raise BadRequest("'tools' cannot be combined with a 'text.format' other than text",
+                         "tools")
+    params = sampling(named_values(body, _SAMPLING_NAMES),
+                      grammar=tools.format.grammar(tools) if tools is not None else grammar)
+    stored = body.get("store", True)
+    if not isinstance(stored, bool):
+        raise BadRequest("'store' must be a boolean", "store")
+    chat = GenerationRequest(params, messages=messages, tools=tools,
+                             stream=read_bool(body, "stream"),
+                             timings_per_token=read_bool(body, "timings_per_token"),
+                             return_progress=read_bool(body, "return_progress"),
+                             **prompt_ending(messages))
+    return ResponseRequest(chat, conversation, stored, instructions, previous_id)
 
 
 class ResponsesBuilder:
@@ -184,14 +204,16 @@ class ResponsesBuilder:
         ids made once: the stream, the response and the stored conversation share
         them)."""
         if self._reader is None:
-            return [self.item("completed", text)], {"role": "assistant", "content": text}
+            return [self.item("completed", text)], chat_message("assistant", text)
         if self._reader.text != text:  # unstreamed: read whole here
             self._reader.feed(text[len(self._reader.text):])
         content, calls = self._reader.result()
         if not calls:
-            return [self.item("completed", content)], {"role": "assistant", "content": content}
+            return [self.item("completed", content)], chat_message("assistant", content)
         items = [self._call_item(i, call, "completed") for i, call in enumerate(calls)]
-        return items, {"role": "assistant", "content": None, "tool_calls": calls}
+        return items, chat_message("assistant", "", [
+            tool_call(call["id"], call["function"]["name"],
+                      _arguments(call["function"]["arguments"], strict=False)) for call in calls])
 
     def _call_item(self, index: int, call: dict, status: str) -> dict:
         while len(self._call_items) <= index:
@@ -239,7 +261,7 @@ class ResponsesBuilder:
         """One server-sent event of the stream (its `event:` line names its type)."""
         payload = {"type": kind, "sequence_number": self._sequence, **fields, **self.extra}
         self._sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        return sse_event(payload, kind)
 
     def opening(self) -> list[str]:
         started = [self.event("response.created", response=self.response("in_progress")),
@@ -323,7 +345,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
     store = server.responses
     parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
                                     node.tool_format)
-    ids = await chat_ids(node, parsed.chat, parsed.prompt, "input")
+    ids = await chat_ids(node, parsed.chat, "input")
     builder = ResponsesBuilder(server.model_id, parsed)
     generated: list[int] = []
 
@@ -334,7 +356,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
         return usage
 
     chat = parsed.chat
-    if parsed.stream:
+    if chat.stream:
         stream_cm = node.stream(ids, chat.params, progress=chat.return_progress)
         chunks = await stream_cm.__aenter__()
 
@@ -361,10 +383,9 @@ async def responses(request: Request, server: "ServerState") -> Response:
                     texts.append(chunk.text)
                     for event in builder.delta(chunk.text):
                         await emit(event)
-            ended = ending([chunks])
-            if ended is not None:
-                _, message, code = ended
-                await emit(builder.event("error", code=code, message=message))
+            problem = ended([chunks])
+            if problem is not None:
+                await emit(builder.event("error", code=problem.code, message=problem.message))
                 return
             text = "".join(texts)
             for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
@@ -372,8 +393,6 @@ async def responses(request: Request, server: "ServerState") -> Response:
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
     async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
-        text, instead = await read_one(request, chunks, generated)
-    if instead is not None:
-        return instead
+        text = await read_one(request, chunks, generated)
     return JSONResponse(builder.response("completed", text, chunks.finish_reason,
                                          finished(text, chunks)))

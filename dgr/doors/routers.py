@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dgr.doors.context import ServerState, Unavailable
+from dgr.doors.context import ServerState
+from dgr.doors.problems import Unavailable
 
 
 def _node(server: ServerState):

@@ -1,9 +1,9 @@
 """An admitted session's output over HTTP, for every door: as server-sent events
-while it is generated (SessionEvents), or read whole before the answer goes out
-(read_whole). Either way a client that disconnects cancels its session, and no
-admitted session outlives its response; how a session that failed or was
-cancelled ends (`ending`) is decided here once, each door rendering it in its
-protocol's shape.
+while it is generated (SessionEvents, each event framed by `sse_event`), or read
+whole before the answer goes out (read_whole). Either way a client that
+disconnects cancels its session, and no admitted session outlives its response;
+a session that failed or was cancelled ends as dgr.doors.problems decides, each
+door rendering it in its protocol's shape.
 """
 
 from __future__ import annotations
@@ -12,16 +12,13 @@ import json
 from typing import Optional
 
 import trio
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 
-from dgr.doors.fields import error_body
+from dgr.doors.problems import SessionEnded, ended
 
-
-def error_response(status: int, message: str, kind: str, code: Optional[str] = None,
-                   param: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
-    """An OpenAI-style error body with its status."""
-    return JSONResponse(error_body(message, kind, code, param), status_code=status, headers=headers)
+# the end of an OpenAI-style stream
+SSE_DONE = "data: [DONE]\n\n"
 
 
 class SessionEvents(Response):
@@ -59,10 +56,10 @@ class SessionEvents(Response):
                 await self.close()
 
 
-async def read_whole(request: Request, streams, collect) -> Optional[Response]:
+async def read_whole(request: Request, streams, collect) -> None:
     """Read every stream to its end with `collect(index, chunks)`, cancelling them
-    all if the client leaves. Returns what to send instead of the answer (499: the
-    client left, 500: the model failed, 503: cancelled by a shutdown), or None."""
+    all if the client leaves. Raises ClientDisconnect if it left, SessionEnded if
+    a session failed or was cancelled by a shutdown."""
     gone = trio.Event()
 
     async def watch(scope):
@@ -76,20 +73,16 @@ async def read_whole(request: Request, streams, collect) -> Optional[Response]:
                 collectors.start_soon(collect, i, chunks)
         nursery.cancel_scope.cancel()
     if gone.is_set():
-        # nobody reads this; the status is for the log line (nginx's "client closed request")
-        return Response(status_code=499)
-    ended = ending(streams)
-    if ended is not None:
-        status, message, code = ended
-        return error_response(status, message, "server_error", code)
-    return None
+        raise ClientDisconnect()
+    problem = ended(streams)
+    if problem is not None:
+        raise SessionEnded(problem)
 
 
 async def read_one(request: Request, chunks, tokens: list[int],
-                   rows: Optional[list] = None) -> tuple[str, Optional[Response]]:
+                   rows: Optional[list] = None) -> str:
     """One session's whole answer (read_whole): its text, with its token ids appended
-    to `tokens` (and their chunks to `rows`), and what to send instead of the
-    answer (or None)."""
+    to `tokens` (and their chunks to `rows`)."""
     texts: list[str] = []
 
     async def collect(_, stream):
@@ -100,19 +93,8 @@ async def read_one(request: Request, chunks, tokens: list[int],
             rows.extend(chunk for chunk in got if chunk.token_id is not None)
         request.scope["dgr.tokens"] = len(tokens)
 
-    instead = await read_whole(request, [chunks], collect)
-    return "".join(texts), instead
-
-
-def ending(streams) -> Optional[tuple[int, str, str]]:
-    """(HTTP status, message, code) when a session of `streams` (ended) failed
-    or was cancelled by a shutdown, else None; a failure wins."""
-    failed = next((c for c in streams if c.finish_reason == "error"), None)
-    if failed is not None:
-        return 500, failed.error, "model_failed"
-    if any(c.finish_reason == "cancelled" for c in streams):
-        return 503, "the session was cancelled (server shutting down)", "cancelled"
-    return None
+    await read_whole(request, [chunks], collect)
+    return "".join(texts)
 
 
 async def cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
@@ -122,5 +104,8 @@ async def cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-def sse_event(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+def sse_event(obj, event: Optional[str] = None) -> str:
+    """One server-sent event: `obj` as JSON (text as it is, not escaped), under
+    the event name `event` where the protocol names its events."""
+    named = f"event: {event}\n" if event is not None else ""
+    return f"{named}data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr.doors.context import ServerState
-from dgr.doors.fields import BadRequest, check_fields, read_bool
+from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.openai import parse_chat, parse_completion
 from dgr.doors.prompts import chat_ids
 from dgr.doors.responses import parse_response_request
@@ -60,9 +60,8 @@ async def _chat_body_tokens(request: Request, server: ServerState) -> list[int]:
     body = await server.read_json(request)
     if "/responses/" in request.url.path:
         parsed = parse_response_request(body, server.responses, node.tool_format)
-        return await chat_ids(node, parsed.chat, parsed.prompt, "input")
-    chat, messages = parse_chat(body, node.tool_format)
-    return await chat_ids(node, chat, messages)
+        return await chat_ids(node, parsed.chat, "input")
+    return await chat_ids(node, parse_chat(body, node.tool_format))
 
 
 async def vllm_tokens(node, body: dict) -> list[int]:
@@ -70,10 +69,10 @@ async def vllm_tokens(node, body: dict) -> list[int]:
     "messages"}) as the completions and chat doors tokenize it."""
     check_fields(body, "/tokenize")
     if "messages" in body:
-        chat, messages = parse_chat({k: body[k] for k in ("messages", "add_generation_prompt",
-                                                          "continue_final_message") if k in body},
-                                    node.tool_format)
-        return await chat_ids(node, chat, messages)
+        chat = parse_chat({k: body[k] for k in ("messages", "add_generation_prompt",
+                                                "continue_final_message") if k in body},
+                          node.tool_format)
+        return await chat_ids(node, chat)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", "prompt")
@@ -91,8 +90,7 @@ async def detokenize(request: Request, server: ServerState) -> Response:
 
 def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
     """llama-server's POST /tokenize: (content, add_special, with_pieces)."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+    body = json_object(body)
     check_fields(body, "/tokenize")
     if body.get("add_generation_prompt") is not None or body.get("return_token_strs"):
         raise BadRequest("'add_generation_prompt' and 'return_token_strs' go with vLLM's "
@@ -105,8 +103,7 @@ def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
 
 def parse_detokenize(body: Any) -> list[int]:
     """llama-server's POST /detokenize: the token ids."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+    body = json_object(body)
     check_fields(body, "/detokenize")
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(

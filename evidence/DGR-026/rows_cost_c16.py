@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from dgr import _engine
+from dgr._step import step
 from dgr.engine import resolve_model_path
 
 eng = _engine.Engine(resolve_model_path(None), n_ctx=16384, n_seq_max=20, n_batch=512,
@@ -16,7 +17,7 @@ eng = _engine.Engine(resolve_model_path(None), n_ctx=16384, n_seq_max=20, n_batc
 prompt = eng.tokenize("The quick brown fox jumps over the lazy dog. " * 15)
 n = len(prompt)
 for s in range(18):
-    eng.step(prompt, list(range(n)), [s] * n, [0] * (n - 1) + [1])
+    step(eng, prompt, list(range(n)), [s] * n, [0] * (n - 1) + [1])
 pos = [n] * 18
 
 
@@ -29,7 +30,7 @@ def step(rows_per_seq):
             ps.append(pos[s] + j)
             ss.append(s)
     t = time.perf_counter()
-    eng.step(toks, ps, ss, [1] * len(toks))
+    step(eng, toks, ps, ss, [1] * len(toks))
     dt = time.perf_counter() - t
     for s, r in enumerate(rows_per_seq):
         pos[s] += r

@@ -76,15 +76,15 @@ def test_a_non_object_body_is_refused():
 
 
 def test_chat_messages_are_flattened_and_logprobs_need_the_flag():
-    parsed, messages = parse_chat({
+    parsed = parse_chat({
         "messages": [{"role": "system", "content": "be brief"},
                      {"role": "user", "content": [{"type": "text", "text": "a"},
                                                   {"type": "text", "text": "b"}]},
                      {"role": "assistant", "content": None}],
         "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 5})
-    assert messages == [{"role": "system", "content": "be brief"},
-                        {"role": "user", "content": "a\n\nb"},  # as llama-server joins parts
-                        {"role": "assistant", "content": ""}]
+    assert parsed.messages == [{"role": "system", "content": "be brief"},
+                               {"role": "user", "content": "a\nb"},  # as llama-server, vLLM
+                               {"role": "assistant", "content": ""}]
     assert parsed.chat and parsed.top_logprobs == 3 and parsed.params.logprobs == 3
     assert parsed.params.max_tokens == 5
     with pytest.raises(BadRequest) as exc:
@@ -97,7 +97,7 @@ def test_chat_messages_are_flattened_and_logprobs_need_the_flag():
 
 
 def test_a_json_schema_becomes_a_grammar_and_a_bad_one_names_the_field():
-    parsed, _ = parse_chat({"messages": [{"role": "user", "content": "x"}],
+    parsed = parse_chat({"messages": [{"role": "user", "content": "x"}],
                             "response_format": {"type": "json_schema", "json_schema": {
                                 "name": "t", "schema": {"type": "object", "properties": {
                                     "a": {"type": "integer"}}, "required": ["a"]}}}})
@@ -152,11 +152,11 @@ def test_text_deltas_without_a_template_are_encoded_whole():
 
 
 def test_message_roles_are_openais_and_developer_is_system():
-    _, messages = parse_chat({"messages": [
+    messages = parse_chat({"messages": [
         {"role": "developer", "content": "d"},
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                               "function": {"name": "f", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "t"}]})
+        {"role": "tool", "tool_call_id": "c1", "content": "t"}]}).messages
     assert [m["role"] for m in messages] == ["system", "assistant", "tool"]
     assert messages[1]["tool_calls"] == [{"id": "c1", "type": "function",
                                           "function": {"name": "f", "arguments": {}}}]
@@ -216,17 +216,18 @@ WEATHER = {"type": "function", "function": {
 
 
 def test_tools_become_a_grammar_and_a_system_message():
-    parsed, messages = parse_chat({"messages": [{"role": "user", "content": "weather?"}],
+    parsed = parse_chat({"messages": [{"role": "user", "content": "weather?"}],
                                    "tools": [WEATHER], "tool_choice": "required"})
     assert parsed.tools.choice == "required" and parsed.tools.names == ["get_weather"]
-    rendered = GENERIC.render(messages, parsed.tools, lambda plain, add_generation_prompt: plain)
+    rendered = GENERIC.render(parsed.messages, parsed.tools,
+                              lambda plain, add_generation_prompt: plain)
     assert rendered[0]["role"] == "system" and "get_weather" in rendered[0]["content"]
     assert "tool_calls" in parsed.params.grammar and "response" not in parsed.params.grammar
-    auto, _ = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})
+    auto = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})
     assert auto.tools.choice == "auto" and "response" in auto.params.grammar
-    none, plain = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
+    none = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
                               "tool_choice": "none"})
-    assert none.tools is None and none.params.grammar is None and len(plain) == 1
+    assert none.tools is None and none.params.grammar is None and len(none.messages) == 1
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -274,14 +275,14 @@ def test_tool_answers_become_calls_or_content():
 
 def test_a_final_assistant_message_is_continued_unless_asked_otherwise():
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Wh"}]
-    prefill, _ = parse_chat({"messages": chat})  # llama-server's prefill, Anthropic's too
+    prefill = parse_chat({"messages": chat})  # llama-server's prefill, Anthropic's too
     assert prefill.continue_final and not prefill.add_generation_prompt
-    vllm, _ = parse_chat({"messages": chat, "continue_final_message": True,
+    vllm = parse_chat({"messages": chat, "continue_final_message": True,
                           "add_generation_prompt": False})
     assert vllm.continue_final
-    closed, _ = parse_chat({"messages": chat, "add_generation_prompt": False})
+    closed = parse_chat({"messages": chat, "add_generation_prompt": False})
     assert not closed.continue_final and not closed.add_generation_prompt
-    answered, _ = parse_chat({"messages": chat[:1]})
+    answered = parse_chat({"messages": chat[:1]})
     assert answered.add_generation_prompt and not answered.continue_final
     for body, param in [({"messages": chat, "continue_final_message": True,
                           "add_generation_prompt": True}, "continue_final_message"),
@@ -294,7 +295,7 @@ def test_a_final_assistant_message_is_continued_unless_asked_otherwise():
 
 
 def test_a_top_level_json_schema_is_the_response_formats():
-    parsed, _ = parse_chat({"messages": [{"role": "user", "content": "x"}],
+    parsed = parse_chat({"messages": [{"role": "user", "content": "x"}],
                             "json_schema": {"const": "42"}})
     assert parsed.params.grammar and "42" in parsed.params.grammar
     with pytest.raises(BadRequest) as exc:

@@ -24,7 +24,8 @@ def node(slots=3, cells=1000, min_follow=4, tier=None):
 
 
 def session(sid, prompt, max_tokens=4, leader=None):
-    return Session(id=sid, spec=SessionSpec(list(prompt), SamplingParams(), max_tokens, "off"),
+    params = SamplingParams(max_tokens=max_tokens, speculation="off")
+    return Session(id=sid, spec=SessionSpec(list(prompt), params),
                    leader=leader)
 
 

@@ -11,7 +11,8 @@ PIECES = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"\xe2\x82", 6: b"\xac",
 
 
 def reply_for(whole=False, **params):
-    session = Session(id=1, spec=SessionSpec([0], SamplingParams(**params), 16, "off"))
+    params = SamplingParams(**params | {"max_tokens": 16, "speculation": "off"})
+    session = Session(id=1, spec=SessionSpec([0], params))
     send, recv = trio.open_memory_channel(16)
     stops = []
     return (Reply(session, send, PIECES.__getitem__, stops.append, credits=15, whole=whole),
@@ -126,7 +127,8 @@ async def test_a_reader_takes_every_chunk_there_is_at_once_and_hands_a_credit_pe
     from dgr.stream import SessionStream
 
     reply, recv, _ = reply_for()
-    session = Session(id=1, spec=SessionSpec([0], SamplingParams(), 16, "off"))
+    session = Session(id=1, spec=SessionSpec([0], SamplingParams(max_tokens=16,
+                                                                 speculation="off")))
     credits = []
     stream = SessionStream(session, recv, lambda: credits.append(1))
     for token in (1, 2):
@@ -144,7 +146,8 @@ async def test_a_reader_takes_every_chunk_there_is_at_once_and_hands_a_credit_pe
 async def test_a_whole_answer_is_taken_in_one_piece_or_chunk_by_chunk():
     from dgr.stream import SessionStream
 
-    session = Session(id=1, spec=SessionSpec([0], SamplingParams(), 16, "off"))
+    session = Session(id=1, spec=SessionSpec([0], SamplingParams(max_tokens=16,
+                                                                 speculation="off")))
     for read in ("next_chunks", "async for"):
         reply, recv, _ = reply_for(whole=True)
         stream = SessionStream(session, recv, lambda: None)

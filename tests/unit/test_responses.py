@@ -17,6 +17,8 @@ def test_the_store_keeps_recent_conversations_within_count_and_bytes():
     assert store.get("r2") is None and store.get("r1") is not None
     store.put("big", [{"role": "user", "content": "y" * 300}])  # larger than the bound: not kept
     assert store.get("big") is None and store.bytes <= 200
+    assert store.statistics() == {"response_store_entries": {"used": 2, "capacity": 2},
+                                  "response_store_bytes": {"used": store.bytes, "capacity": 200}}
     assert len(ResponseStore(0, 1000)) == 0
 
 
@@ -31,8 +33,8 @@ def test_a_request_becomes_a_chat_with_its_history():
     assert parsed.conversation == [{"role": "user", "content": "a"},
                                    {"role": "assistant", "content": "b"},
                                    {"role": "user", "content": "c"}]
-    assert parsed.prompt == [{"role": "system", "content": "sys"}, *parsed.conversation]
-    assert parsed.instructions == "sys" and parsed.store and not parsed.stream
+    assert parsed.chat.messages == [{"role": "system", "content": "sys"}, *parsed.conversation]
+    assert parsed.instructions == "sys" and parsed.store and not parsed.chat.stream
     params = parsed.chat.params
     assert params.max_tokens == 5 and params.temperature == 0.5 and params.grammar
     with pytest.raises(BadRequest) as exc:

@@ -16,6 +16,12 @@ from dgr.spec import SessionSpec
 EOG = 99
 
 
+def spec(prompt, max_tokens, **params) -> SessionSpec:
+    """A session's spec as the node resolves it (no drafting unless asked)."""
+    return SessionSpec(list(prompt), SamplingParams(**{"speculation": "off"} | params,
+                                                    max_tokens=max_tokens))
+
+
 def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4, one_call=False,
               decode_stall=0.0):
     return _scheduler.Scheduler(n_slots, token_budget, prefill_chunk, prefill_sessions,
@@ -26,7 +32,7 @@ def scheduler(n_slots=8, token_budget=256, prefill_chunk=64, prefill_sessions=4,
 def decoding(sched, slots, prompt_len=3, max_tokens=1000, credits=1000, **kw):
     """Start sessions on `slots` and step until all of them decode."""
     for slot in slots:
-        sched.start(slot, list(range(1, prompt_len + 1)), max_tokens, credits=credits, **kw)
+        sched.start(slot, spec(list(range(1, prompt_len + 1)), max_tokens), credits=credits, **kw)
     while any(sched.slot_state(slot)[0] != 2 for slot in slots):  # SLOT_DECODE
         _, decode, chunks = sched.plan_step()
         sched.apply(tokens_for(sched, decode, chunks))
@@ -47,7 +53,7 @@ def kinds(events, kind):
 def test_long_prefill_never_starves_decoders():
     sched = scheduler(prefill_chunk=64)
     decoding(sched, range(4))
-    sched.start(6, list(range(1000)), 10)
+    sched.start(6, spec(list(range(1000)), 10))
     steps = 0
     while sched.slot_state(6)[0] == 1:
         _, decode, chunks = sched.plan_step()
@@ -63,31 +69,31 @@ def test_long_prefill_never_starves_decoders():
 def test_prefill_pieces_are_oldest_first_and_cut_to_fit():
     sched = scheduler(n_slots=40, token_budget=90, prefill_chunk=64)
     decoding(sched, range(30))
-    sched.start(35, list(range(100)), 10)  # older
-    sched.start(31, list(range(100)), 10)  # younger, on a lower slot
+    sched.start(35, spec(list(range(100)), 10))  # older
+    sched.start(31, spec(list(range(100)), 10))  # younger, on a lower slot
     _, decode, chunks = sched.plan_step()
     # 30 decode rows leave 60: the oldest takes them; the younger may not jump ahead
     assert len(decode) == 30 and chunks == [(35, 0, 60)]
     sched.apply(tokens_for(sched, decode, chunks))
     sched = scheduler(n_slots=32, token_budget=40, prefill_chunk=16)
     decoding(sched, range(30))
-    sched.start(31, list(range(100)), 10)
-    sched.start(30, list(range(100)), 10)
+    sched.start(31, spec(list(range(100)), 10))
+    sched.start(30, spec(list(range(100)), 10))
     # 10 rows left: less than the oldest's least piece (MIN_PIECE), so both wait
     assert len(sched.plan_step()[1]) == 30 and sched.plan_step()[2] == []
 
 
 def test_without_decoders_a_step_prefills_its_whole_budget():
     sched = scheduler(token_budget=256, prefill_chunk=64)
-    sched.start(5, list(range(200)), 5)
-    sched.start(1, list(range(200)), 5)
+    sched.start(5, spec(list(range(200)), 5))
+    sched.start(1, spec(list(range(200)), 5))
     assert sched.plan_step()[2] == [(5, 0, 200), (1, 0, 56)]
 
 
 def test_final_piece_is_the_remainder_and_yields_the_first_token():
     sched = scheduler(prefill_chunk=64)
     decoding(sched, [0])
-    sched.start(2, list(range(70)), 5)
+    sched.start(2, spec(list(range(70)), 5))
     _, decode, chunks = sched.plan_step()
     assert chunks == [(2, 0, 64)]  # while a session decodes: prefill_chunk rows a step
     assert Prefilled(2, 0, 64) in sched.apply([7] + [-1] * 64)
@@ -103,7 +109,7 @@ def test_while_sessions_decode_the_step_time_model_bounds_prefill():
     whose predicted time keeps the step within decode_stall x a decode-only step."""
     sched = scheduler(token_budget=512, prefill_chunk=64, decode_stall=2.0)
     decoding(sched, range(4))
-    sched.start(6, list(range(2000)), 5)
+    sched.start(6, spec(list(range(2000)), 5))
     assert sched.plan_step()[2] == [(6, 0, 64)]  # no model yet: prefill_chunk rows
     sched.apply(tokens_for(sched, *sched.plan_step()[1:]))
     a, b, c = 0.010, 0.001, 0.0001
@@ -154,7 +160,8 @@ def test_decode_rows_are_in_ascending_slot_order():
 def test_post_step_update_ends_sessions_on_length_eog_and_request():
     sched = scheduler()
     for slot in range(4):
-        sched.start(slot, [1, 2, 3], 3 if slot == 0 else 100, ignore_eos=slot == 2, credits=9)
+        sched.start(slot, spec([1, 2, 3], 3 if slot == 0 else 100, ignore_eos=slot == 2),
+                    credits=9)
     _, decode, chunks = sched.plan_step()
     sched.apply(tokens_for(sched, decode, chunks))  # each session's first token
     sched.request_finish(3, FinishReason.STOP.code)  # a stop string, seen by the node
@@ -185,7 +192,7 @@ def test_a_finish_requested_during_the_step_wins_over_its_token():
 def test_a_failed_call_ends_only_its_sessions():
     sched = scheduler(prefill_chunk=16)
     decoding(sched, [0, 1])
-    sched.start(4, list(range(10)), 5, credits=4)
+    sched.start(4, spec(list(range(10)), 5), credits=4)
     _, decode, chunks = sched.plan_step()
     assert decode == [0, 1] and chunks == [(4, 0, 10)]
     events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3, 0])
@@ -202,8 +209,8 @@ def test_one_failed_call_for_the_whole_step_is_one_failure():
     failure ends every session in it and is reported once."""
     sched = scheduler(prefill_chunk=32, one_call=True)
     decoding(sched, [0, 1])
-    sched.start(4, list(range(10)), 5, credits=4)
-    sched.start(5, list(range(12)), 5, credits=4)
+    sched.start(4, spec(list(range(10)), 5), credits=4)
+    sched.start(5, spec(list(range(12)), 5), credits=4)
     _, decode, chunks = sched.plan_step()
     assert decode == [0, 1] and chunks == [(4, 0, 10), (5, 0, 12)]
     events = sched.apply(tokens_for(sched, decode, chunks), call_rc=[-3])
@@ -223,12 +230,12 @@ def test_a_row_without_logits_ends_its_session_with_an_error():
 def test_prefill_sessions_per_step_bound():
     sched = scheduler(prefill_chunk=16, prefill_sessions=1)
     for slot in (3, 1, 2):
-        sched.start(slot, list(range(5 + slot)), 4)
+        sched.start(slot, spec(list(range(5 + slot)), 4))
     assert sched.plan_step()[2] == [(3, 0, 8)]  # one chunk, the oldest session's
     sched = scheduler(prefill_chunk=64, prefill_sessions=4)
     decoding(sched, range(3))
     for slot in (6, 4, 5):
-        sched.start(slot, list(range(5 + slot)), 4)
+        sched.start(slot, spec(list(range(5 + slot)), 4))
     assert sched.plan_step()[2] == [(6, 0, 11), (4, 0, 9), (5, 0, 10)]
 
 
@@ -236,10 +243,10 @@ def test_a_slot_is_reused_only_after_it_finished():
     sched = scheduler()
     decoding(sched, [0])
     with pytest.raises(ValueError, match="in use"):
-        sched.start(0, [1, 2], 4)
+        sched.start(0, spec([1, 2], 4))
     sched.request_finish(0, FinishReason.CANCELLED.code)
     sched.plan_step()
-    sched.start(0, [1, 2], 4)
+    sched.start(0, spec([1, 2], 4))
 
 
 BUDGETS = Budgets(kv_cells_total=1000, kv_cells_per_session=500, slots=2, max_waiting=2,
@@ -247,8 +254,8 @@ BUDGETS = Budgets(kv_cells_total=1000, kv_cells_per_session=500, slots=2, max_wa
 
 
 def waiting(sid, prompt_len, max_tokens=10):
-    return Session(id=sid, spec=SessionSpec(list(range(1, prompt_len + 1)), SamplingParams(),
-                                            max_tokens, "off"))
+    params = SamplingParams(max_tokens=max_tokens, speculation="off")
+    return Session(id=sid, spec=SessionSpec(list(range(1, prompt_len + 1)), params))
 
 
 def test_admission_never_fits_is_rejected_at_once():
@@ -384,7 +391,7 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
     cached = []
     for sid, first in ((1, 1), (2, 1001)):  # two finished sessions leave 300-token entries
         session = Session(id=sid, spec=SessionSpec(list(range(first, first + 300)),
-                                                   SamplingParams(), 10, "off"))
+                                                   SamplingParams(max_tokens=10, speculation="off")))
         adm.submit(session)
         assert placement.take_ops() == [Start(session)]
         placement.started(session)  # as the step loop does once the start is fed
@@ -395,8 +402,9 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
         adm.release(session)
         cached.append(session.slot)
     sharer = Session(id=3, spec=SessionSpec(list(range(1, 151)) + [5000 + i for i in range(150)],
-                                            SamplingParams(), 10, "off"))
-    big = Session(id=4, spec=SessionSpec(list(range(3000, 3500)), SamplingParams(), 10, "off"))
+                                            SamplingParams(max_tokens=10, speculation="off")))
+    big = Session(id=4, spec=SessionSpec(list(range(3000, 3500)),
+                                         SamplingParams(max_tokens=10, speculation="off")))
     adm.submit_group([sharer, big])
     assert sharer.reuse_from == cached[0] and sharer.n_reused == 150
     assert sharer.slot not in cached  # copied into the empty slot: the entry survives it
@@ -406,9 +414,9 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
 
 def test_an_ended_slot_keeps_its_prompt_and_the_tokens_it_fed_back_unless_it_failed():
     sched = scheduler(prefill_chunk=64)
-    sched.start(0, list(range(1, 11)), 3, credits=100, keep_kv=True)
-    sched.start(1, list(range(1, 11)), 100, credits=100, keep_kv=True)
-    sched.start(2, list(range(1, 11)), 3, credits=100)  # no cache: nothing kept
+    sched.start(0, spec(list(range(1, 11)), 3), credits=100, keep_kv=True)
+    sched.start(1, spec(list(range(1, 11)), 100), credits=100, keep_kv=True)
+    sched.start(2, spec(list(range(1, 11)), 3), credits=100)  # no cache: nothing kept
     for _ in range(10):
         _, decode, chunks = sched.plan_step()
         events = sched.apply(tokens_for(sched, decode, chunks))
@@ -429,9 +437,9 @@ def test_a_scoring_session_prefills_small_chunks_one_per_step_and_may_end_at_its
     from dgr.events import Scored
 
     sched = scheduler(prefill_chunk=64)
-    sched.start(0, list(range(1, 41)), 0, prompt_logprobs=2)  # scores only
-    sched.start(1, list(range(1, 41)), 5, prompt_logprobs=0)
-    sched.start(2, list(range(1, 41)), 5)
+    sched.start(0, spec(list(range(1, 41)), 0, prompt_logprobs=2))  # scores only
+    sched.start(1, spec(list(range(1, 41)), 5, prompt_logprobs=0))
+    sched.start(2, spec(list(range(1, 41)), 5))
     _, _, chunks = sched.plan_step()
     # one scoring chunk a step, SCORE_CHUNK rows; the next scoring session waits, the
     # plain one behind it goes on
@@ -449,6 +457,7 @@ def test_a_scoring_session_prefills_small_chunks_one_per_step_and_may_end_at_its
     assert Finished(0, FinishReason.LENGTH.code, 0, 0) in finished
     assert not [e for e in kinds(events, Sampled) if e.slot == 0]
     with pytest.raises(ValueError):
-        sched.start(3, [1, 2], 0)  # max_tokens 0 only when scoring
+        sched.start(3, spec([1, 2], 0))  # max_tokens 0 only when scoring
     with pytest.raises(ValueError):
-        sched.start(3, [1, 2, 3], 4, n_reused=1, prompt_logprobs=0)  # scoring computes it all
+        # scoring computes it all
+        sched.start(3, spec([1, 2, 3], 4, prompt_logprobs=0), n_reused=1)

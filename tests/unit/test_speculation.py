@@ -4,9 +4,11 @@ scheduler's drafts, their verification and what a step with them reports."""
 import pytest
 
 from dgr import _drafts, _scheduler
-from dgr._codes import (MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource, Speculation,
+from dgr._codes import (MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource,
                         WordKind)
+from dgr.config import SamplingParams
 from dgr.events import Decoded, Finished, Sampled
+from dgr.spec import SessionSpec
 
 EOG = 99
 
@@ -25,8 +27,11 @@ def linear(a, b):
 # decode steps' seconds by output rows as a CPU's: a second row costs about a first,
 # rows past it little (evidence/DGR-026/rows-cost-wide.txt)
 CHEAP_ROWS = timed([(1, 0.020), (2, 0.030), (4, 0.032), (8, 0.036), (16, 0.044)])
-ALWAYS, AUTO, OFF = (Speculation.SPECULATE_ALWAYS, Speculation.SPECULATE_AUTO,
-                     Speculation.SPECULATE_OFF)
+ALWAYS, AUTO, OFF = "always", "auto", "off"  # SamplingParams.speculation
+
+
+def spec(prompt, max_tokens, speculation) -> SessionSpec:
+    return SessionSpec(list(prompt), SamplingParams(max_tokens=max_tokens, speculation=speculation))
 
 
 def test_context_draft_continues_the_longest_latest_match():
@@ -194,7 +199,7 @@ def decoding(sched, slots, prompt, max_tokens=100, credits=100, speculate=ALWAYS
     """Sessions on `slots` prefill `prompt` in one step and sample `first`."""
     slots = [slots] if isinstance(slots, int) else list(slots)
     for slot in slots:
-        sched.start(slot, prompt, max_tokens, credits=credits, speculate=speculate)
+        sched.start(slot, spec(prompt, max_tokens, speculation=speculate), credits=credits)
     _, decode, chunks = sched.plan_step()
     assert decode == [] and chunks == [(slot, 0, len(prompt)) for slot in slots]
     sched.apply(([-1] * (len(prompt) - 1) + [first]) * len(slots))
@@ -355,7 +360,7 @@ def test_auto_drafts_beside_other_sessions_only_what_their_tokens_repay():
     def planned(sessions, row_times):
         sched = scheduler(n_slots=8, token_budget=256)
         for slot, prompt in enumerate(sessions):
-            sched.start(slot, prompt, 100, credits=100, speculate=AUTO)
+            sched.start(slot, spec(prompt, 100, AUTO), credits=100)
         sched.plan_step()  # every prompt prefilled, each session samples 3
         sched.apply([t for prompt in sessions for t in [-1] * (len(prompt) - 1) + [3]])
         sched.set_step_time(0.040, 0.005, 0.001, 0.0)
@@ -380,7 +385,7 @@ def test_auto_drafts_only_where_the_draft_raises_the_step_rate_by_the_margin():
     +3 % at b = 20.3 ms (longer drafts give less), +7.5 % at b = 15 ms."""
     def planned(b):
         sched = scheduler(n_slots=1, token_budget=256)
-        sched.start(0, [1, 2, 3, 4, 5, 6, 1, 2], 100, credits=100, speculate=AUTO)
+        sched.start(0, spec([1, 2, 3, 4, 5, 6, 1, 2], 100, AUTO), credits=100)
         sched.plan_step()
         sched.apply([-1] * 7 + [3])
         sched.set_step_time(0.010, b, 0.001, 0.0)
@@ -439,7 +444,7 @@ def test_auto_drafts_nothing_while_a_session_waits_to_prefill():
     decoding(sched, 0, prompt, speculate=AUTO, first=3)
     sched.set_step_time(0.020, 0.002, 0.001, 0.0)  # drafts pay (a step's fixed cost dominates)
     sched.set_row_times(CHEAP_ROWS)
-    sched.start(1, list(range(30, 90)), 8, credits=100, speculate=AUTO)
+    sched.start(1, spec(list(range(30, 90)), 8, AUTO), credits=100)
     token = 4
     _, decode, chunks = sched.plan_step()
     while chunks:  # slot 1 prefills: slot 0 decodes without drafts
@@ -456,8 +461,8 @@ def test_trust_falls_where_auto_drafts_give_less_than_expected_and_comes_back():
     lower it; steps without drafts let it return to its prior."""
     prompt = list(range(1, 9)) * 2 + [1, 2]
     sched = scheduler(n_slots=2, token_budget=256)
-    sched.start(0, prompt, 12, credits=100, speculate=AUTO)
-    sched.start(1, [60, 61], 400, credits=400, speculate=OFF)
+    sched.start(0, spec(prompt, 12, AUTO), credits=100)
+    sched.start(1, spec([60, 61], 400, OFF), credits=400)
     _, _, chunks = sched.plan_step()
     assert chunks == [(0, 0, len(prompt)), (1, 0, 2)]
     sched.apply([-1] * (len(prompt) - 1) + [3] + [-1, 62])

@@ -110,7 +110,8 @@ async def step_loop(cache=True, host=None):
 
 
 def admit(loop, admission, *prompts):
-    sessions = [Session(id=i + 1, spec=SessionSpec(list(p), SamplingParams(), 4, "off"))
+    params = SamplingParams(max_tokens=4, speculation="off")
+    sessions = [Session(id=i + 1, spec=SessionSpec(list(p), params))
                 for i, p in enumerate(prompts)]
     admission.submit_group(sessions)
     channels = {s: trio.open_memory_channel(8) for s in sessions}

@@ -10,7 +10,8 @@ import pytest
 from dgr.jinja_template import MAX_RENDERED, ChatTemplate, TemplateError
 from dgr.testmodel import CHAT_TEMPLATE
 from dgr.tool_formats import HermesFormat, HermesReader, for_template
-from dgr.tools import GENERIC, ArgumentsPiece, CallStarted, ContentPiece, ToolSpec, history
+from dgr.doors.openai import chat_messages
+from dgr.tools import GENERIC, ArgumentsPiece, CallStarted, ContentPiece, ToolSpec
 from hermes_template import HERMES_TEMPLATE
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
@@ -30,7 +31,7 @@ def test_a_template_that_renders_tools_in_tags_gets_the_hermes_format():
 def test_the_hermes_prompt_is_the_models_template_with_tools_calls_and_results():
     fmt = for_template(HERMES_TEMPLATE, SPECIAL)
     spec = ToolSpec((WEATHER,), "auto", True, fmt)
-    messages = history([
+    messages = chat_messages([
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [

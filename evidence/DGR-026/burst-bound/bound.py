@@ -27,6 +27,7 @@ import time
 import trio
 
 import dgr
+from dgr._step import step  # noqa: E402
 from benchmarks.speculation import BURST, EARLIER_USER, N_NEW, WORKLOADS
 from dgr import _engine
 from dgr._drafts import NgramStore, context_draft_for
@@ -67,16 +68,16 @@ def step_times(prompt):
     eng = _engine.Engine(resolve_model_path(None), n_ctx=4096, n_seq_max=1, n_batch=512,
                          n_threads=2)
     n = len(prompt)
-    eng.step(prompt, list(range(n)), [0] * n, [0] * (n - 1) + [1])
+    step(eng, prompt, list(range(n)), [0] * n, [0] * (n - 1) + [1])
     times = {}
     for rows in range(1, ROWS + 1):
         taken = []
         for _ in range(15):
             started = time.perf_counter()
-            eng.step(prompt[:rows], list(range(n, n + rows)), [0] * rows, [1] * rows)
+            step(eng, prompt[:rows], list(range(n, n + rows)), [0] * rows, [1] * rows)
             taken.append(time.perf_counter() - started)
             eng.release(0)
-            eng.step(prompt, list(range(n)), [0] * n, [0] * (n - 1) + [1])
+            step(eng, prompt, list(range(n)), [0] * n, [0] * (n - 1) + [1])
         times[rows] = statistics.median(taken)
     eng.close()
     return times

@@ -1,0 +1,194 @@
+"""One generation request, whichever door it came in by (GenerationRequest), and
+the door-neutral rules every door's parser builds it with: the sampling values
+it read (each under the door's own name for it, so that an error names the
+field the client sent), a response format's grammar, a chat's messages and how
+its prompt ends. Each door reads its own protocol's fields (dgr.doors.fields)
+and calls these with typed values; no door goes through another protocol's JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import attrs
+
+from dgr import tools as tool_calls
+from dgr.config import SamplingParams
+from dgr.doors.fields import BadRequest
+from dgr.errors import InvalidRequest
+
+MAX_CHOICES = 32  # prompts x n in one request
+TEMPERATURE_RANGE = (0.0, 2.0)  # OpenAI's, narrower than the library's
+
+
+@attrs.frozen
+class GenerationRequest:
+    """What a door asks of the node: prompts or a chat, how to sample, and the
+    outputs wanted. A per-request option is a field here, set by the doors that
+    read it."""
+
+    params: SamplingParams
+    prompts: list = attrs.field(factory=list)  # completions: each a str or token ids
+    # a chat: its messages as `chat_message` makes them (the prompt is rendered later)
+    messages: Optional[list[dict]] = None
+    stream: bool = False
+    include_usage: bool = False
+    n: int = 1  # choices per prompt
+    top_logprobs: int = 0  # chat: alternatives reported per token (logprobs may be on without)
+    echo: bool = False  # completions: each choice's text begins with its prompt
+    tools: Optional[tool_calls.ToolSpec] = None  # chat: tools the answer may call
+    timings_per_token: bool = False  # llama-server's: each streamed chunk has its timings
+    return_progress: bool = False  # llama-server's: a stream reports its prompt's prefill
+    # a chat: whether the prompt ends by opening the assistant's turn, or continues the
+    # last message (the assistant's: a prefill); see `prompt_ending`
+    add_generation_prompt: bool = True
+    continue_final: bool = False
+    verbose: bool = False  # llama-server's: the response shows the prompt (`__verbose`)
+
+    @property
+    def chat(self) -> bool:
+        return self.messages is not None
+
+
+def named_values(body: dict, names: dict[str, str]) -> dict[str, tuple[str, Any]]:
+    """{SamplingParams field: (the door's name, value)} of the values `body` gives
+    for a door's table `names` ({the door's name: the field}); where two names
+    give one field, the later in the table wins."""
+    return {field: (name, body[name]) for name, field in names.items()
+            if body.get(name) is not None}
+
+
+def sampling(values: dict[str, tuple[str, Any]], *, temperature: float = 1.0, logprobs: int = 0,
+             logit_bias: Optional[dict] = None, grammar: Optional[str] = None,
+             prompt_logprobs: Optional[int] = None) -> SamplingParams:
+    """The SamplingParams of the values a door read (`named_values`), `temperature`
+    being the door's default; a bad value is a 400 naming the door's field."""
+    fields = {field: value for field, (_, value) in values.items()}
+    if "temperature" in values:
+        name, value = values["temperature"]
+        low, high = TEMPERATURE_RANGE
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value)):
+            raise BadRequest(f"'{name}' must be a number", name)
+        if not low <= value <= high:
+            raise BadRequest(f"'{name}' must be within {low}..{high}, got {value}", name)
+        fields["temperature"] = float(value)
+    else:
+        fields["temperature"] = temperature
+    stop = fields.get("stop")
+    if stop is not None and not (isinstance(stop, str) and stop) and not (
+            isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        name = values["stop"][0]
+        raise BadRequest(f"'{name}' must be a non-empty string or a list of them", name)
+    if fields.get("top_k") == -1:
+        fields["top_k"] = 0  # llama-server's "no top-k"
+    try:
+        return SamplingParams(**fields, logprobs=logprobs, logit_bias=logit_bias or {},
+                              grammar=grammar, prompt_logprobs=prompt_logprobs)
+    except InvalidRequest as exc:
+        raise BadRequest(str(exc), values.get(exc.field, (exc.field,))[0]) from None
+
+
+def prompt_list(prompt: Any, name: str = "prompt") -> list:
+    """A completion's prompts: one prompt (a string or token ids), or a list of
+    them (one choice each)."""
+    several = isinstance(prompt, list) and bool(prompt) and all(
+        isinstance(p, (str, list)) for p in prompt)
+    prompts = prompt if several else [prompt]
+    for p in prompts:
+        if isinstance(p, str):
+            if not p:
+                raise BadRequest(f"'{name}' must not be empty", name)
+        elif not (isinstance(p, list) and p
+                  and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+            raise BadRequest(f"'{name}' must be a non-empty string, a list of token ids, or a "
+                             "list of those", name)
+    return prompts
+
+
+def gbnf(value: Any, name: str) -> str:
+    """A request's own GBNF grammar text."""
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"'{name}' must be non-empty GBNF text", name)
+    return value
+
+
+def json_object_grammar() -> str:
+    """GBNF of any JSON object (OpenAI's json_object response format)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
+def schema_grammar(schema: Any, where: str, name: str) -> str:
+    """GBNF of a JSON schema (llama-cpp-python's converter); `where` names it in
+    the error, `name` is the field at fault."""
+    if not isinstance(schema, dict):
+        raise BadRequest(f"{where} must be an object", name)
+    try:
+        return tool_calls.json_grammar(schema)
+    except Exception as exc:  # the converter's message names what it cannot handle
+        raise BadRequest(f"unsupported JSON schema: {exc}", name) from None
+
+
+def joined_text(parts: list[str]) -> str:
+    """A message's text parts (or blocks) as its one text: joined by a newline, as
+    llama.cpp's server and vLLM join them."""
+    return "\n".join(parts)
+
+
+def chat_message(role: str, content: str, calls: Optional[list[dict]] = None,
+                 answers: Optional[str] = None) -> dict:
+    """A chat message as the chat template renders it: a role of ROLES' values, its
+    text, an assistant's tool calls ({"id", "type": "function", "function": {"name",
+    "arguments": a JSON value}}), or the call a tool message answers."""
+    message = {"role": role, "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    if role == "tool":
+        message["tool_call_id"] = answers
+    return message
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict:
+    """An assistant's tool call in a chat message (`chat_message`)."""
+    if not isinstance(name, str) or not name:
+        raise BadRequest("a tool call needs a function name", "messages")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def checked_chat(messages: list[dict], field: str = "messages") -> list[dict]:
+    """A chat's messages (`chat_message`'s), each tool message answering an earlier
+    call; named `field` in an error."""
+    if not messages:
+        raise BadRequest(f"'{field}' must be a non-empty list", field)
+    call_ids = set()
+    for message in messages:
+        call_ids.update(call["id"] for call in message.get("tool_calls", ()))
+        if message["role"] == "tool" and message["tool_call_id"] not in call_ids:
+            raise BadRequest(f"tool message for {message['tool_call_id']!r} answers no earlier "
+                             "tool call", field)
+    return messages
+
+
+def prompt_ending(messages: list[dict], add: Optional[bool] = None,
+                  continue_asked: bool = False) -> dict:
+    """How a chat's prompt ends: a chat whose last message is the assistant's text
+    continues it (llama-server's prefill, Anthropic's; vLLM's continue_final_message
+    asks for it), unless add_generation_prompt says otherwise; else the assistant's
+    turn is opened, unless add_generation_prompt is false. The fields of
+    GenerationRequest it sets."""
+    if continue_asked and add:
+        raise BadRequest("'continue_final_message' continues the last message, so "
+                         "'add_generation_prompt' cannot be true beside it",
+                         "continue_final_message")
+    last_is_text = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+    if continue_asked and not last_is_text:
+        raise BadRequest("'continue_final_message' needs the last message to be the "
+                         "assistant's text", "continue_final_message")
+    if len(messages) > 1 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+        raise BadRequest("the chat cannot end with two assistant messages", "messages")
+    continue_final = continue_asked or (last_is_text and add is None)
+    return {"add_generation_prompt": add is not False and not continue_final,
+            "continue_final": continue_final}
