@@ -132,14 +132,12 @@ cdef class Scheduler:
         it is already in the slot's sequence: a shared prefix), then generate up to
         its params.max_tokens, `credits` tokens ahead of its reader. With keep_kv
         its sequence keeps what it computed when it ends (but after an error): the
-        finish event's `kept` positions. A session that scores its prompt
-        (spec.scores_prompt) reports each prompt token's log-probability given the
-        ones before it (and params.prompt_logprobs alternatives) as EV_SCORE
-        events, its prompt prefilled SCORE_CHUNK tokens a step, from position 0;
-        its max_tokens may then be 0. With its speculation mode on, its decode
-        rows may carry drafts (Policy 3)."""
-        params = spec.params
-        prompt = spec.prompt
+        finish event's `kept` positions. A session that scores its prompt reports
+        each prompt token's log-probability (and params.prompt_logprobs
+        alternatives) as EV_SCORE events, prefilling SCORE_CHUNK tokens a step from
+        position 0; its max_tokens may then be 0. With its speculation mode on, its
+        decode rows may carry drafts (Policy 3)."""
+        params, prompt = spec.params, spec.prompt
         cdef int max_tokens = params.max_tokens
         cdef int n_logprobs = params.logprobs
         cdef int prompt_logprobs = params.prompt_logprobs if spec.scores_prompt else -1
