@@ -18,7 +18,7 @@ import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dgr.doors.fields import error_body
+from dgr.doors.problems import Problem, openai, openai_error
 
 MAX_INSTANCES = 128  # llama-server's bound
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -59,15 +59,15 @@ def predict_endpoint(doors: dict[str, Endpoint], read_json: Callable[[Request], 
 
     async def one(request: Request, instance) -> object:
         if not isinstance(instance, dict) or not isinstance(instance.get("@requestFormat"), str):
-            return error_body("each instance must be an object with a string @requestFormat",
-                              "invalid_request_error")
+            return openai_error(Problem(400, "invalid_request", "each instance must be an "
+                                        "object with a string @requestFormat", "invalid_value"))
         payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
         if "stream" in payload:
             payload["stream"] = False  # a prediction is answered whole
         path = paths.get(instance["@requestFormat"])
         if path is None:
-            return error_body(f"no door for @requestFormat {instance['@requestFormat']!r}",
-                              "invalid_request_error")
+            return openai_error(Problem(400, "invalid_request", "no door for @requestFormat "
+                                        f"{instance['@requestFormat']!r}", "invalid_value"))
         body = json.dumps(payload).encode()
         sent = []
 
@@ -90,10 +90,9 @@ def predict_endpoint(doors: dict[str, Endpoint], read_json: Callable[[Request], 
         data = await read_json(request)
         instances = data.get("instances") if isinstance(data, dict) else None
         if not isinstance(instances, list) or len(instances) > MAX_INSTANCES:
-            return JSONResponse(error_body("the body must be an object whose 'instances' is a "
-                                           f"list of at most {MAX_INSTANCES}",
-                                           "invalid_request_error", param="instances"),
-                                status_code=400)
+            return openai(Problem(400, "invalid_request", "the body must be an object whose "
+                                  f"'instances' is a list of at most {MAX_INSTANCES}",
+                                  "invalid_value", "instances"))
         predictions: list = [None] * len(instances)
 
         async def answer(i: int, instance) -> None:

@@ -29,6 +29,7 @@ def main() -> int:
     for mode in ("invariant", "decode"):
         if args.prefill:
             result = prefill.run(peers, model, 2, lengths=(512, 2048), rounds=args.rounds,
+                                 id_range=prefill.TEST_ID_RANGE,
                                  dgr_extra=["--weight-repack", mode])
             result["model"] = f"random-weight Llama ~1B Q4_K_M, dgr --weight-repack {mode}"
             print("\n".join(prefill.markdown(result)), flush=True)

@@ -1,0 +1,36 @@
+"""What a maintainer relies on when changing dgr, checked: each protocol's event
+framing and error shapes are written in one place, and no module grows past what
+one reader holds."""
+
+import re
+from pathlib import Path
+
+DGR = Path(__file__).resolve().parents[2] / "dgr"
+SOURCES = [p for p in DGR.rglob("*") if p.suffix in (".py", ".pyx", ".pxd")]
+
+
+def _lines_matching(pattern: str, allowed: set[str]) -> list[str]:
+    found = []
+    for path in SOURCES:
+        if path.name in allowed:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(pattern, line):
+                found.append(f"{path.relative_to(DGR.parent)}:{number}: {line.strip()}")
+    return found
+
+
+def test_server_sent_events_are_framed_in_one_place():
+    assert _lines_matching(r"""["']data: |["']event: |f["'](event|data): """, {"sse.py"}) == []
+
+
+def test_error_shapes_are_written_in_one_place():
+    # an error body is built by dgr.doors.problems (fields.error_body is OpenAI's object)
+    assert _lines_matching(r"""["']error["']: \{|error_body\(""",
+                           {"problems.py", "fields.py"}) == []
+
+
+def test_no_module_in_dgr_is_past_six_hundred_lines_or_so():
+    long = {str(p.relative_to(DGR.parent)): n for p in SOURCES
+            if (n := len(p.read_text().splitlines())) > 610}
+    assert long == {}
