@@ -197,6 +197,7 @@ cdef extern from "llama.h" nogil:
     llama_sampler * llama_sampler_init_top_k(int32_t k)
     llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep)
     llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep)
+    llama_sampler * llama_sampler_init_typical(float p, size_t min_keep)
     llama_sampler * llama_sampler_init_temp(float t)
     llama_token llama_sampler_sample(llama_sampler * smpl, llama_context * ctx, int32_t idx)
     ctypedef struct llama_token_data:

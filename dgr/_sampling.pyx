@@ -172,8 +172,8 @@ cdef class Sampling:
             if constrained == NULL:
                 llama_sampler_free(chain)
                 raise ValueError("invalid grammar")
-        cdef bint truncated = (params.top_k > 0 or params.top_p < 1.0
-                               or params.min_p > 0.0)
+        cdef bint truncated = (params.top_k > 0 or params.typical_p < 1.0
+                               or params.top_p < 1.0 or params.min_p > 0.0)
         cdef bint penalized = params.repeat_last_n != 0 and (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0
             or params.presence_penalty != 0.0)
@@ -184,8 +184,11 @@ cdef class Sampling:
         if params.temperature <= 0.0:
             llama_sampler_chain_add(chain, llama_sampler_init_greedy())
         else:
+            # llama.cpp's common order: top_k, typical, top_p, min_p, temperature
             if params.top_k > 0:
                 llama_sampler_chain_add(chain, llama_sampler_init_top_k(params.top_k))
+            if params.typical_p < 1.0:
+                llama_sampler_chain_add(chain, llama_sampler_init_typical(params.typical_p, 1))
             if params.top_p < 1.0:
                 llama_sampler_chain_add(chain, llama_sampler_init_top_p(params.top_p, 1))
             if params.min_p > 0.0:

@@ -397,6 +397,9 @@ class SamplingParams:
     tokens before it, with that many alternatives (vLLM's; the first token has
     none); the prompt is then computed whole (nothing shared from the prefix
     cache), so the figures are those of computing it, and max_tokens may be 0.
+    typical_p: locally typical sampling (llama.cpp's typ_p; 1 = off): keeps the
+    tokens whose surprise is closest to the distribution's entropy, up to that
+    much probability, after top_k and before top_p.
     speculation: "off", "auto" or "always" (SPECULATION_MODES), None for the node's
     setting: whether its decode steps may verify draft tokens (the output is
     the same either way, only its speed differs).
@@ -407,6 +410,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    typical_p: float = 1.0
     seed: Optional[int] = None
     stop: tuple[str, ...] = attrs.field(default=(), converter=lambda v: _tuple((v,) if isinstance(v, str) else v))
     logprobs: int = 0
@@ -451,6 +455,7 @@ class SamplingParams:
         number("temperature", 0.0, 100.0)
         number("top_p", 0.0, 1.0, open_lo=True)
         number("min_p", 0.0, 1.0)
+        number("typical_p", 0.0, 1.0, open_lo=True)
         integer("top_k")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             bad("seed", f"seed must be an integer, got {self.seed!r}")

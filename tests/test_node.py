@@ -175,6 +175,29 @@ async def test_sampling_is_seeded_per_session(node_config):
     assert a.token_ids == b.token_ids
 
 
+async def test_typical_sampling_changes_tokens_and_stays_the_sessions_own(node_config):
+    """typical_p truncates the distribution (llama.cpp's typ_p, after top_k): a low one
+    picks other tokens than plain sampling with the same seed, and a session with it
+    gets the same tokens and log-probabilities alone and beside others."""
+    plain = dgr.SamplingParams(max_tokens=24, temperature=1.5, seed=7, logprobs=2,
+                               ignore_eos=True)
+    typical = attrs.evolve(plain, typical_p=0.2)
+    async with dgr.open_node(node_config()) as node:
+        alone = _outputs(await node.generate("typical", typical))
+        without = _outputs(await node.generate("typical", plain))
+        results = {}
+
+        async def run(name, prompt, params):
+            results[name] = _outputs(await node.generate(prompt, params))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "typical", "typical", typical)
+            nursery.start_soon(run, "other", "another session", plain)
+            nursery.start_soon(run, "third", "a third one", typical)
+    assert alone[0] != without[0]
+    assert results["typical"] == alone
+
+
 async def test_per_session_cap_is_the_pool_or_what_is_configured(node_config):
     """Unified KV: one session may reserve the whole pool, or --session-ctx cells;
     split KV: a fixed ctx/max-running share. Beyond it: never_fits, with the numbers."""

@@ -14,9 +14,9 @@ from dgr.errors import InvalidRequest
 
 # the OpenAI sampling fields that completions and chat share; `top_k`, `min_p`,
 # `ignore_eos`, `repeat_penalty` (alias `repetition_penalty`) and `repeat_last_n` are
-# the common extensions that llama-server and vLLM accept
-_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stream",
-             "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
+# the common extensions that llama-server and vLLM accept, `typical_p` llama-server's
+_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "n",
+             "stream", "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
              "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation",
              "timings_per_token", "return_progress", "n_predict"}
@@ -40,8 +40,8 @@ FIELDS = {
     "/v1/messages/count_tokens": {"model", "messages", "system", "tools", "tool_choice",
                                   "thinking"},
     # llama.cpp's native completion
-    "/completion": {"prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed",
-                    "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
+    "/completion": {"prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p",
+                    "typical_p", "seed", "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
                     "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
                     "grammar", "json_schema", "return_tokens", "timings_per_token",
                     "return_progress", "response_fields"},

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 # llama.cpp's name of each SamplingParams field /completion takes (n_predict over
 # max_tokens, as llama-server reads them)
 _SAMPLING_NAMES = {"max_tokens": "max_tokens", "n_predict": "max_tokens"} | {
-    name: name for name in ("temperature", "top_k", "top_p", "min_p", "seed", "stop",
-                            "ignore_eos", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                            "frequency_penalty")}
+    name: name for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed",
+                            "stop", "ignore_eos", "repeat_penalty", "repeat_last_n",
+                            "presence_penalty", "frequency_penalty")}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
 

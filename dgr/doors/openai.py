@@ -27,7 +27,8 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 # request passes as it is (n_predict over max_tokens, as llama-server reads them)
 SAMPLING_NAMES = {
     "max_tokens": "max_tokens", "n_predict": "max_tokens", "temperature": "temperature",
-    "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed", "stop": "stop",
+    "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "typical_p": "typical_p",
+    "seed": "seed", "stop": "stop",
     "ignore_eos": "ignore_eos", "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty",
     "repetition_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",

@@ -17,7 +17,8 @@ from dgr.tools import GENERIC
 def test_a_completion_request_maps_every_field_to_sampling_params():
     parsed = parse_completion({
         "prompt": "hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
-        "min_p": 0.05, "seed": 3, "stop": ["x", "y"], "logprobs": 2, "ignore_eos": True,
+        "min_p": 0.05, "typical_p": 0.8, "seed": 3, "stop": ["x", "y"], "logprobs": 2,
+        "ignore_eos": True,
         "logit_bias": {"5": -100}, "presence_penalty": 0.5, "frequency_penalty": -0.5,
         "repetition_penalty": 1.1, "repeat_last_n": 32, "min_tokens": 2,
         "stop_token_ids": [9], "n": 2, "stream": True,
@@ -26,6 +27,10 @@ def test_a_completion_request_maps_every_field_to_sampling_params():
     assert parsed.prompts == ["hi"] and parsed.n == 2 and parsed.stream and parsed.include_usage
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (7, 0.5, 0.9, 40,
                                                                                  0.05, 3)
+    assert p.typical_p == 0.8
+    with pytest.raises(BadRequest) as exc:
+        parse_completion({"prompt": "hi", "typical_p": 0})
+    assert exc.value.param == "typical_p"
     assert p.stop == ("x", "y") and p.logprobs == 2 and p.ignore_eos
     assert p.logit_bias == ((5, -100),) and p.sampler_bias()[0][1] == float("-inf")
     assert (p.presence_penalty, p.frequency_penalty, p.repeat_penalty, p.repeat_last_n) == (
