@@ -44,6 +44,7 @@ from benchmarks import serving, shared_prefix  # noqa: E402
 from benchmarks import speculation as speculation_case  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from benchmarks.servers import dgr_server, free_port, llama_server  # noqa: E402
+from dgr import weight_repack  # noqa: E402
 from dgr.engine import resolve_model_path  # noqa: E402
 
 
@@ -128,6 +129,9 @@ def main(argv=None) -> int:
                         help="run the prefill case on a random-weight Llama of about 1B "
                              "parameters in Q4_K_M (16 layers of full attention, 32 heads over 8 "
                              "KV heads) that the bench writes into --out, not on --model")
+    parser.add_argument("--weight-repack", default=None, choices=weight_repack.MODES,
+                        help="dgr's --weight-repack in the prefill and decode cases "
+                        "(default: dgr's default)")
     parser.add_argument("--rounds", type=int, default=4,
                         help="alternating rounds of dgr and llama-server at each c (levels and "
                              "serving cases): each round's ratio, their median, min and max")
@@ -205,24 +209,28 @@ def main(argv=None) -> int:
                 args.kv_turns, [name for name in args.kv_servers.split(",") if name],
                 [int(x) for x in args.kv_restore_sizes.split(",") if x])
             bar.update()
+        repack = ["--weight-repack", args.weight_repack] if args.weight_repack else []
+        mode = f", dgr --weight-repack {args.weight_repack}" if args.weight_repack else ""
         if "prefill" in cases:
             lengths = [int(x) for x in args.prefill_lengths.split(",")]
             if args.prefill_llama_1b:
                 report["prefill"] = prefill_case.run(
                     peers, prefill_case.llama_1b(out), args.threads, lengths, args.rounds, bar,
-                    prefill_case.TEST_ID_RANGE)
-                report["prefill"]["model"] = "random-weight Llama ~1B Q4_K_M"
+                    prefill_case.TEST_ID_RANGE, repack)
+                report["prefill"]["model"] = "random-weight Llama ~1B Q4_K_M" + mode
             else:
                 report["prefill"] = prefill_case.run(peers, model, args.threads, lengths,
-                                                     args.rounds, bar)
+                                                     args.rounds, bar, dgr_extra=repack)
+                report["prefill"]["model"] = "the default model" + mode
         if "scaleout" in cases:
             report["scaleout"] = scaleout_case.run(model, args.threads, bar=bar)
         if "decode" in cases:
             report["decode"] = []
             for name, path in (("random-weight Llama ~1B Q4_K_M", prefill_case.llama_1b(out)),
                                ("the default model", model)):
-                result = decode_case.run(peers, path, args.threads, rounds=args.rounds, bar=bar)
-                report["decode"].append(result | {"model": name})
+                result = decode_case.run(peers, path, args.threads, rounds=args.rounds, bar=bar,
+                                         dgr_extra=repack)
+                report["decode"].append(result | {"model": name + mode})
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

@@ -30,3 +30,10 @@ def test_the_bench_refuses_what_it_cannot_run(capsys, tmp_path, arguments, said)
     err = capsys.readouterr().err
     assert refused.value.code == 2
     assert all(words in err for words in said)
+
+
+def test_the_bench_refuses_a_repack_mode_dgr_lacks(capsys, tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        main(["--render-only", "--out", str(tmp_path), "--cases", "decode",
+              "--weight-repack", "fastest"])
+    assert refused.value.code == 2 and "invalid choice: 'fastest'" in capsys.readouterr().err
