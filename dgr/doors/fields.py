@@ -114,12 +114,6 @@ def json_object(body) -> dict:
     return body
 
 
-def error_body(message: str, kind: str, code: Optional[str] = None,
-               param: Optional[str] = None) -> dict:
-    """An OpenAI-style error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def read_bool(body: dict, name: str) -> bool:
     """A boolean field (absent or null: False)."""
     value = body.get(name, False)

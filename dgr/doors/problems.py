@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
-from dgr.doors.fields import BadRequest, error_body
+from dgr.doors.fields import BadRequest
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 
 log = logging.getLogger("dgr.server")
@@ -120,10 +120,16 @@ _ANTHROPIC_TYPES = {"invalid_request": "invalid_request_error",
                     "overloaded": "overloaded_error", "server_error": "api_error"}
 
 
+def _openai_body(message: str, kind: str, code: Optional[str] = None,
+                 param: Optional[str] = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def openai_error(problem: Problem) -> dict:
     """The error object of OpenAI's shape (llama-server's figures beside it on an
     exceeded context, which its clients read to trim a history)."""
-    body = error_body(problem.message, _OPENAI_TYPES[problem.kind], problem.code, problem.param)
+    body = _openai_body(problem.message, _OPENAI_TYPES[problem.kind], problem.code,
+                        problem.param)
     body["error"] |= problem.figures
     return body
 
@@ -154,6 +160,6 @@ anthropic = _response(anthropic_error)
 
 def error_response(status: int, message: str, kind: str, code: Optional[str] = None,
                    headers: Optional[dict] = None) -> JSONResponse:
-    """An OpenAI-shaped error that no exception stands for (a missing key, a
-    feature switched off), `kind` being OpenAI's error type."""
-    return JSONResponse(error_body(message, kind, code), status_code=status, headers=headers)
+    """An OpenAI-shaped error that no exception stands for (a feature switched off,
+    no slot free, no such prefix), `kind` being OpenAI's error type."""
+    return JSONResponse(_openai_body(message, kind, code), status_code=status, headers=headers)
