@@ -6,10 +6,10 @@ its vocabulary side (tokenize, detokenize, chat template) is dgr._vocab.
 `run_call` fills the batch from arrays, runs `llama_decode` and samples every
 output row with that row's slot sampler, all without the GIL; the batch loop
 (dgr._batch) calls it and the KV operations through dgr/_engine.pxd, and
-dgr._step.step calls it from Python (for tests and tools). The engine knows nothing of Trio, HTTP or scheduling policy,
-and it is not thread-safe: one caller at a time (the node's batch loop), but
-for the vocabulary's read-only methods. `close` waits for tokenize calls in
-flight on other threads.
+dgr._step.step calls it from Python (for tests and tools). The engine knows
+nothing of Trio, HTTP or scheduling policy, and it is not thread-safe: one
+caller at a time (the node's batch loop), but for the vocabulary's read-only
+methods. `close` waits for tokenize calls in flight on other threads.
 """
 
 import os

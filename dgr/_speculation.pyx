@@ -22,19 +22,20 @@ Expected tokens are counted at the node's trust: the "auto" drafts' tokens
 accepted over those expected, recent steps weighing more. Where many sessions
 draft on noisy estimates of p, those that draft are the ones whose p is
 overestimated, and their drafts give less than expected (at c = 16); the trust
-takes that back into the next plans. What the
-trust cannot take back is a draft whose edge is smaller than the plan's error (in a
-draft's tokens, or in the step's time: a count of rows last timed beside longer
-contexts reads slow): the step pays its rows for nothing. So a session drafts only where its draft raises
-the step's expected tokens per second by GAIN_MARGIN at least.
+takes that back into the next plans. What the trust cannot take back is a draft
+whose edge is smaller than the plan's error (in a draft's tokens, or in the step's
+time: a count of rows last timed beside longer contexts reads slow): the step pays
+its rows for nothing. So a session drafts only where its draft raises the step's
+expected tokens per second by GAIN_MARGIN at least.
 
-A step's time grows with the KV cells its rows attend, and while every step drafts, the step without drafts
-is not timed at the sessions' contexts: its count of rows, last timed beside longer
-contexts, reads slow and credits every draft with an edge it lacks. So "auto" drafts
-only where a step of the decode rows' count was timed at about the cells they attend
-now (`timed_at`); else the step runs without drafts and so times it. That costs one
-step's drafts each time the sessions' contexts grow by an eighth (or 512 cells). Past
-ROW_EXACT decode rows no step drafts: those counts are not timed one by one.
+A step's time grows with the KV cells its rows attend, and while every step drafts,
+the step without drafts is not timed at the sessions' contexts: its count of rows,
+last timed beside longer contexts, reads slow and credits every draft with an edge
+it lacks. So "auto" drafts only where a step of the decode rows' count was timed at
+about the cells they attend now (`timed_at`); else the step runs without drafts and
+so times it. That costs one step's drafts each time the sessions' contexts grow by
+an eighth (or 512 cells). Past ROW_EXACT decode rows no step drafts: those counts
+are not timed one by one.
 
 A draft that speeds its own session makes every other session of the step wait
 for a longer step. A session that drafts too is repaid at once where its own

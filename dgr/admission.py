@@ -141,7 +141,8 @@ class Admission:
             if session.reserved_cells > b.kv_cells_per_session:
                 raise AdmissionRejected(
                     "never_fits",
-                    f"prompt ({len(session.spec.prompt)} tokens) + max_tokens ({session.spec.params.max_tokens}) "
+                    f"prompt ({len(session.spec.prompt)} tokens) + max_tokens "
+                    f"({session.spec.params.max_tokens}) "
                     f"exceeds the per-session context of {b.kv_cells_per_session} tokens",
                     {"n_prompt_tokens": len(session.spec.prompt), "n_ctx": b.kv_cells_per_session})
         # how many start at once (in order, if nobody waits); the rest must fit the queue

@@ -145,10 +145,11 @@ class Node:
 
     async def tokenize_off_loop(self, text: str, add_special: bool = True,
                                 parse_special: bool = False) -> list[int]:
-        """`tokenize` on a worker thread: a long text does not stall the Trio loop, which meanwhile hands other sessions
-        their tokens; a short one (TOKENIZE_INLINE_CHARS) costs less than the hop
-        and is tokenized at once. Prompts given as text to `stream`,
-        `stream_group` and `generate` are tokenized this way."""
+        """`tokenize` on a worker thread: a long text does not stall the Trio loop,
+        which meanwhile hands other sessions their tokens; a short one
+        (TOKENIZE_INLINE_CHARS) costs less than the hop and is tokenized at once.
+        Prompts given as text to `stream`, `stream_group` and `generate` are
+        tokenized this way."""
         if len(text) <= TOKENIZE_INLINE_CHARS:
             await trio.lowlevel.checkpoint()
             return self.tokenize(text, add_special, parse_special)
@@ -303,7 +304,8 @@ class Node:
                           "n_prompt_tokens_processed": session.n_prefilled - session.n_reused,
                           "n_prompt_tokens_cache": session.n_reused,
                           "next_token": [{"has_next_token": not session.done,
-                                          "n_remain": session.spec.params.max_tokens - len(session.generated),
+                                          "n_remain": (session.spec.params.max_tokens
+                                                       - len(session.generated)),
                                           "n_decoded": len(session.generated)}]}
             states.append(state)
         return states

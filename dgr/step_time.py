@@ -27,10 +27,11 @@ step that prefilled and every REFIT_EVERY other steps, sane or not.
 Beside the fit, the decode steps' seconds by their output rows (RowTimes): a
 step's time is not linear in its rows on a CPU (two rows may cost about two
 one-row steps and a 17th a fraction of one; and with many decoders, rows in
-multiples of four cost less than the counts around them), and that decides how long a draft pays (dgr/_speculation.pyx). A node only runs
-the rows its drafts give, and a draft's length is chosen by what its rows cost:
-the steps the node timed as it opened (dgr.engine.measure_row_times) give the
-curve's shape where it has run no step lately, at the level of the steps it ran.
+multiples of four cost less than the counts around them), and that decides how
+long a draft pays (dgr/_speculation.pyx). A node only runs the rows its drafts
+give, and a draft's length is chosen by what its rows cost: the steps the node
+timed as it opened (dgr.engine.measure_row_times) give the curve's shape where
+it has run no step lately, at the level of the steps it ran.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from dgr.errors import InvalidRequest
 # `ignore_eos`, `repeat_penalty` (alias `repetition_penalty`) and `repeat_last_n` are
 # the common extensions that llama-server and vLLM accept, `typical_p` llama-server's
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "n",
-             "stream", "stream_options", "stop", "seed", "ignore_eos", "logit_bias", "presence_penalty",
-             "frequency_penalty", "repeat_penalty", "repetition_penalty", "repeat_last_n",
-             "response_format", "grammar", "min_tokens", "stop_token_ids", "speculation",
-             "timings_per_token", "return_progress", "n_predict"}
+             "stream", "stream_options", "stop", "seed", "ignore_eos", "logit_bias",
+             "presence_penalty", "frequency_penalty", "repeat_penalty", "repetition_penalty",
+             "repeat_last_n", "response_format", "grammar", "min_tokens", "stop_token_ids",
+             "speculation", "timings_per_token", "return_progress", "n_predict"}
 
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
@@ -41,9 +41,9 @@ FIELDS = {
                                   "thinking"},
     # llama.cpp's native completion
     "/completion": {"prompt", "n_predict", "max_tokens", "temperature", "top_k", "top_p", "min_p",
-                    "typical_p", "seed", "stop", "stream", "n_probs", "ignore_eos", "repeat_penalty",
-                    "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
-                    "grammar", "json_schema", "return_tokens", "timings_per_token",
+                    "typical_p", "seed", "stop", "stream", "n_probs", "ignore_eos",
+                    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
+                    "logit_bias", "grammar", "json_schema", "return_tokens", "timings_per_token",
                     "return_progress", "response_fields"},
     "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
                   "add_special_tokens", "add_generation_prompt", "continue_final_message",

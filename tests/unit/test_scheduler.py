@@ -391,7 +391,8 @@ def test_an_entry_copied_from_is_evicted_only_after_the_copy():
     cached = []
     for sid, first in ((1, 1), (2, 1001)):  # two finished sessions leave 300-token entries
         session = Session(id=sid, spec=SessionSpec(list(range(first, first + 300)),
-                                                   SamplingParams(max_tokens=10, speculation="off")))
+                                                   SamplingParams(max_tokens=10,
+                                                                  speculation="off")))
         adm.submit(session)
         assert placement.take_ops() == [Start(session)]
         placement.started(session)  # as the step loop does once the start is fed
