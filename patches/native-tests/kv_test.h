@@ -5,6 +5,7 @@
 #include "llama.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 // llama.cpp's errors only: the model loader's info lines would bury the result
@@ -27,9 +28,23 @@ static llama_model * load_model(const char * path) {
     return model;
 }
 
+// The model a test is given (argv[1]), loaded for contexts with ordered KV cells (as
+// dgr's), or nullptr after the usage or why.
+static llama_model * test_model(int argc, char ** argv, const char * usage = "MODEL.gguf") {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s %s\n", argv[0], usage);
+        return nullptr;
+    }
+    setenv("LLAMA_KV_CACHE_ORDERED", "1", 1);  // read when a context is created
+    llama_log_set(log_errors, nullptr);
+    return load_model(argv[1]);
+}
+
 // One cache stream for all n_seq_max sequences, SWA layers full size (as dgr).
-static llama_context * unified_context(llama_model * model, int n_ctx, int n_seq_max) {
+static llama_context * unified_context(llama_model * model, int n_ctx, int n_seq_max,
+                                       llama_flash_attn_type flash_attn = LLAMA_FLASH_ATTN_TYPE_AUTO) {
     llama_context_params params = llama_context_default_params();
+    params.flash_attn_type = flash_attn;
     params.n_ctx = n_ctx;
     params.n_batch = 512;
     params.n_ubatch = 512;

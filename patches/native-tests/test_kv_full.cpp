@@ -27,13 +27,7 @@ static std::vector<float> last_logits(llama_context * ctx) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
-        return 2;
-    }
-    setenv("LLAMA_KV_CACHE_ORDERED", "1", 1);  // read when a context is created
-    llama_log_set(log_errors, nullptr);
-    llama_model * model = load_model(argv[1]);
+    llama_model * model = test_model(argc, argv);
     if (model == nullptr) {
         return 2;
     }

@@ -81,17 +81,7 @@ static std::vector<float> row_logits(llama_context * ctx, int row) {
 // a context as dgr opens one (flash attention on, one unified cache), with X and Y
 // listed per sequence: sequence 0 takes X at 1, sequence 1 Y at 0.5
 static llama_context * lora_context(llama_model * model, llama_adapter_lora * x, llama_adapter_lora * y) {
-    llama_context_params params = llama_context_default_params();
-    params.n_ctx = 256;
-    params.n_batch = 64;
-    params.n_ubatch = 64;
-    params.n_seq_max = 4;
-    params.kv_unified = true;
-    params.swa_full = true;
-    params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-    params.n_threads = 2;
-    params.n_threads_batch = 2;
-    llama_context * ctx = llama_init_from_model(model, params);
+    llama_context * ctx = unified_context(model, 256, 4, LLAMA_FLASH_ATTN_TYPE_ENABLED);
     if (ctx == nullptr) {
         return nullptr;
     }
@@ -149,20 +139,14 @@ static int bench(llama_model * model, llama_adapter_lora * x, llama_adapter_lora
 }
 
 int main(int argc, char ** argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.gguf [--bench]\n", argv[0]);
+    llama_model * model = test_model(argc, argv, "MODEL.gguf [--bench]");
+    if (model == nullptr) {
         return 2;
     }
-    setenv("LLAMA_KV_CACHE_ORDERED", "1", 1);  // read when a context is created
-    llama_log_set(log_errors, nullptr);
     const std::string dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     const std::string x_path = dir + "/dgr-lora-seq-x.gguf", y_path = dir + "/dgr-lora-seq-y.gguf";
     if (!write_adapter(argv[1], x_path.c_str(), 1) || !write_adapter(argv[1], y_path.c_str(), 2)) {
         fprintf(stderr, "cannot write the adapters\n");
-        return 2;
-    }
-    llama_model * model = load_model(argv[1]);
-    if (model == nullptr) {
         return 2;
     }
     llama_adapter_lora * x = llama_adapter_lora_init(model, x_path.c_str());
