@@ -128,18 +128,16 @@ cdef class Scheduler:
 
     def start(self, int slot, spec, int credits=1, int n_reused=0, bint keep_kv=False):
         """Give a free slot the session its SessionSpec `spec` asks for (dgr.spec):
-        prefill its prompt from position n_reused (the KV of the positions before
-        it is already in the slot's sequence: a shared prefix), then generate up to
-        its params.max_tokens, `credits` tokens ahead of its reader. With keep_kv
-        its sequence keeps what it computed when it ends (but after an error): the
-        finish event's `kept` positions. A session that scores its prompt reports
-        each prompt token's log-probability (and params.prompt_logprobs
-        alternatives) as EV_SCORE events, prefilling SCORE_CHUNK tokens a step from
-        position 0; its max_tokens may then be 0. With its speculation mode on, its
-        decode rows may carry drafts (Policy 3)."""
+        prefill its prompt from position n_reused (the positions before it are in
+        the slot's sequence: a shared prefix), then generate up to max_tokens,
+        `credits` tokens ahead of its reader. With keep_kv its sequence keeps what
+        it computed when it ends (but after an error): the finish event's `kept`
+        positions. A session that scores its prompt reports each prompt token's
+        log-probability (and prompt_logprobs alternatives) as EV_SCORE events,
+        prefilling SCORE_CHUNK tokens a step from position 0, and may have
+        max_tokens 0. With speculation on, its decode rows may carry drafts."""
         params, prompt = spec.params, spec.prompt
-        cdef int max_tokens = params.max_tokens
-        cdef int n_logprobs = params.logprobs
+        cdef int max_tokens = params.max_tokens, n_logprobs = params.logprobs
         cdef int prompt_logprobs = params.prompt_logprobs if spec.scores_prompt else -1
         cdef int speculate = SPECULATION_MODES[params.speculation]
         self._check(slot)

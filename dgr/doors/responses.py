@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
-from dgr.doors.openai import progress_timings, prompt_progress, timings
+from dgr.doors.openai import ROLES, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                json_object_grammar, named_values, prompt_ending, sampling,
                                schema_grammar, tool_call)
@@ -35,6 +35,8 @@ _SAMPLING_NAMES = {"max_output_tokens": "max_tokens", "temperature": "temperatur
                    "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                    "repetition_penalty": "repeat_penalty", "seed": "seed"}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
+# the roles an input message may have (tool results come as function_call_output items)
+_ROLES = {name: role for name, role in ROLES.items() if role != "tool"}
 
 
 @attrs.frozen
@@ -89,10 +91,6 @@ def _messages(value: Any) -> list[dict]:
             raise BadRequest("a message's 'content' must be a string or text parts", "input")
         messages.append(chat_message(_ROLES[role], content))
     return messages
-
-
-# the roles an input message may have, as the chat template knows them
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 def _arguments(text: Any, strict: bool) -> Any:
