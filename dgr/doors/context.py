@@ -17,6 +17,10 @@ from dgr.doors.response_store import ResponseStore
 from dgr.node import Node
 
 
+# how much of a refused body is read on before the 413 (read_json)
+LINGER_BODIES = 16
+
+
 class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -48,16 +52,24 @@ class ServerState:
         return body
 
     async def read_json(self, request: Request) -> Any:
-        """The body as JSON, refused past max_body_bytes before it is all read."""
+        """The body as JSON, refused past max_body_bytes (413). A refused body is
+        read on, unkept, up to LINGER_BODIES times the bound, so that the client,
+        still sending it, reads the 413 rather than a reset connection."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise TooLarge()
+        too_large = declared is not None and declared.isdigit() and int(declared) > limit
         body = bytearray()
+        seen = 0
         async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise TooLarge()
+            seen += len(part)
+            if seen > limit:
+                too_large = True
+            if too_large and seen > LINGER_BODIES * limit:
+                break
+            if not too_large:
+                body += part
+        if too_large:
+            raise TooLarge()
         try:
             return json.loads(body)
         except (ValueError, RecursionError) as exc:
