@@ -5,7 +5,7 @@ against the pinned llama.cpp, with their C helpers from dgr/csrc; the
 scheduler (dgr._scheduler), its speculation policy (dgr._speculation), the
 drafts (dgr._drafts) and the shared codes (dgr._codes) are pure C.
 
-Headers come from vendor/llama.cpp (materialized by scripts/vendor_llama.py
+Headers come from vendor/llama.cpp-patched (materialized by scripts/vendor_llama.py
 from the sha256-pinned llama-cpp-python sdist). The extension links the
 libllama that llama-cpp-python installed under llama_cpp/lib, found through
 an rpath, so one libllama serves the whole process and no LD_LIBRARY_PATH is
@@ -23,7 +23,9 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 ROOT = Path(__file__).resolve().parent
-VENDOR = ROOT / "vendor" / "llama.cpp"
+# the pinned llama.cpp with patches/series applied: the headers of the libllama dgr links
+# (patches add API, patch 0018 the per-sequence adapters)
+VENDOR = ROOT / "vendor" / "llama.cpp-patched"
 
 
 def llama_cpp_lib_dir() -> Path:
@@ -56,7 +58,8 @@ def llama_extension(name: str, *c_sources: str, openmp: bool = False) -> Extensi
         libraries=["llama", "ggml", "ggml-base"],
         runtime_library_dirs=[str(lib_dir)],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        extra_compile_args=["-O3", *flags],
+        # a call the headers do not declare is an error, never an implicit int function
+        extra_compile_args=["-O3", "-Werror=implicit-function-declaration", *flags],
         extra_link_args=flags,
     )
 
@@ -75,6 +78,7 @@ extensions = [
     llama_extension("dgr._backend", "dgr_log.c"),
     llama_extension("dgr._engine"),
     llama_extension("dgr._kv_ops"),
+    llama_extension("dgr._adapters"),
     llama_extension("dgr._batch"),
     llama_extension("dgr._step"),
     llama_extension("dgr._rpc", "dgr_rpc_offer.c"),

@@ -13,27 +13,16 @@ from posix.unistd cimport write
 from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_CANCELLED,
                         KV_MOVE_FAILED, MAX_LOGPROBS, STATE_ROLLBACK_FAILED,
                         WANT_CHAIN, WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
+from dgr._adapters cimport Adapters
 from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
 from dgr._events cimport Event, StepFigures, event_record
 from dgr._kv_ops cimport OP_RESTORE, OP_SAVE, KvOperations
+from dgr._pthread cimport (pthread_cond_broadcast, pthread_cond_destroy, pthread_cond_init,
+                          pthread_cond_signal, pthread_cond_t, pthread_cond_wait,
+                          pthread_mutex_destroy, pthread_mutex_init, pthread_mutex_lock,
+                          pthread_mutex_t, pthread_mutex_unlock)
 from dgr._scheduler cimport SLOT_DECODE, Scheduler, Slot
-
-
-cdef extern from "<pthread.h>" nogil:
-    ctypedef struct pthread_mutex_t:
-        pass
-    ctypedef struct pthread_cond_t:
-        pass
-    int pthread_mutex_init(pthread_mutex_t * mutex, void * attr)
-    int pthread_mutex_destroy(pthread_mutex_t * mutex)
-    int pthread_mutex_lock(pthread_mutex_t * mutex)
-    int pthread_mutex_unlock(pthread_mutex_t * mutex)
-    int pthread_cond_init(pthread_cond_t * cond, void * attr)
-    int pthread_cond_destroy(pthread_cond_t * cond)
-    int pthread_cond_wait(pthread_cond_t * cond, pthread_mutex_t * mutex)
-    int pthread_cond_signal(pthread_cond_t * cond)
-    int pthread_cond_broadcast(pthread_cond_t * cond)
 
 
 cdef class BatchLoop:
@@ -92,6 +81,7 @@ cdef class BatchLoop:
     cdef int cells_used_now
     cdef int * pos_max_now
     cdef KvOperations kv_ops
+    cdef readonly Adapters adapters  # the LoRa adapters each slot applies
 
     def __cinit__(self):
         self.sync_ready = False
@@ -127,6 +117,8 @@ cdef class BatchLoop:
         self.call_rc = <int *> calloc(1 + scheduler.n_slots, sizeof(int))
         self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
         self.kv_ops = KvOperations(engine, scheduler)
+        self.adapters = Adapters(engine, scheduler.n_slots)
+        self.adapters.loop_lock = &self.lock
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
                 or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
                 or self.row_next == NULL
@@ -179,6 +171,7 @@ cdef class BatchLoop:
             self.engine.learn_words(spec.prompt)  # the values draft source's twins
         pthread_mutex_lock(&self.lock)
         try:
+            self.adapters.want(slot, spec.adapter_scales)
             self.scheduler.start(slot, spec, credits, n_reused, keep_kv)
             if restore is not None:
                 self._queue_kv_op(slot, OP_RESTORE, n_reused, restore)
@@ -365,6 +358,7 @@ cdef class BatchLoop:
                 self.mark = monotonic()
                 continue
             n_ops = self.kv_ops.apply()
+            self.adapters.apply()
             if n_ops:
                 pthread_cond_broadcast(&self.ops_room)
             n_events = self.scheduler.take_finish_requests(self.scratch)
@@ -553,11 +547,12 @@ cdef class BatchLoop:
 
     cdef void _release_finished(self, int n_events) noexcept nogil:
         """Ended slots: their samplers reset, their KV freed but for the positions
-        the scheduler says they keep (a prefix cache entry)."""
+        the scheduler says they keep (a prefix cache entry), their adapters none."""
         cdef int i
         for i in range(n_events):
             if self.scratch[i].kind == EV_FINISH:
                 self.engine.end_slot(self.scratch[i].slot, self.scratch[i].kept)
+                self.adapters.clear(self.scratch[i].slot)
 
     cdef void _publish(self, int n_events) noexcept nogil:
         """Append the scratch events to the ring and note the KV now held; the node is

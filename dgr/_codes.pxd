@@ -83,6 +83,7 @@ cpdef enum:
     MIN_PIECE = 16             # prompt rows the oldest prefilling session gets at least per step
     MAX_DRAFT = 48             # draft tokens a session may verify in one step
     MAX_STEP_DRAFTS = 48       # draft rows in one step (output rows beyond one per slot)
+    MAX_ADAPTERS = 64          # LoRa adapters loaded on one node at once (dgr._adapters)
     ROW_EXACT = 64             # steps of up to this many output rows are timed by their count
     ROW_GROUPS = 68            # groups of a step's output rows whose times the node keeps
                                # (dgr.step_time.RowTimes): 1, 2, ..., 64, then 65-127,

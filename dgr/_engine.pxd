@@ -6,12 +6,17 @@
 from libc.stdint cimport int8_t, int32_t, uint8_t
 
 from dgr._llama cimport llama_batch, llama_context, llama_memory_t, rpc_connected_fn
+from dgr._pthread cimport pthread_mutex_t
 from dgr._sampling cimport Sampling
 from dgr._vocab cimport Vocabulary
 
 
 cdef class Engine(Vocabulary):
     cdef llama_context * ctx
+    # held around llama_decode and by whatever changes the model meanwhile (loading or
+    # freeing a LoRa adapter, dgr._adapters): llama.cpp reads the model's adapters when
+    # it sizes a graph
+    cdef pthread_mutex_t model_lock
     cdef llama_memory_t mem
     cdef llama_batch batch
     cdef readonly Sampling sampling

@@ -27,6 +27,8 @@ from dgr._clock cimport monotonic
 from dgr._codes cimport (DECODE_ABORTED, ENGINE_FAULT, FAULT_RAISE, MAX_DRAFT, MAX_LOGPROBS,
                         NO_LOGITS, WANT_LOGPROBS, WANT_SAMPLE, WORKER_LOST)
 from dgr._llama cimport *
+from dgr._pthread cimport (pthread_mutex_destroy, pthread_mutex_init, pthread_mutex_lock,
+                          pthread_mutex_unlock)
 from dgr._sampling cimport Sampling
 from dgr._vocab cimport Vocabulary
 
@@ -72,6 +74,7 @@ cdef class Engine(Vocabulary):
 
 
     def __cinit__(self):
+        pthread_mutex_init(&self.model_lock, NULL)
         self.model = NULL
         self.ctx = NULL
         self.row_logits = NULL
@@ -275,6 +278,7 @@ cdef class Engine(Vocabulary):
 
     def __dealloc__(self):
         self._free()
+        pthread_mutex_destroy(&self.model_lock)
 
     def close(self):
         """Free the context and model now rather than at garbage collection, once
@@ -423,7 +427,9 @@ cdef class Engine(Vocabulary):
         if injected == 1 or injected == -1:
             rc = injected
         else:
+            pthread_mutex_lock(&self.model_lock)
             rc = llama_decode(self.ctx, self.batch)
+            pthread_mutex_unlock(&self.model_lock)
             if rc == 0 and injected != 0:
                 rc = injected
         if rc == 0:

@@ -172,6 +172,18 @@ cdef extern from "llama.h" nogil:
     llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
     void llama_batch_free(llama_batch batch)
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
+
+    # LoRa adapters: loaded onto a model (which frees those left at its own free), and
+    # applied per sequence in one llama_decode (patch 0018)
+    cdef struct llama_adapter_lora:
+        pass
+    llama_adapter_lora * llama_adapter_lora_init(llama_model * model, const char * path_lora)
+    void llama_adapter_lora_free(llama_adapter_lora * adapter)
+    uint64_t llama_adapter_get_alora_n_invocation_tokens(const llama_adapter_lora * adapter)
+    int32_t llama_set_adapters_lora_seq(llama_context * ctx, llama_adapter_lora ** adapters,
+                                        size_t n_adapters)
+    int32_t llama_set_adapter_lora_seq_scale(llama_context * ctx, llama_adapter_lora * adapter,
+                                             llama_seq_id seq_id, float scale)
     void llama_synchronize(llama_context * ctx)
     void llama_set_abort_callback(llama_context * ctx, ggml_abort_callback abort_callback, void * abort_callback_data)
     float * llama_get_logits(llama_context * ctx)

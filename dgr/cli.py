@@ -20,7 +20,10 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         meta = field.metadata
         shown = meta["default_text"] or field.default
         text = f"{meta['help']} (default: {shown})".replace("%", "%%")
-        if field.type in (bool, "bool"):  # a string until cattrs resolves the annotations
+        if "nargs" in meta:  # repeatable: each use appends its values
+            parser.add_argument(meta["flag"], dest=field.name, action="append", default=None,
+                                nargs=None if meta["nargs"] == 1 else meta["nargs"], help=text)
+        elif field.type in (bool, "bool"):  # a string until cattrs resolves the annotations
             parser.add_argument(meta["flag"], dest=field.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=text)
         else:

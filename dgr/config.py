@@ -14,7 +14,8 @@ from typing import Optional
 import attrs
 import cattrs
 
-from dgr._codes import MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS, Speculation
+from dgr._codes import (MAX_ADAPTERS, MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS,
+                        Speculation)
 from dgr.errors import InvalidRequest
 from dgr.weight_repack import MODES as WEIGHT_REPACK_MODES
 
@@ -40,6 +41,11 @@ def _endpoints(value) -> tuple[str, ...]:
     return tuple(str(item).strip() for item in items if str(item).strip())
 
 
+def _strings(value) -> tuple[str, ...]:
+    """A repeatable flag's values (a list), or one string."""
+    return (str(value),) if isinstance(value, str) else tuple(str(v) for v in value or ())
+
+
 def _shares(value) -> tuple[float, ...]:
     """Proportions from "3,1" (a flag) or a list (TOML)."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
@@ -49,11 +55,13 @@ def _shares(value) -> tuple[float, ...]:
         raise ValueError(f"rpc_tensor_split must be numbers such as 3,1; got {value!r}") from None
 
 
-def option(flag: str, help: str, default_text: Optional[str] = None, **kw):
+def option(flag: str, help: str, default_text: Optional[str] = None, metadata=None, **kw):
     """A config field's command-line flag and help: `python -m dgr run --help` is
     built from these (dgr/cli.py), so a default and its explanation live in one
-    place. default_text describes a default that is not a plain value."""
-    return attrs.field(metadata={"flag": flag, "help": help, "default_text": default_text}, **kw)
+    place. default_text describes a default that is not a plain value; metadata
+    {"nargs": n} makes a repeatable flag of n values."""
+    return attrs.field(metadata={"flag": flag, "help": help, "default_text": default_text,
+                                 **(metadata or {})}, **kw)
 
 
 @attrs.define(frozen=True)
@@ -193,6 +201,21 @@ class NodeConfig:
         "--rpc-timeout", "Seconds an RPC worker may go without answering (its share of a step "
         "included) before the node counts it lost: the sessions end with an error and the node "
         "reports unhealthy until restarted. 0: wait forever.", default=60.0)
+    lora: tuple[str, ...] = option(
+        "--lora", "A LoRa adapter (GGUF) to serve, repeatable: NAME=FILE[:SCALE] serves it as "
+        "model NAME, at SCALE (1) for the requests that name it; a plain FILE is "
+        "llama-server's: applied at scale 1 to every request that names no adapter.", "none",
+        default=(), converter=lambda v: _strings(v), metadata={"nargs": 1})
+    lora_scaled: tuple[tuple[str, str], ...] = option(
+        "--lora-scaled", "llama-server's: FILE SCALE, an adapter applied at SCALE to every "
+        "request that names no adapter; repeatable.", "none", default=(),
+        converter=lambda v: tuple(tuple(map(str, pair)) for pair in v or ()),
+        metadata={"nargs": 2})
+    lora_init_without_apply: bool = option(
+        "--lora-init-without-apply", "llama-server's: the adapters of --lora FILE and "
+        "--lora-scaled start at global scale 0 (POST /lora-adapters sets them).", default=False)
+    max_loras: int = option(
+        "--max-loras", "LoRa adapters loaded at once, at start and at run time.", default=8)
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "session_ctx", "n_batch", "n_ubatch", "prefill_chunk",
@@ -208,6 +231,10 @@ class NodeConfig:
         if not 0 <= self.state_rollback <= MAX_DRAFT:
             raise ValueError(f"state_rollback must be within 0..{MAX_DRAFT}, "
                              f"got {self.state_rollback}")
+        if not 0 <= self.max_loras <= MAX_ADAPTERS:
+            raise ValueError(f"max_loras must be within 0..{MAX_ADAPTERS}, got {self.max_loras}")
+        if any(len(pair) != 2 for pair in self.lora_scaled):
+            raise ValueError("lora_scaled takes (FILE, SCALE) pairs")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
         if not isinstance(self.speculation, str) or self.speculation not in SPECULATION_MODES:
@@ -366,6 +393,13 @@ def _messages(exc: BaseException) -> list[str]:
     return [f"{exc}{note}"]
 
 
+def _pairs(value):
+    """A list of pairs (lists or tuples) as a tuple of tuples; None stays None."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    return tuple(tuple(pair) if isinstance(pair, list) else pair for pair in value)
+
+
 def _tuple(value):
     """A list (or tuple) as a tuple, None as (); anything else is left for
     SamplingParams' checks to refuse."""
@@ -403,6 +437,10 @@ class SamplingParams:
     speculation: "off", "auto" or "always" (SPECULATION_MODES), None for the node's
     setting: whether its decode steps may verify draft tokens (the output is
     the same either way, only its speed differs).
+    model: the model the request names: the base model (by any of its names) or a
+    loaded LoRa adapter, which the session then applies (dgr.adapters). lora:
+    llama-server's ((adapter id, scale), ...): these adapters at these scales
+    instead of the global ones.
     """
 
     max_tokens: Optional[int] = None
@@ -426,6 +464,8 @@ class SamplingParams:
     min_tokens: int = 0
     prompt_logprobs: Optional[int] = None
     speculation: Optional[str] = None
+    model: Optional[str] = None
+    lora: Optional[tuple] = attrs.field(default=None, converter=lambda v: _pairs(v))
 
     def __attrs_post_init__(self) -> None:
         def bad(field: str, msg: str) -> None:
@@ -483,6 +523,14 @@ class SamplingParams:
             bad("stop_token_ids", f"stop_token_ids must be at most {MAX_STOP_IDS} token ids "
                                   "(non-negative integers)")
         integer("min_tokens")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            bad("model", f"model must be a non-empty string, got {self.model!r}")
+        if self.lora is not None and any(
+                not isinstance(pair, tuple) or len(pair) != 2 or isinstance(pair[0], bool)
+                or not isinstance(pair[0], int) or isinstance(pair[1], bool)
+                or not isinstance(pair[1], (int, float)) or not math.isfinite(pair[1])
+                for pair in self.lora):
+            bad("lora", "lora must be (adapter id, scale) pairs")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
                               f"({self.max_tokens})")

@@ -193,6 +193,9 @@ def load_engine(config: NodeConfig) -> tuple[_engine.Engine, Budgets, list[tuple
         budgets = attrs.evolve(budgets, cache_ram_bytes=cache_ram)
         # a recurrent model's state (and its snapshots) is KV memory too
         budgets.check_memory(weights, info["kv_bytes"] + info["state_bytes"], scratch)
+        # what the budget holds before LoRa adapters (dgr.adapters counts theirs beside)
+        info["budgeted_bytes"] = (weights + info["kv_bytes"] + info["state_bytes"] + scratch
+                                  + cache_ram)
     except DgrError:
         engine.close()
         raise

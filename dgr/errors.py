@@ -88,6 +88,20 @@ class InvalidRequest(DgrError, ValueError):
         self.field = field
 
 
+class AdapterError(InvalidRequest):
+    """A LoRa adapter the node refuses to load or unload (a bad file, a taken or
+    unknown name, no room), saying why."""
+
+
+class ModelNotFound(DgrError):
+    """A request names a model the node does not serve: neither the base model (by
+    any of its names) nor a loaded adapter."""
+
+    def __init__(self, name: str):
+        super().__init__(f"the model '{name}' does not exist")
+        self.name = name
+
+
 class NodeClosed(DgrError):
     """The node is not running (not started yet, or shut down)."""
 

@@ -132,6 +132,7 @@ class StepLoop:
         self._replies: dict[Session, Reply] = {}
         self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush, restores)
         self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
+        self.adapters = None  # dgr.adapters.AdapterTable: a retiring session releases its own
         self._saving: dict[int, object] = {}  # save ticket -> the tokens saved
         self._ops_seen = 0  # kv_ops_published when saves were last taken
         self._restore_fed = 0  # kv_ops_queued once the last restoring start was fed
@@ -453,6 +454,8 @@ class StepLoop:
         self._placement.retired(session, reached_loop=session.id in self._on_engine)
         self._on_engine.discard(session.id)
         self._admission.release(session)
+        if self.adapters is not None:
+            self.adapters.release(session.spec)
         self._send_ops()
         self._telemetry.record_finish(session.finish_reason)
         reply = self._replies.pop(session, None)

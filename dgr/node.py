@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import itertools
+import os
 import random
 import time
 from typing import AsyncIterator, Optional, Sequence, Union
@@ -28,6 +29,7 @@ import numpy as np
 import trio
 
 from dgr import _engine, capabilities
+from dgr.adapters import AdapterTable, adapter_files
 from dgr.admission import Admission, Budgets
 from dgr.config import NodeConfig, SamplingParams
 from dgr.chat import ChatRenderer
@@ -98,6 +100,14 @@ class Node:
                                 prefill_sessions=config.prefill_sessions_per_step)
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting, self.tiers)
+        info = engine.info
+        self.adapters = AdapterTable(
+            self._loop.batch.adapters, info["path"], info["architecture"], config.max_loras,
+            lambda: budgets.memory_bytes - info["budgeted_bytes"] - self.adapters.nbytes,
+            base_names={info["name"], os.path.basename(info["path"])},
+            unavailable="LoRa adapters are not served with RPC workers (--rpc)"
+            if config.rpc_workers else None)
+        self._loop.adapters = self.adapters
         # the steps timed as the engine opened: what a long draft costs before one ran
         self._loop.row_times.calibrate(row_probes)
         self._key_lock = trio.Lock()
@@ -461,7 +471,8 @@ class Node:
             params, seed=seed, speculation=self.speculation_mode(params.speculation),
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens))
-        spec = SessionSpec(prompt=prompt_ids, params=resolved, reports_progress=progress)
+        spec = SessionSpec(prompt=prompt_ids, params=resolved, reports_progress=progress,
+                           adapters=self.adapters.resolve(params.model, params.lora))
         return Session(id=next(self._ids), spec=spec, arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session], whole: bool):
@@ -475,7 +486,7 @@ class Node:
         await trio.lowlevel.checkpoint_if_cancelled()  # a caller gone already costs no work
         if self.tiers is not None and self.tiers.disk is not None:
             for session in sessions:
-                if session.leader is None:
+                if session.leader is None and not session.spec.adapters:
                     _, n_pool = self._admission.placement.cache.match(session.prompt_array)
                     await self.tiers.prefetch(session.prompt_array, n_pool)
         opened, replies = [], {}
@@ -489,9 +500,12 @@ class Node:
             replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
                                      functools.partial(self._loop.end, session), credits, whole)
             opened.append((session, chunk_recv))
+        self.adapters.acquire([session.spec for session in sessions])
         try:
             self._admission.submit_group(sessions)
         except AdmissionRejected as exc:
+            for session in sessions:
+                self.adapters.release(session.spec)
             self.telemetry.rejected.labels(exc.reason).inc()
             raise
         self.telemetry.admitted.inc(len(sessions))
@@ -537,6 +551,9 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
                 chat = ChatRenderer(engine, config)  # a template that cannot render stops here
                 async with trio.open_nursery() as nursery:
                     node = Node(config, engine, budgets, nursery, row_probes, chat)
+                    for file in adapter_files(config):
+                        await node.adapters.load(file.name, file.path, file.scale,
+                                                 file.global_scale)
                     if node.tiers is not None and config.cache_dir is not None:
                         key = await node._kv_key()
                         node.tiers.disk = await trio.to_thread.run_sync(

@@ -29,6 +29,11 @@ worth restoring and the tier does not hold it already; a session whose prompt
 shares more with a stored prefix than with the pool (by `min_restore` tokens)
 restores it.
 
+A session applying LoRa adapters shares only KV computed under the same
+adapters and scales (`SessionSpec.cache_key`): it matches cache entries and
+follows leaders of its key alone, and its prefixes stay in the pool (the tiers
+and prefix transfer keep base-model prefixes, whose blobs name no adapter).
+
 No I/O and no llama.cpp here.
 """
 
@@ -101,13 +106,14 @@ class Placement:
             holder, n_reused = None, 0
             session.follow(None, 0)
         else:
-            holder, n_reused = cache.match(session.prompt_array)
+            holder, n_reused = cache.match(session.prompt_array, session.spec.cache_key)
             self._follow(session, n_reused, running)
         restore = None
         if session.leader is not None:
             # it shares when it starts, from its leader or what holds the prefix then
             holder, n_reused = None, 0
-        elif self.tier is not None and not session.spec.scores_prompt:
+        elif (self.tier is not None and not session.spec.scores_prompt
+              and not session.spec.adapters):
             stored, n_stored = self.tier.match(session.prompt_array)
             if n_stored >= n_reused + self.min_restore:
                 holder, n_reused, restore = None, n_stored, stored
@@ -125,14 +131,14 @@ class Placement:
             # the entry it takes is cut (going on in place) or replaced (a copy or a
             # restore from elsewhere, however long)
             self._save(slot)
-        cache.assign(slot, session.spec.prompt[:n_reused])
+        cache.assign(slot, session.spec.prompt[:n_reused], session.spec.cache_key)
         while reserved_cells + cache.cached_cells > self._kv_cells_total:
             # the entry copied from goes last
             victim = next((s for s in cache.cached_slots if s != holder), holder)
             self._evict(victim)
             if victim == holder:
                 holder, n_reused = None, 0
-                cache.assign(slot, [])
+                cache.assign(slot, [], session.spec.cache_key)
         session.start(slot, holder if n_reused else None, n_reused,
                       restore if n_reused else None)
         self._outbox.append(Start(session))
@@ -149,7 +155,8 @@ class Placement:
         else:
             most = len(session.spec.prompt) - 1  # shareable's bound
             for other in running:
-                if other is session or other.leader is not None or other.done:
+                if (other is session or other.leader is not None or other.done
+                        or other.spec.cache_key != session.spec.cache_key):
                     continue
                 if other.n_prefilled >= min(len(other.spec.prompt), most):
                     continue  # it has prefilled all it could share: none is to wait for
@@ -183,6 +190,8 @@ class Placement:
         if self.cache is not None:
             tokens = tokens_array(tokens)
             for slot in self.cache.cached_slots:
+                if self.cache.key(slot):
+                    continue  # computed under adapters: not a base-model prefix
                 held = self.cache.tokens(slot)
                 n = len(held)
                 if best_n < n <= len(tokens) and common_prefix(tokens, held) == n:
@@ -202,8 +211,8 @@ class Placement:
 
     def _save(self, slot: int) -> None:
         """Save the free slot's entry to the host tier before it leaves (if worth it)."""
-        if self.tier is None:
-            return
+        if self.tier is None or self.cache.key(slot):
+            return  # the tiers keep base-model prefixes only
         tokens = tokens_array(self.cache.tokens(slot))
         if len(tokens) >= self.min_restore and not self.tier.covers(tokens):
             self._outbox.append(Save(slot, tokens))
@@ -278,12 +287,12 @@ class Placement:
                 still.append(session)
                 continue
             source, n = leader.slot, 0 if ended else session.share_len
-            holder, cached = self.cache.match(session.prompt_array)
+            holder, cached = self.cache.match(session.prompt_array, session.spec.cache_key)
             if cached > n:
                 source, n = holder, cached
             if n:
                 session.share(source, n)
-                self.cache.assign(session.slot, session.spec.prompt[:n])
+                self.cache.assign(session.slot, session.spec.prompt[:n], session.spec.cache_key)
             self._outbox.append(Start(session))
         if still:
             self._held[leader.id] = still

@@ -12,6 +12,9 @@ takes those cells (`llama_memory_seq_cp` shares them without copying) and
 prefills the rest. A conversation's next turn, which resends the history,
 reuses the previous turn's prompt and answer.
 
+A sequence's KV depends on the LoRa adapters it was computed with as well (a
+session's `cache_key`, dgr.spec): a slot is matched only by prompts of its key.
+
 Free slots holding tokens are the cache: least recently used first out, and
 their cells count against the KV pool until they are evicted. No I/O and no
 llama.cpp here: the node turns decisions into BatchLoop requests.
@@ -53,15 +56,17 @@ class PrefixCache:
         self.min_follow = min_follow
         self._held: dict[int, np.ndarray] = {}  # slot -> tokens its sequence holds the KV of
         self._held_bytes: dict[int, bytes] = {}  # the same tokens' bytes (match's fast path)
+        self._keys: dict[int, tuple] = {}  # slot -> the cache key its KV was computed under
         self._cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
         self._cached_cells = 0  # the cached slots' tokens: admission asks at every placement
         # slots given a prefix whose BatchLoop start (the KV copy) is not queued yet: they
         # hold nothing another session may copy until then
         self._pending: set[int] = set()
 
-    def match(self, prompt: np.ndarray) -> tuple[int | None, int]:
-        """(slot, tokens): a slot holding the longest prefix of `prompt` (but its last
-        token), preferring a cached slot, then the lowest; (None, 0) without one."""
+    def match(self, prompt: np.ndarray, key: tuple = ()) -> tuple[int | None, int]:
+        """(slot, tokens): a slot of cache key `key` holding the longest prefix of
+        `prompt` (but its last token), preferring a cached slot, then the lowest;
+        (None, 0) without one."""
         best, best_n = None, 0
         # the most a slot can give (all but the last token), as bytes: a slot holding
         # all of it, or only a part of it, is told by comparing bytes; else numpy finds
@@ -70,7 +75,7 @@ class PrefixCache:
         wanted = prompt[:most].tobytes()
         wanted_itemsize = prompt.itemsize
         for slot in sorted(self._held):
-            if slot in self._pending:
+            if slot in self._pending or self._keys.get(slot, ()) != key:
                 continue
             held = self._held_bytes[slot]
             if held.startswith(wanted):
@@ -96,12 +101,15 @@ class PrefixCache:
             self._held_bytes.pop(slot, None)
             self._cached.pop(slot, None)
 
-    def assign(self, slot: int, tokens: Sequence[int]) -> None:
-        """A session is placed on `slot` with `tokens` in its sequence once it starts
-        (reused in place or copied): the slot holds exactly those, shareable once
-        `activate` says its start has been queued."""
+    def assign(self, slot: int, tokens: Sequence[int], key: tuple = ()) -> None:
+        """A session of cache key `key` is placed on `slot` with `tokens` in its
+        sequence once it starts (reused in place or copied): the slot holds exactly
+        those, under that key, shareable once `activate` says its start has been
+        queued."""
         self.drop(slot)
         self.hold(slot, tokens)
+        if key:
+            self._keys[slot] = key
         self._pending.add(slot)
 
     def activate(self, slot: int) -> None:
@@ -112,6 +120,10 @@ class PrefixCache:
         """The tokens the slot's sequence holds the KV of."""
         held = self._held.get(slot)
         return held if held is not None else tokens_array([])
+
+    def key(self, slot: int) -> tuple:
+        """The cache key the slot's KV was computed under (() : the base model alone)."""
+        return self._keys.get(slot, ())
 
     def cells(self, slot: int) -> int:
         held = self._held.get(slot)
@@ -135,6 +147,7 @@ class PrefixCache:
         self._pending.discard(slot)
         self._held.pop(slot, None)
         self._held_bytes.pop(slot, None)
+        self._keys.pop(slot, None)
 
     @property
     def cached_slots(self) -> list[int]:

@@ -22,6 +22,20 @@ class SessionSpec:
     params: SamplingParams
     reports_progress: bool = False  # its stream reports its prompt's prefill as it goes
     # (dgr.stream.PromptProgress chunks)
+    # the LoRa adapters it applies, each with its scale (dgr.adapters.Adapter, float),
+    # as the node resolved the request's model and lora fields
+    adapters: tuple = ()
+
+    @property
+    def adapter_scales(self) -> tuple[tuple[int, float], ...]:
+        """(engine index, scale) of each adapter, as the batch loop sets them."""
+        return tuple((adapter.index, scale) for adapter, scale in self.adapters)
+
+    @property
+    def cache_key(self) -> tuple[tuple[int, float], ...]:
+        """What its KV depends on besides its tokens: (load id, scale) of each adapter.
+        A prefix is shared only between sessions of one key (dgr.prefix_cache)."""
+        return tuple((adapter.id, scale) for adapter, scale in self.adapters)
 
     @property
     def scores_prompt(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -53,11 +54,14 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
                      n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
                      n_ctx_train: int = 8192, seed: int = 1234,
                      chat_template: str = CHAT_TEMPLATE, architecture: str = "llama",
-                     n_expert: int = 8, n_expert_used: int = 2) -> Path:
+                     n_expert: int = 8, n_expert_used: int = 2,
+                     deltas: Optional[dict] = None) -> Path:
     """Write the model to `path` (atomically) and return the path. With architecture
     "qwen3moe" each layer's feed-forward is n_expert experts of n_ff rows, n_expert_used
     of them per token; with "lfm2" every third layer attends and the others are short
-    convolutions (recurrent state); "mamba" has no attention at all."""
+    convolutions (recurrent state); "mamba" has no attention at all. `deltas`
+    ({tensor name: array}) are added to those weights: a LoRa adapter merged in
+    (`write_lora`)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, "
                          f"not {architecture!r}")
@@ -73,6 +77,10 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
 
     tmp = path.with_name(path.name + ".partial")
     writer = gguf.GGUFWriter(str(tmp), architecture)
+    if deltas:
+        add_tensor = writer.add_tensor
+        writer.add_tensor = lambda name, array, **kw: add_tensor(
+            name, (array + deltas[name]).astype(np.float32) if name in deltas else array, **kw)
     moe = architecture == "qwen3moe"
     writer.add_name("dgr-tiny-test")
     writer.add_context_length(n_ctx_train)
@@ -226,6 +234,41 @@ def write_tensors(path: str | os.PathLike, tensors: dict) -> str:
     writer.write_tensors_to_file()
     writer.close()
     return str(path)
+
+
+def write_lora(base: str | os.PathLike, path: str | os.PathLike, *, rank: int = 4,
+               targets: tuple[str, ...] = ("attn_q", "ffn_down"), alpha: float = 8.0,
+               size: float = 0.5, seed: int = 0) -> dict:
+    """Write a random LoRa adapter (llama.cpp's GGUF adapter format) for the model at
+    `base`: A and B of rank `rank` for every layer's `targets` weights. Returns each
+    adapted weight's delta at scale 1 (alpha / rank * B A, numpy's orientation, the
+    size of the weight's own values times about `size`), for `write_test_model`'s
+    `deltas`."""
+    import gguf
+
+    from dgr import gguf_file
+
+    metadata, tensors = gguf_file.header(os.fspath(base))
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), metadata["general.architecture"])
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    deltas = {}
+    for name, _, dims in tensors:
+        if len(dims) != 2 or not any(f".{t}.weight" in name for t in targets):
+            continue
+        n_in, n_out = dims
+        a = (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        b = (rng.standard_normal((n_out, rank)) * size / np.sqrt(rank)).astype(np.float32)
+        writer.add_tensor(name + ".lora_a", a)
+        writer.add_tensor(name + ".lora_b", b)
+        deltas[name] = (b.astype(np.float64) @ a) * (alpha / rank)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return deltas
 
 
 def quantize(source: str | os.PathLike, path: str | os.PathLike, kind: str) -> Path:

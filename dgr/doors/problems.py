@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest
-from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
+from dgr.errors import AdmissionRejected, InvalidRequest, ModelNotFound, NodeClosed
 
 log = logging.getLogger("dgr.server")
 
@@ -66,6 +66,8 @@ def classify(exc: BaseException, retry_after: Callable[[], Optional[str]] = lamb
         return Problem(exc.status_code, "not_found" if found else "invalid_request",
                        "no such endpoint" if found else "method not allowed",
                        "not_found" if found else "method_not_allowed", headers=exc.headers)
+    if isinstance(exc, ModelNotFound):
+        return Problem(404, "not_found", str(exc), "model_not_found", "model")
     if isinstance(exc, BadRequest):
         return Problem(400, "invalid_request", str(exc), "invalid_value", exc.param)
     if isinstance(exc, InvalidRequest):
