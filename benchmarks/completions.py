@@ -37,10 +37,10 @@ def completion_body(prompt, n_new, is_dgr, stream):
     return body
 
 
-async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True):
-    """One streaming completion (completion_body): token timestamps, text pieces,
-    tokens (with logprobs)."""
-    body = completion_body(prompt, n_new, is_dgr, stream=True)
+async def stream_one(client, url, prompt, n_new, logprobs=0, is_dgr=True, extra=None):
+    """One streaming completion (completion_body, with `extra` fields): token
+    timestamps, text pieces, tokens (with logprobs)."""
+    body = completion_body(prompt, n_new, is_dgr, stream=True) | (extra or {})
     if logprobs:
         body["logprobs"] = logprobs
     sent = time.perf_counter()

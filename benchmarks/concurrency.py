@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import adapters as adapters_case  # noqa: E402
 from benchmarks import decode as decode_case  # noqa: E402
 from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import kv_tier as kv_tier_case  # noqa: E402
@@ -68,6 +69,8 @@ def markdown(report) -> str:
         lines.extend(scaleout_case.markdown(report["scaleout"]))
     for result in report.get("decode", []):
         lines.extend(decode_case.markdown(result))
+    if report.get("adapters"):
+        lines.extend(adapters_case.markdown(report["adapters"]))
     return "\n".join(lines) + "\n"
 
 
@@ -114,7 +117,9 @@ def main(argv=None) -> int:
                              "defaults), scaleout (two nodes behind smg and vllm-router: "
                              "affinity, cached tokens, a node killed or drained), decode "
                              "(steady decode at c = 1, 8, 16 vs llama-server's defaults on a "
-                             "~1B Llama and the default model)")
+                             "~1B Llama and the default model), adapters (8 LoRa adapters, two "
+                             "sessions each, and all on one, vs llama-server with the same "
+                             "files; not in the default set)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
@@ -177,7 +182,8 @@ def main(argv=None) -> int:
              + (1 if "kv_tier" in cases else 0)
              + (args.rounds if "prefill" in cases else 0)
              + (4 * len(scaleout_case.ROUTERS) if "scaleout" in cases else 0)
-             + (2 * args.rounds * len(decode_case.LEVELS) if "decode" in cases else 0))
+             + (2 * args.rounds * len(decode_case.LEVELS) if "decode" in cases else 0)
+             + (args.rounds if "adapters" in cases else 0))
     out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
@@ -231,6 +237,9 @@ def main(argv=None) -> int:
                 result = decode_case.run(peers, path, args.threads, rounds=args.rounds, bar=bar,
                                          dgr_extra=repack)
                 report["decode"].append(result | {"model": name + mode})
+        if "adapters" in cases:
+            report["adapters"] = adapters_case.run(peers, model, args.threads,
+                                                   rounds=args.rounds, bar=bar)
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

@@ -17,7 +17,6 @@ or of another shape.
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 import os
 from pathlib import Path
@@ -120,7 +119,7 @@ class AdapterTable:
         self.global_scales: dict[int, float] = {}  # adapter id -> llama-server's scale
         self.users: collections.Counter[int] = collections.Counter()  # adapter id -> sessions
         self._unloaded: dict[int, Adapter] = {}  # unloaded, freed when their last user leaves
-        self._ids = itertools.count()
+        self._issued = 0  # adapters loaded so far (the next id)
         self._lock = trio.Lock()  # one load at a time: names and the bound hold
 
     @property
@@ -157,8 +156,9 @@ class AdapterTable:
                                    f"({self._room()} bytes left beside the weights, KV, scratch "
                                    "and the adapters loaded)")
             index = await trio.to_thread.run_sync(self._engine.load, path)
-            adapter = Adapter(next(self._ids), index, name, path, scale, rank, alpha, weights,
+            adapter = Adapter(self._issued, index, name, path, scale, rank, alpha, weights,
                               nbytes)
+            self._issued += 1
             self.by_name[name] = adapter
             self.global_scales[adapter.id] = global_scale
             return adapter
@@ -243,7 +243,7 @@ class AdapterTable:
         for adapter_id, scale in lora or ():
             adapter = self.by_id(adapter_id)
             if adapter is None:
-                raise AdapterError(f"invalid adapter id {adapter_id}", "lora")
+                raise AdapterError(f"invalid adapter id {adapter_id} in 'lora'", "lora")
             chosen[adapter_id] = (adapter, _check_scale(scale, "a lora scale"))
         if named is None and lora is None:
             chosen = {i: (self.by_id(i), s) for i, s in self.global_scales.items() if s}
@@ -251,7 +251,9 @@ class AdapterTable:
 
     @property
     def serves_adapters(self) -> bool:
-        return bool(self.by_name)
+        """Some adapter has been loaded: from then on a name must be the base model's
+        or a loaded adapter's (an unloaded one's is a 404, not the base model)."""
+        return self._issued > 0
 
     def acquire(self, specs) -> None:
         """Sessions of these specs are submitted: their adapters stay until they
@@ -269,6 +271,14 @@ class AdapterTable:
         for adapter, _ in spec.adapters:
             self.users[adapter.id] -= 1
             self._free_if_unused(adapter.id)
+
+    def facts(self) -> dict:
+        """For /capabilities: the bound, the bytes, each adapter, and how often the
+        engine's per-sequence list changed (each change reserves llama.cpp's graph anew)."""
+        return {"max_loaded": self.max_loaded, "bytes": self.nbytes,
+                "per_session": self._unavailable is None,
+                "unavailable": self._unavailable, "adapters": self.report(),
+                "list_changes": self._engine.state()["relists"]}
 
     def report(self) -> list[dict]:
         """Each loaded adapter: name, id, file, rank, alpha, weights, bytes, scales and

@@ -319,6 +319,10 @@ class ServerConfig:
         "--cache-transfer", "Serve POST /v1/dgr/prefix/export and /v1/dgr/prefix/import: a "
         "coordinator moves a conversation's KV between nodes (behind --api-key when set).",
         default=False)
+    runtime_lora: bool = option(
+        "--runtime-lora", "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+        "(vLLM's): clients load adapter files by their path on this machine (behind --api-key "
+        "when set); off, they answer 403.", default=False)
     max_body_bytes: int = option("--max-body-bytes", "Largest request body; larger gets HTTP "
                                  "413.", default=1 << 20)
     grace_s: float = option("--grace", "Seconds a drain (SIGINT/SIGTERM, POST /v1/dgr/drain) "

@@ -108,6 +108,7 @@ class Node:
             unavailable="LoRa adapters are not served with RPC workers (--rpc)"
             if config.rpc_workers else None)
         self._loop.adapters = self.adapters
+        self.telemetry.watch_adapters(self.adapters)
         # the steps timed as the engine opened: what a long draft costs before one ran
         self._loop.row_times.calibrate(row_probes)
         self._key_lock = trio.Lock()
@@ -345,6 +346,7 @@ class Node:
                                                             telemetry),
             "kv_tiers": capabilities.kv_tier_facts(
                 self.tiers.report() if self.tiers is not None else None, telemetry),
+            "adapters": self.adapters.facts(),
             "bounds": self.statistics(),
         }
 

@@ -28,8 +28,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dgr.config import NodeConfig, ServerConfig
-from dgr.doors import (anthropic, completions, llama_metrics, llama_native, problems, responses,
-                       routers, tokens)
+from dgr.doors import (adapters, anthropic, completions, llama_metrics, llama_native, problems,
+                       responses, routers, tokens)
 from dgr.doors.context import ServerState
 from dgr.doors.fields import BadRequest
 from dgr.doors.problems import TooLarge, Unavailable, error_response
@@ -75,6 +75,7 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
                          "meta": {"architecture": info["architecture"], "n_params": info["n_params"],
                                   "n_ctx_per_session": node.budgets.kv_cells_per_session,
                                   "n_vocab": info["n_vocab"]}})
+            data += adapters.model_entries(state)
         return JSONResponse({"object": "list", "data": data})
 
     async def metrics(request: Request) -> Response:
@@ -175,6 +176,9 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         Route("/loads", door(routers.sglang_loads), methods=["GET"]),
         Route("/get_load", door(routers.vllm_load), methods=["GET"]),
         Route("/v1/dgr/drain", drain, methods=["POST"]),
+        Route("/v1/load_lora_adapter", door(adapters.load_adapter), methods=["POST"]),
+        Route("/v1/unload_lora_adapter", door(adapters.unload_adapter), methods=["POST"]),
+        Route("/lora-adapters", door(adapters.lora_adapters), methods=["GET", "POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/capabilities", capabilities, methods=["GET"]),
@@ -345,6 +349,7 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
         log.info("listening on %s", ", ".join(urls))
         async with open_node(node_config) as node:
             state.model_id = min(server_config.model_alias, default=node.engine_info["name"])
+            node.adapters.base_names |= {state.model_id, *server_config.model_alias}
             state.gateway_metrics.register(routers.GatewayGauges(node, state.model_id))
             state.request_shutdown = shutdown.set
             state.node = node

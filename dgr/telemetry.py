@@ -152,6 +152,11 @@ class Telemetry:
         of this process's connections to it, read when scraped."""
         self.registry.register(_RpcCollector(links))
 
+    def watch_adapters(self, adapters) -> None:
+        """Per loaded LoRa adapter (dgr.adapters.AdapterTable), its sessions, rank and
+        bytes, read when scraped."""
+        self.registry.register(_AdapterCollector(adapters))
+
     def record_prefix_reuse(self, tokens: int) -> None:
         """A session started with `tokens` prompt tokens shared in the pool."""
         self.prefix_hits.inc()
@@ -362,6 +367,29 @@ class StepTotals:
         yield phases
         yield GaugeMetricFamily("dgr_batch_occupancy_ratio", "Rows of the last step divided "
                                 "by the step token budget.", self.occupancy)
+
+
+class _AdapterCollector:
+    """dgr_adapter_* families from the node's adapter table."""
+
+    def __init__(self, adapters):
+        self._adapters = adapters
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        families = {"sessions": GaugeMetricFamily(
+                        "dgr_adapter_sessions", "Sessions running or waiting with a LoRa "
+                        "adapter.", labels=["adapter"]),
+                    "rank": GaugeMetricFamily("dgr_adapter_rank", "A loaded LoRa adapter's "
+                                              "rank.", labels=["adapter"]),
+                    "bytes": GaugeMetricFamily("dgr_adapter_bytes", "A loaded LoRa adapter's "
+                                               "tensors' bytes.", labels=["adapter"])}
+        for adapter in self._adapters.report():
+            for field, family in families.items():
+                family.add_metric([adapter["name"]], adapter[field])
+        yield from families.values()
 
 
 class _RpcCollector:

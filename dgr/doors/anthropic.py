@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # the Messages API's name of each SamplingParams field it has
 _SAMPLING_NAMES = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-                   "top_k": "top_k", "stop_sequences": "stop"}
+                   "top_k": "top_k", "stop_sequences": "stop", "model": "model"}
 _STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -208,7 +208,8 @@ async def messages(request: Request, server: "ServerState") -> Response:
     chunks = await stream_cm.__aenter__()
     message_id = "msg_" + uuid.uuid4().hex
     reader = parsed.tools.format.reader() if parsed.tools is not None else None
-    head = {"id": message_id, "type": "message", "role": "assistant", "model": server.model_id}
+    head = {"id": message_id, "type": "message", "role": "assistant",
+            "model": server.model_name(parsed.params)}
     cached = chunks.cached_tokens
 
     def usage(output_tokens: int) -> dict:

@@ -43,7 +43,7 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
                     prompts: list, extra: Optional[dict] = None) -> Response:
     """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group);
     `extra`: fields a whole answer carries besides."""
-    builder = CompletionBuilder(server.model_id, parsed.chat, node.token_text, node.token_bytes,
+    builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text, node.token_bytes,
                                 parsed.top_logprobs, parsed.tools)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
     echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""

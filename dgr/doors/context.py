@@ -33,6 +33,11 @@ class ServerState:
         # the gauges routers read (dgr.doors.routers), exposed after dgr's own in /metrics
         self.gateway_metrics = CollectorRegistry(auto_describe=False)
 
+    def model_name(self, params) -> str:
+        """The model a response names: the adapter the request named, else the model's id."""
+        adapters = self.node.adapters.by_name if self.node is not None else {}
+        return params.model if params.model in adapters else self.model_id
+
     def ready_node(self) -> Node:
         """The node, if it takes sessions."""
         if self.node is None:

@@ -19,7 +19,7 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "t
              "stream", "stream_options", "stop", "seed", "ignore_eos", "logit_bias",
              "presence_penalty", "frequency_penalty", "repeat_penalty", "repetition_penalty",
              "repeat_last_n", "response_format", "grammar", "min_tokens", "stop_token_ids",
-             "speculation", "timings_per_token", "return_progress", "n_predict"}
+             "speculation", "timings_per_token", "return_progress", "n_predict", "lora"}
 
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
@@ -44,7 +44,7 @@ FIELDS = {
                     "typical_p", "seed", "stop", "stream", "n_probs", "ignore_eos",
                     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
                     "logit_bias", "grammar", "json_schema", "return_tokens", "timings_per_token",
-                    "return_progress", "response_fields"},
+                    "return_progress", "response_fields", "model", "lora"},
     "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
                   "add_special_tokens", "add_generation_prompt", "continue_final_message",
                   "return_token_strs"},

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 _SAMPLING_NAMES = {"max_tokens": "max_tokens", "n_predict": "max_tokens"} | {
     name: name for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed",
                             "stop", "ignore_eos", "repeat_penalty", "repeat_last_n",
-                            "presence_penalty", "frequency_penalty")}
+                            "presence_penalty", "frequency_penalty", "model", "lora")}
 # llama-server's default temperature for /completion
 _TEMPERATURE = 0.8
 
@@ -194,7 +194,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
             if problem is not None:
                 await emit(sse_event(llama_error(problem)))
                 return
-            final = _result(parsed, chunks, "".join(texts), tokens, server.model_id,
+            final = _result(parsed, chunks, "".join(texts), tokens, server.model_name(parsed.params),
                             return_tokens, node)
             last = texts[-1] if texts and chunks.finish_reason is not None else ""
             await emit(sse_event(final | {"content": last}))
@@ -203,7 +203,7 @@ async def completion(request: Request, server: "ServerState") -> Response:
     rows: list = []
     async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
         text = await read_one(request, chunks, tokens, rows)
-    result = _result(parsed, chunks, text, tokens, server.model_id, return_tokens, node)
+    result = _result(parsed, chunks, text, tokens, server.model_name(parsed.params), return_tokens, node)
     if parsed.params.logprobs:
         result["completion_probabilities"] = [_probabilities(node, row) for row in rows]
     wanted = body.get("response_fields")
@@ -243,7 +243,7 @@ async def _several(request: Request, server: "ServerState", node, parsed,
 
     async with node.stream_group(parsed.prompts, parsed.params, 1, whole=True) as streams:
         await read_whole(request, streams, collect)
-    return JSONResponse([_result(parsed, chunks, texts[i], tokens[i], server.model_id,
+    return JSONResponse([_result(parsed, chunks, texts[i], tokens[i], server.model_name(parsed.params),
                                  return_tokens, node) | {"index": i}
                          for i, chunks in enumerate(streams)])
 

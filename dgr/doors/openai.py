@@ -33,6 +33,7 @@ SAMPLING_NAMES = {
     "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty",
     "repetition_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
     "min_tokens": "min_tokens", "stop_token_ids": "stop_token_ids", "speculation": "speculation",
+    "model": "model", "lora": "lora",
 }
 CHAT_SAMPLING_NAMES = SAMPLING_NAMES | {"max_completion_tokens": "max_tokens"}
 

@@ -65,6 +65,10 @@ def sampling(values: dict[str, tuple[str, Any]], *, temperature: float = 1.0, lo
     """The SamplingParams of the values a door read (`named_values`), `temperature`
     being the door's default; a bad value is a 400 naming the door's field."""
     fields = {field: value for field, (_, value) in values.items()}
+    if "lora" in values:
+        fields["lora"] = lora_pairs(*values["lora"])
+    if "model" in values and not isinstance(values["model"][1], str):
+        raise BadRequest("'model' must be a string", values["model"][0])
     if "temperature" in values:
         name, value = values["temperature"]
         low, high = TEMPERATURE_RANGE
@@ -88,6 +92,19 @@ def sampling(values: dict[str, tuple[str, Any]], *, temperature: float = 1.0, lo
                               grammar=grammar, prompt_logprobs=prompt_logprobs)
     except InvalidRequest as exc:
         raise BadRequest(str(exc), values.get(exc.field, (exc.field,))[0]) from None
+
+
+def lora_pairs(name: str, value: Any) -> Optional[tuple]:
+    """llama-server's per-request adapters ([{"id", "scale"}]) as (id, scale) pairs;
+    an empty list asks for none in particular (the global scales), as there."""
+    if not isinstance(value, list) or not all(
+            isinstance(entry, dict) and set(entry) <= {"id", "scale"}
+            and isinstance(entry.get("id"), int) and not isinstance(entry.get("id"), bool)
+            and isinstance(entry.get("scale"), (int, float))
+            and not isinstance(entry.get("scale"), bool) for entry in value):
+        raise BadRequest(f"'{name}' must be a list of {{\"id\": adapter id, \"scale\": number}}",
+                         name)
+    return tuple((entry["id"], entry["scale"]) for entry in value) or None
 
 
 def prompt_list(prompt: Any, name: str = "prompt") -> list:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # the Responses API's name of each SamplingParams field it has
 _SAMPLING_NAMES = {"max_output_tokens": "max_tokens", "temperature": "temperature",
                    "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                   "repetition_penalty": "repeat_penalty", "seed": "seed"}
+                   "repetition_penalty": "repeat_penalty", "seed": "seed", "model": "model"}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 # the roles an input message may have (tool results come as function_call_output items)
 _ROLES = {name: role for name, role in ROLES.items() if role != "tool"}
@@ -344,7 +344,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
     parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
                                     node.tool_format)
     ids = await chat_ids(node, parsed.chat, "input")
-    builder = ResponsesBuilder(server.model_id, parsed)
+    builder = ResponsesBuilder(server.model_name(parsed.chat.params), parsed)
     generated: list[int] = []
 
     def finished(text: str, chunks) -> dict:

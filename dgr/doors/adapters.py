@@ -1,0 +1,84 @@
+"""The adapters' doors: vLLM's run-time loading and unloading (`POST
+/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, with --runtime-lora), each adapter
+in /v1/models as vLLM lists them (its `parent` the base model), and llama-server's
+`GET`/`POST /lora-adapters` (the global scales). The adapters themselves:
+dgr.adapters."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from dgr.doors.context import ServerState
+from dgr.doors.fields import BadRequest, json_object
+from dgr.doors.problems import error_response
+
+
+def model_entries(server: ServerState) -> list[dict]:
+    """/v1/models' entry of each loaded adapter (vLLM's shape)."""
+    node = server.node
+    if node is None:
+        return []
+    return [{"id": a["name"], "object": "model", "created": 0, "owned_by": "dgr",
+             "root": a["path"], "parent": server.model_id,
+             "max_model_len": node.budgets.kv_cells_per_session}
+            for a in node.adapters.report()]
+
+
+def _runtime_loading(server: ServerState) -> Response | None:
+    if not server.config.runtime_lora:
+        return error_response(403, "loading adapters at run time is off: start the node with "
+                              "--runtime-lora", "invalid_request_error", "runtime_lora_off")
+    return None
+
+
+def _string(body: dict, name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"'{name}' must be a non-empty string", name)
+    return value
+
+
+async def load_adapter(request: Request, server: ServerState) -> Response:
+    """vLLM's: {"lora_name", "lora_path"} loads the file as model `lora_name`."""
+    node = server.ready_node()
+    refused = _runtime_loading(server)
+    if refused is not None:
+        return refused
+    body = json_object(await server.read_json(request))
+    unknown = set(body) - {"lora_name", "lora_path", "lora_int_id", "load_inplace"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise BadRequest(f"'{name}' is not supported by this server", name)
+    name = _string(body, "lora_name")
+    await node.adapters.load(name, _string(body, "lora_path"))
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_adapter(request: Request, server: ServerState) -> Response:
+    """vLLM's: {"lora_name"} unloads it (its sessions running finish with it)."""
+    node = server.ready_node()
+    refused = _runtime_loading(server)
+    if refused is not None:
+        return refused
+    body = json_object(await server.read_json(request))
+    name = _string(body, "lora_name")
+    node.adapters.unload(name)
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+async def lora_adapters(request: Request, server: ServerState) -> Response:
+    """llama-server's: GET lists the adapters with their global scales; POST
+    [{"id", "scale"}] sets them (those not listed: 0)."""
+    node = server.ready_node()
+    if request.method == "POST":
+        body = await server.read_json(request)
+        if not isinstance(body, list) or not all(
+                isinstance(e, dict) and type(e.get("id")) is int
+                and type(e.get("scale")) in (int, float) for e in body):
+            raise BadRequest('the body must be a list of {"id": adapter id, "scale": number}')
+        node.adapters.set_global_scales({e["id"]: e["scale"] for e in body})
+        return JSONResponse({"success": True})
+    return JSONResponse([{"id": a["id"], "path": a["path"], "scale": a["global_scale"],
+                          "task_name": "", "prompt_prefix": ""}
+                         for a in node.adapters.report()])
