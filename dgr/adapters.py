@@ -29,6 +29,9 @@ from dgr import gguf_file
 from dgr.errors import AdapterError, ModelNotFound
 
 _A, _B = ".lora_a", ".lora_b"
+# the base architectures whose sessions tests show bitwise with adapters (llama and
+# qwen3moe random-weight, gemma3 the default model)
+TESTED_ARCHITECTURES = ("llama", "qwen3moe", "gemma3")
 # bytes per value of an adapter tensor's type (others counted as f32, a bound)
 _TYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
@@ -194,6 +197,9 @@ class AdapterTable:
                 raise AdapterError("adapters of the token embeddings are not applied per "
                                    "session: not supported")
             a, b = dims[weight + _A], dims[weight + _B]
+            if len(base) != 2:
+                raise AdapterError(f"the adapter's {weight} adapts a weight of {len(base)} "
+                                   "dimensions (experts): not supported")
             if len(a) != 2 or len(b) != 2 or (a[0], b[1]) != tuple(base[:2]) or a[1] != b[0]:
                 raise AdapterError(f"the adapter's {weight} has shapes {a} and {b}, the "
                                    f"model's weight {tuple(base)} (another base model?)")
@@ -278,7 +284,11 @@ class AdapterTable:
         return {"max_loaded": self.max_loaded, "bytes": self.nbytes,
                 "per_session": self._unavailable is None,
                 "unavailable": self._unavailable, "adapters": self.report(),
-                "list_changes": self._engine.state()["relists"]}
+                "list_changes": self._engine.state()["relists"],
+                # what tests show bitwise (alone, together, cached): tests/test_adapters.py
+                "tested": {"architectures": list(TESTED_ARCHITECTURES),
+                           "this_architecture": self._architecture in TESTED_ARCHITECTURES,
+                           "adapter_types": ["F32"], "weights": "2-D layer weights"}}
 
     def report(self) -> list[dict]:
         """Each loaded adapter: name, id, file, rank, alpha, weights, bytes, scales and

@@ -215,3 +215,25 @@ async def test_default_model_sessions_on_adapters_alone_together_and_cached(defa
         for p, m in runs:  # now from each one's cached prefix
             got = await node.generate(p, params(m))
             assert got.cached_tokens > 0 and bits(got) == alone[p, m]
+
+
+async def test_expert_weight_adapters_are_refused(tmp_path):
+    import gguf
+
+    base = str(testmodel.write_test_model(tmp_path / "moe.gguf", architecture="qwen3moe"))
+    writer = gguf.GGUFWriter(str(tmp_path / "experts.gguf"), "qwen3moe")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 4.0)
+    writer.add_tensor("blk.0.ffn_down_exps.weight.lora_a", np.zeros((8, 4, 128), np.float32))
+    writer.add_tensor("blk.0.ffn_down_exps.weight.lora_b", np.zeros((8, 64, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg = dgr.NodeConfig(model_path=base, max_running=2, n_ctx=1024, n_threads=2)
+    async with dgr.open_node(cfg) as node:
+        with pytest.raises(AdapterError, match="experts"):
+            await node.adapters.load("e", str(tmp_path / "experts.gguf"))
+        facts = node.capabilities()["adapters"]
+        assert facts["tested"]["this_architecture"] and facts["adapters"] == []

@@ -48,3 +48,23 @@ def test_the_prefill_chunk_fits_a_small_step_unless_given():
     assert NodeConfig().prefill_chunk == 256
     with pytest.raises(ValueError, match=r"prefill_chunk \(64\) exceeds the step token budget"):
         NodeConfig(n_batch=32, n_ubatch=32, max_running=2, prefill_chunk=64)
+
+
+def test_adapter_flags_repeat_in_dgr_and_llama_servers_forms(tmp_path):
+    from dgr.adapters import AdapterFile, adapter_files
+
+    args = build_parser().parse_args(["run", "--lora", "sql=/m/sql.gguf:0.5", "--lora",
+                                      "/m/chat.gguf", "--lora-scaled", "/m/x.gguf", "0.25",
+                                      "--max-loras", "4"])
+    node = configs_from_args(args)[0]
+    assert node.lora == ("sql=/m/sql.gguf:0.5", "/m/chat.gguf")
+    assert node.lora_scaled == (("/m/x.gguf", "0.25"),)
+    assert adapter_files(node) == [AdapterFile("sql", "/m/sql.gguf", 0.5, 0.0),
+                                   AdapterFile("chat", "/m/chat.gguf", 1.0, 1.0),
+                                   AdapterFile("x", "/m/x.gguf", 0.25, 0.25)]
+    toml = tmp_path / "node.toml"
+    toml.write_text('lora = ["a=/m/a.gguf"]\nlora_scaled = [["/m/b.gguf", 0.5]]\n')
+    node = configs_from_args(build_parser().parse_args(["run", "--config", str(toml)]))[0]
+    assert (node.lora, node.lora_scaled) == (("a=/m/a.gguf",), (("/m/b.gguf", "0.5"),))
+    with pytest.raises(ValueError, match="max_loras"):
+        NodeConfig(max_loras=65)
