@@ -22,7 +22,7 @@ from dgr._backend cimport clear_log, error_lines
 from dgr._llama cimport (llama_adapter_get_alora_n_invocation_tokens, llama_adapter_lora_free,
                         llama_adapter_lora_init, llama_set_adapter_lora_seq_scale,
                         llama_set_adapters_lora_seq)
-from dgr._pthread cimport pthread_mutex_lock, pthread_mutex_unlock
+from dgr._pthread cimport pthread_mutex_lock, pthread_mutex_trylock, pthread_mutex_unlock
 
 from dgr.errors import AdapterError
 
@@ -151,6 +151,12 @@ cdef class Adapters:
                     llama_set_adapter_lora_seq_scale(self.engine.ctx, self.loaded[i], s,
                                                      self.wanted[s * MAX_ADAPTERS + i])
             elif self.retiring[i]:
-                self._free_adapter(self.loaded[i])
+                # a load holds the model lock for as long as it reads its file: the free
+                # waits for a later step rather than hold the loop's lock meanwhile
+                if pthread_mutex_trylock(&self.engine.model_lock) != 0:
+                    self.dirty = True
+                    continue
+                llama_adapter_lora_free(self.loaded[i])
+                pthread_mutex_unlock(&self.engine.model_lock)
                 self.loaded[i] = NULL
                 self.retiring[i] = False

@@ -9,6 +9,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutex_init(pthread_mutex_t * mutex, void * attr)
     int pthread_mutex_destroy(pthread_mutex_t * mutex)
     int pthread_mutex_lock(pthread_mutex_t * mutex)
+    int pthread_mutex_trylock(pthread_mutex_t * mutex)
     int pthread_mutex_unlock(pthread_mutex_t * mutex)
     int pthread_cond_init(pthread_cond_t * cond, void * attr)
     int pthread_cond_destroy(pthread_cond_t * cond)
