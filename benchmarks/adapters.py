@@ -154,4 +154,3 @@ def markdown(result: dict) -> list[str]:
     lines += ["", f"One adapter against the base model, decode tokens/s ratio (min / median / "
               f"max): dgr {_spread(costs)}, llama-server {_spread(peer_costs)}."]
     return lines
-
