@@ -319,6 +319,10 @@ class ServerConfig:
         "--cache-transfer", "Serve POST /v1/dgr/prefix/export and /v1/dgr/prefix/import: a "
         "coordinator moves a conversation's KV between nodes (behind --api-key when set).",
         default=False)
+    reasoning_format: str = option(
+        "--reasoning-format", "llama-server's: how a thinking model's thinking is returned: "
+        "'deepseek' apart from the answer (chat's reasoning_content), 'none' inside it, "
+        "'auto' apart where the chat template is of the <think> family.", default="auto")
     runtime_lora: bool = option(
         "--runtime-lora", "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
         "(vLLM's): clients load adapter files by their path on this machine (behind --api-key "
@@ -355,6 +359,9 @@ class ServerConfig:
         if self.max_body_bytes < 1 or self.grace_s < 0 or self.drain_quiet_s < 0:
             raise ValueError("max_body_bytes must be positive, grace_s and drain_quiet_s "
                              "not negative")
+        if self.reasoning_format not in ("auto", "deepseek", "none"):
+            raise ValueError("reasoning_format must be one of auto, deepseek, none, got "
+                             f"{self.reasoning_format!r}")
         if self.responses_stored < 0 or self.responses_store_bytes < 0:
             raise ValueError("responses_stored and responses_store_bytes must not be negative")
 

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from dgr.doors.context import ServerState
 from dgr.doors.openai import (CompletionBuilder, parse_chat, parse_completion, progress_timings,
                              prompt_progress, timings)
-from dgr.doors.prompts import chat_text
+from dgr.doors.prompts import thinking_prompt
 from dgr.doors.problems import ended, model_failed, openai_error
 from dgr.doors.sse import SSE_DONE, SessionEvents, read_whole, sse_event
 from dgr.node import Node
@@ -31,20 +31,22 @@ async def completions(request: Request, server: ServerState) -> Response:
 async def chat_completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
     parsed = parse_chat(await server.read_body(request, "/v1/chat/completions"), node.tool_format)
-    prompt = chat_text(node, parsed)
+    prompt, thinking = thinking_prompt(node, parsed, server.config.reasoning_format)
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
     # llama-server's `verbose`: the answer shows the prompt the chat became
     shown = ({"__verbose": {"prompt": prompt}} if parsed.verbose or server.config.echo_prompts
              else {})
-    return await _generate(request, server, node, parsed, [ids], shown)
+    return await _generate(request, server, node, parsed, [ids], shown, thinking)
 
 
 async def _generate(request: Request, server: ServerState, node: Node, parsed,
-                    prompts: list, extra: Optional[dict] = None) -> Response:
+                    prompts: list, extra: Optional[dict] = None,
+                    thinking: Optional[bool] = None) -> Response:
     """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group);
-    `extra`: fields a whole answer carries besides."""
-    builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text, node.token_bytes,
-                                parsed.top_logprobs, parsed.tools)
+    `extra`: fields a whole answer carries besides; `thinking`: a chat's, as
+    CompletionBuilder takes it."""
+    builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text,
+                                node.token_bytes, parsed.top_logprobs, parsed.tools, thinking)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
     echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
               for p in prompts for _ in range(parsed.n)]
@@ -157,6 +159,8 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
 
         text_event = TextEvents(builder)
         readers: dict = {}  # with tools: each choice's answer reader
+        splitters: dict = {}  # a thinking model's: each choice's thinking splitter
+        thought_tokens = 0
         events: list[str] = []  # the events of one batch of chunks
         async with merged as receive:
             async for batch in receive:
@@ -170,11 +174,19 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
                         continue
                     if chunk.token_id is not None:
                         completion += 1
+                    answer = chunk.text
+                    if builder.thinking is not None and chunk.finish_reason != "error":
+                        splitter = splitters.setdefault(index, builder.splitter())
+                        thought, answer = splitter.feed(chunk.text,
+                                                        chunk.finish_reason is not None)
+                        thought_tokens += splitter.thinking and chunk.token_id is not None
+                        if thought:
+                            events.append(sse_event(builder.reasoning_chunk(thought, index)))
                     if parsed.tools is not None and chunk.finish_reason != "error":
                         if index not in readers:
                             readers[index] = parsed.tools.format.reader()
                         reader = readers[index]
-                        objs = builder.tool_deltas(reader.feed(chunk.text), index)
+                        objs = builder.tool_deltas(reader.feed(answer), index)
                         if chunk.finish_reason is not None:
                             objs += builder.tool_finish(reader, chunk.finish_reason, index)
                         events.extend(sse_event(obj) for obj in objs)
@@ -184,7 +196,7 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
                         events.append(sse_event(openai_error(model_failed(chunk.error))))
                         failed = True
                         break
-                    text = echoes[index] + chunk.text if index in first else chunk.text
+                    text = echoes[index] + answer if index in first else answer
                     if (index not in first and text and not parsed.timings_per_token
                             and (not rows or rows[0].top_logprobs is None)):
                         events.append(text_event(text, index))
@@ -210,6 +222,6 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
         await emit(sse_event(openai_error(problem)))
     elif not failed and parsed.include_usage:
         await emit(sse_event(builder.usage_chunk(prompt_tokens(streams, parsed.n), completion,
-                                                 cached_tokens(streams, parsed.n))
+                                                 cached_tokens(streams, parsed.n), thought_tokens)
                              | {"timings": timings(streams[0])}))
     await emit(SSE_DONE)

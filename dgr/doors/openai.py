@@ -12,11 +12,13 @@ import uuid
 from typing import Any, Optional
 
 from dgr._codes import MAX_LOGPROBS
+from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, read_int
 from dgr.doors.request import (MAX_CHOICES, GenerationRequest, chat_message, checked_chat, gbnf,
                                joined_text, json_object_grammar, named_values, prompt_ending,
-                               prompt_list, sampling, schema_grammar, tool_call)
+                               prompt_list, reasoning_fields, sampling, schema_grammar,
+                               tool_call)
 from dgr.stream import Chunk, PromptProgress, TopLogprobs
 
 # OpenAI's message roles, as the chat template knows them ("developer" is OpenAI's
@@ -195,7 +197,7 @@ def parse_chat(body: Any, tool_format=None) -> GenerationRequest:
                       logit_bias=_logit_bias(body), grammar=grammar)
     return GenerationRequest(
         params, messages=messages, top_logprobs=top, tools=tools,
-        verbose=read_bool(body, "verbose"), **_outputs(body, 1),
+        verbose=read_bool(body, "verbose"), **_outputs(body, 1), **reasoning_fields(body),
         **prompt_ending(messages, add, read_bool(body, "continue_final_message")))
 
 
@@ -203,7 +205,7 @@ class CompletionBuilder:
     """Builds the OpenAI response objects of one completions or chat request."""
 
     def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0,
-                 tools: Optional[tool_calls.ToolSpec] = None):
+                 tools: Optional[tool_calls.ToolSpec] = None, thinking: Optional[bool] = None):
         self.model = model
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -213,6 +215,13 @@ class CompletionBuilder:
         self._top = top_logprobs  # chat: alternatives per token
         self._offsets: dict[int, int] = {}  # choice index -> text offset so far
         self._tools = tools  # chat: answers are parsed for tool calls
+        # chat: whether the output starts inside a thinking, None where no thinking is
+        # split off (dgr.doors.prompts.thinking_prompt)
+        self.thinking = thinking
+
+    def splitter(self) -> Optional[reasoning.ThinkSplitter]:
+        """A choice's thinking splitter, where thinking is split off."""
+        return None if self.thinking is None else reasoning.ThinkSplitter(self.thinking)
 
     def _logprobs(self, chunks: list[Chunk], index: int = 0,
                   prompt: Optional[list] = None) -> Optional[dict]:
@@ -260,10 +269,14 @@ class CompletionBuilder:
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
                 "text_offset": offsets}
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+              reasoning_tokens: int = 0) -> dict:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+        if self.thinking is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        return usage
 
     def full(self, choices: list[tuple[str, list[Chunk], str]], prompt_tokens: int,
              completion_tokens: int, cached_tokens: int = 0,
@@ -271,10 +284,20 @@ class CompletionBuilder:
         """choices: (text, token chunks, finish reason) of each choice, by index;
         prompts: each choice's scored prompt (echo with logprobs; see _with_prompt)."""
         out = []
+        thought_tokens = 0
         for index, (text, chunks, finish_reason) in enumerate(choices):
             logprobs = self._logprobs(chunks, index, prompts[index] if prompts else None)
             if self.chat:
-                message: dict = {"role": "assistant", "content": text}
+                message: dict = {"role": "assistant"}
+                splitter = self.splitter()
+                if splitter is not None:
+                    for chunk in chunks:  # each token's text, as streamed
+                        splitter.feed(chunk.text)
+                        thought_tokens += splitter.thinking
+                    thought, text = reasoning.split(text, self.thinking)
+                    if thought:
+                        message["reasoning_content"] = thought
+                message["content"] = text
                 if self._tools is not None:
                     reader = self._tools.format.reader()
                     reader.feed(text)
@@ -289,7 +312,8 @@ class CompletionBuilder:
                             "finish_reason": finish_reason})
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": out,
-                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
+                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens,
+                                    thought_tokens)}
 
     def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
               index: int = 0, prompt: Optional[list] = None,
@@ -316,6 +340,10 @@ class CompletionBuilder:
                  "text_completion", "created": self.created, "model": self.model,
                  "choices": [], "prompt_progress": progress}
         return chunk if timing is None else chunk | {"timings": timing}
+
+    def reasoning_chunk(self, text: str, index: int) -> dict:
+        """A piece of a chat choice's thinking (llama-server's and vLLM's field)."""
+        return self._chunk(index, {"reasoning_content": text})
 
     def role_chunk(self, index: int) -> dict:
         """A chat choice's first chunk: its role, no content yet."""
@@ -356,10 +384,11 @@ class CompletionBuilder:
                                                   "finish_reason": finish_reason}]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
-                    cached_tokens: int = 0) -> dict:
+                    cached_tokens: int = 0, reasoning_tokens: int = 0) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [],
-                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens)}
+                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens,
+                                    reasoning_tokens)}
 
 
 def timings(stream) -> dict:

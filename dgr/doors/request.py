@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import attrs
 
+from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.config import SamplingParams
 from dgr.doors.fields import BadRequest
@@ -45,6 +46,11 @@ class GenerationRequest:
     add_generation_prompt: bool = True
     continue_final: bool = False
     verbose: bool = False  # llama-server's: the response shows the prompt (`__verbose`)
+    # a chat of a thinking model (dgr.reasoning): whether it may think (None: as its
+    # template does), and how the thinking is returned (None: the server's
+    # --reasoning-format)
+    thinking: Optional[bool] = None
+    reasoning_format: Optional[str] = None
 
     @property
     def chat(self) -> bool:
@@ -105,6 +111,28 @@ def lora_pairs(name: str, value: Any) -> Optional[tuple]:
         raise BadRequest(f"'{name}' must be a list of {{\"id\": adapter id, \"scale\": number}}",
                          name)
     return tuple((entry["id"], entry["scale"]) for entry in value) or None
+
+
+def reasoning_fields(body: dict) -> dict:
+    """The GenerationRequest fields of a chat's `chat_template_kwargs` (vLLM's and
+    llama-server's; `enable_thinking` is the one templates of thinking models read)
+    and llama-server's `reasoning_format`."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    for key in kwargs:
+        if key != "enable_thinking":
+            raise BadRequest(f"'chat_template_kwargs.{key}' is not supported (only "
+                             "enable_thinking)", "chat_template_kwargs")
+    thinking = kwargs.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise BadRequest("'chat_template_kwargs.enable_thinking' must be a boolean",
+                         "chat_template_kwargs")
+    fmt = body.get("reasoning_format")
+    if fmt is not None and fmt not in reasoning.FORMATS:
+        raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}",
+                         "reasoning_format")
+    return {"thinking": thinking, "reasoning_format": fmt}
 
 
 def prompt_list(prompt: Any, name: str = "prompt") -> list:

@@ -1,0 +1,51 @@
+"""A thinking model's answer split into thinking and answer (dgr.reasoning): the
+same parts whole and in any pieces, the prompt opening the thinking, an unclosed
+thinking, text without any."""
+
+import pytest
+from hypothesis import given, strategies as st
+
+from dgr import reasoning
+
+CASES = [
+    ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.\n", "Paris.")),
+    ("  <think>a</think>b", False, ("a", "b")),
+    ("Let me see.\n</think>\n\nParis.", True, ("Let me see.\n", "Paris.")),
+    ("\nstill thinking", True, ("still thinking", "")),
+    ("<think>cut short", False, ("cut short", "")),
+    ("Paris. <think>not thinking</think>", False, ("", "Paris. <think>not thinking</think>")),
+    ("", False, ("", "")),
+    ("<thi", False, ("", "<thi")),
+    ("<think></think>Paris", False, ("", "Paris")),
+]
+
+
+@pytest.mark.parametrize("text,opened,parts", CASES)
+def test_whole_answers_split(text, opened, parts):
+    assert reasoning.split(text, opened) == parts
+
+
+@given(st.sampled_from(CASES), st.lists(st.integers(0, 60), max_size=8))
+def test_any_pieces_give_the_whole_answers_parts(case, cuts):
+    text, opened, parts = case
+    points = sorted({min(c, len(text)) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0] + points, points + [len(text)])]
+    splitter = reasoning.ThinkSplitter(opened)
+    got = [splitter.feed(piece, final=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+    assert ("".join(t for t, _ in got), "".join(a for _, a in got)) == parts
+
+
+def test_the_family_and_the_prompt_tell_where_the_output_starts():
+    assert reasoning.thinks("{{ '<think>' }}...{{ '</think>' }}")
+    assert not reasoning.thinks("{{ messages }}") and not reasoning.thinks(None)
+    assert reasoning.opened_in_prompt("<|user|>hi<|assistant|><think>\n")
+    assert not reasoning.opened_in_prompt("<think>\n\n</think>\n\n")
+    assert not reasoning.opened_in_prompt("a<think>x</think>b<|assistant|>")
+
+
+def test_a_tag_and_the_blank_line_after_it_in_separate_pieces():
+    splitter = reasoning.ThinkSplitter()
+    pieces = ["<think>", "\n", "Let me", " see.\n</", "think>", "\n\n", "Paris."]
+    got = [splitter.feed(p, final=i == len(pieces) - 1) for i, p in enumerate(pieces)]
+    assert "".join(t for t, _ in got) == "Let me see.\n"
+    assert "".join(a for _, a in got) == "Paris."
