@@ -323,6 +323,10 @@ class ServerConfig:
         "--reasoning-format", "llama-server's: how a thinking model's thinking is returned: "
         "'deepseek' apart from the answer (chat's reasoning_content), 'none' inside it, "
         "'auto' apart where the chat template is of the <think> family.", default="auto")
+    reasoning_budget: int = option(
+        "--reasoning-budget", "llama-server's: tokens a thinking model may think before the "
+        "node closes its thinking and the answer follows; -1: no bound, 0: no thinking.",
+        default=-1)
     runtime_lora: bool = option(
         "--runtime-lora", "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
         "(vLLM's): clients load adapter files by their path on this machine (behind --api-key "
@@ -359,6 +363,8 @@ class ServerConfig:
         if self.max_body_bytes < 1 or self.grace_s < 0 or self.drain_quiet_s < 0:
             raise ValueError("max_body_bytes must be positive, grace_s and drain_quiet_s "
                              "not negative")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"reasoning_budget must be -1 or more, got {self.reasoning_budget}")
         if self.reasoning_format not in ("auto", "deepseek", "none"):
             raise ValueError("reasoning_format must be one of auto, deepseek, none, got "
                              f"{self.reasoning_format!r}")

@@ -69,13 +69,13 @@ class ChatTemplate:
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
 
     def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
         # enable_thinking as llama.cpp and vLLM render templates: a model that can
-        # think before it answers may (its thinking is part of its text here)
+        # think before it answers may, unless the request switches it off (dgr.reasoning)
         # and today's date, in the two forms llama.cpp gives templates
         now = datetime.datetime.now()
         context = self._special | {"messages": messages, "add_generation_prompt":
-                                   add_generation_prompt, "enable_thinking": True,
+                                   add_generation_prompt, "enable_thinking": enable_thinking,
                                    "date_string": now.strftime("%d %b %Y"),
                                    "datetime": now.strftime("%b %d %Y")}
         if tools is not None:

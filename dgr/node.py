@@ -184,10 +184,11 @@ class Node:
         return bytes(self._open_engine().token_to_piece(token, special=True))
 
     def chat_prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-                    continue_final: bool = False) -> str:
+                    continue_final: bool = False, enable_thinking: bool = True) -> str:
         """The prompt of a chat (dgr.chat.ChatRenderer.prompt)."""
         self._open_engine()
-        return self._chat.prompt(messages, tools, add_generation_prompt, continue_final)
+        return self._chat.prompt(messages, tools, add_generation_prompt, continue_final,
+                                 enable_thinking)
 
     def chat_template(self) -> str | None:
         """The chat template prompts are rendered with (configured, or the model's)."""
@@ -248,6 +249,11 @@ class Node:
             for session, chunks in opened:
                 self._loop.end(session, FinishReason.CANCELLED)
                 chunks.close()
+
+    def cancel(self, stream: SessionStream) -> None:
+        """End a stream's session now, its block still open (its reader reads on to
+        the final chunk): as leaving the block does."""
+        self._loop.end(stream.session, FinishReason.CANCELLED)
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None
                        ) -> GenerationResult:

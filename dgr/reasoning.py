@@ -61,6 +61,11 @@ class ThinkSplitter:
         self._started = False  # thinking's leading blank lines are dropped too
         self.thinking = False  # the text fed last went (at least partly) to the thinking
 
+    @property
+    def inside(self) -> bool:
+        """Whether the text so far leaves the thinking open."""
+        return self._state == _THINKING
+
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         """(thinking, answer) parts of `text`; `final`: nothing follows (what is held
         back goes out)."""

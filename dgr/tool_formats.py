@@ -64,12 +64,13 @@ class HermesFormat:
         self._bos = bos_token
 
     def render(self, messages: list[dict], spec: Optional[ToolSpec], apply_template,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
         """The prompt, by the model's own template: the tools as it describes them,
         calls (their arguments as JSON values) and tool results as it renders
         them. A leading BOS text is left to the tokenizer, which adds it."""
         tools = [{"type": "function", "function": t} for t in spec.tools] if spec else None
-        text = self._template.render(messages, tools, add_generation_prompt=add_generation_prompt)
+        text = self._template.render(messages, tools, add_generation_prompt=add_generation_prompt,
+                                     enable_thinking=enable_thinking)
         if self._bos and text.startswith(self._bos):
             text = text[len(self._bos):]
         return text

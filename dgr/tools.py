@@ -175,7 +175,7 @@ class GenericFormat:
 
     @staticmethod
     def render(messages: list[dict], spec: Optional[ToolSpec], apply_template,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
         """The prompt of a chat (messages as dgr.doors.request.chat_message makes them) through
         `apply_template` (messages of role and content, add_generation_prompt -> text): the tools
         described in the system message, the calls as the JSON the model answers in."""
@@ -193,7 +193,7 @@ class GenericFormat:
                 plain[0] = {"role": "system", "content": plain[0]["content"] + "\n\n" + described}
             else:
                 plain.insert(0, {"role": "system", "content": described})
-        return apply_template(plain, add_generation_prompt)
+        return apply_template(plain, add_generation_prompt, enable_thinking)
 
     @staticmethod
     def grammar(spec: ToolSpec) -> str:

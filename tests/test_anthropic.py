@@ -103,10 +103,9 @@ async def test_count_tokens_and_errors_in_anthropics_shape(client, start_server)
         await client.messages.create(model="m", max_tokens=5, messages=[
             {"role": "user", "content": [{"type": "image", "source": {}}]}])
     assert bad.value.body["error"]["type"] == "invalid_request_error"
-    with pytest.raises(anthropic.BadRequestError):
-        await client.messages.create(model="m", max_tokens=5, thinking={
-            "type": "enabled", "budget_tokens": 1024},
-            messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.BadRequestError):  # a thinking needs its budget
+        await client.messages.create(model="m", max_tokens=5, thinking={"type": "enabled"},
+                                     messages=[{"role": "user", "content": "hi"}])
     wrong = anthropic.AsyncAnthropic(base_url=client.base_url, api_key="nope", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as denied:
         await wrong.messages.create(model="m", max_tokens=5,

@@ -78,7 +78,8 @@ async def test_a_prompt_that_opens_the_thinking(start_server, tmp_path):  # noqa
         assert message["reasoning_content"] and message["content"]
         off = (await client.post("/v1/chat/completions", json=chat(
             PLAIN, chat_template_kwargs={"enable_thinking": False}, verbose=True))).json()
-        assert off["__verbose"]["prompt"].endswith("<think>\n\n</think>\n\n")
+        # as the template renders it with enable_thinking false
+        assert off["__verbose"]["prompt"].endswith("<think>\n</think>")
         assert "reasoning_content" not in off["choices"][0]["message"]
 
 
@@ -91,3 +92,75 @@ async def test_models_that_do_not_think_are_left_alone(start_server):  # noqa: F
         split = (await client.post("/v1/chat/completions", json=chat(
             THINKS, reasoning_format="deepseek"))).json()
         assert split["choices"][0]["message"]["reasoning_content"]
+
+
+async def test_a_thinking_budget_closes_the_thinking_and_the_answer_follows(
+        start_server):  # noqa: F811
+    """DeepSeek-R1's template opens the thinking in the prompt, and the random model
+    never closes it: at the budget the node does, and the answer follows."""
+    server = await start_server({"chat_template_file": str(
+        TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")}, reasoning_budget=6)
+    body = {"messages": [{"role": "user", "content": "Think briefly."}], "max_tokens": 24,
+            "temperature": 0}
+    async with server.client() as client:
+        unbounded = (await client.post("/v1/chat/completions", json=body | {
+            "thinking_budget_tokens": -1, "reasoning_budget_tokens": 1000})).json()
+        assert "content" not in unbounded["choices"][0]["message"] or \
+            not unbounded["choices"][0]["message"]["content"]
+        whole = (await client.post("/v1/chat/completions", json=body)).json()
+        message = whole["choices"][0]["message"]
+        assert message["reasoning_content"] and message["content"]
+        assert whole["usage"]["completion_tokens"] == 24
+        assert whole["choices"][0]["finish_reason"] == "length"
+        # the thinking is the unbounded answer's first tokens (and the closing's newline)
+        assert unbounded["choices"][0]["message"]["reasoning_content"].startswith(
+            message["reasoning_content"].rstrip("\n"))
+        streamed = sse_events((await client.post("/v1/chat/completions", json=body | {
+            "stream": True})).text)
+        deltas = [e["choices"][0]["delta"] for e in streamed if e["choices"]]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == \
+            message["reasoning_content"]
+        assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+        # the same beside other sessions, and with the budget asked per request
+        together = []
+
+        async def ask(extra):
+            got = await client.post("/v1/chat/completions", json=body | extra)
+            together.append(got.json()["choices"][0]["message"])
+
+        import trio
+        async with trio.open_nursery() as nursery:
+            for extra in ({}, {"thinking_budget_tokens": 6}, {"max_tokens": 30},
+                          {"messages": [{"role": "user", "content": "Other."}]}):
+                nursery.start_soon(ask, extra)
+        assert sum(m == message for m in together) == 2
+
+
+async def test_anthropic_thinking_blocks(start_server):  # noqa: F811
+    import anthropic
+
+    server = await start_server({"chat_template_file": str(
+        TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")}, temperature=0.0)
+    ask = {"model": "m", "max_tokens": 20,
+           "messages": [{"role": "user", "content": "Think briefly."}]}
+    async with anthropic.AsyncAnthropic(base_url=server.url, api_key="unused",
+                                        max_retries=0) as client:
+        reply = await client.messages.create(
+            **ask, thinking={"type": "enabled", "budget_tokens": 5})
+        assert [b.type for b in reply.content] == ["thinking", "text"]
+        assert reply.usage.output_tokens == 20
+        async with client.messages.stream(
+                **ask, thinking={"type": "enabled", "budget_tokens": 5}) as stream:
+            streamed = await stream.get_final_message()
+        assert [b.model_dump() for b in streamed.content] == \
+            [b.model_dump() for b in reply.content]
+        off = await client.messages.create(**ask, thinking={"type": "disabled"})
+        assert [b.type for b in off.content] == ["text"]
+        # an earlier turn's thinking block is taken (and dropped, as the template does)
+        again = await client.messages.create(**ask | {"messages": [
+            {"role": "user", "content": "Think briefly."},
+            {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+            {"role": "user", "content": "And now?"}]})
+        assert again.content
+        with pytest.raises(anthropic.BadRequestError):
+            await client.messages.create(**ask, thinking={"type": "enabled"})

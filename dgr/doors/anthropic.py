@@ -7,6 +7,7 @@ with dgr.doors.problems.anthropic)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Optional
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                named_values, prompt_ending, sampling, tool_call)
-from dgr.doors.prompts import chat_ids
+from dgr.doors.prompts import Thinking, chat_ids, thinking_prompt
 from dgr.doors.problems import anthropic_error, ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
 
@@ -72,6 +74,8 @@ def _messages(body: dict) -> list[dict]:
                 text.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
                 calls.append(tool_call(block.get("id"), block.get("name"), block.get("input", {})))
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # an earlier turn's thinking: templates of thinking models drop it
             elif kind == "tool_result" and role == "user":
                 out.append(chat_message("tool", _text(block.get("content", ""), "messages"),
                                         answers=block.get("tool_use_id")))
@@ -114,9 +118,7 @@ def parse_messages(body: Any, tool_format=None, door: str = "/v1/messages") -> G
     no sampling)."""
     body = json_object(body)
     check_fields(body, door)
-    thinking = body.get("thinking")
-    if thinking is not None and thinking != {"type": "disabled"}:
-        raise BadRequest("'thinking' is not supported", "thinking")
+    thinking = _thinking(body.get("thinking"))
     messages = _messages(body)
     tools = _tools(body, tool_format)
     values: dict = {}
@@ -126,7 +128,23 @@ def parse_messages(body: Any, tool_format=None, door: str = "/v1/messages") -> G
         values = named_values(body, _SAMPLING_NAMES)
     params = sampling(values, grammar=tools.format.grammar(tools) if tools is not None else None)
     return GenerationRequest(params, messages=messages, tools=tools,
-                             stream=read_bool(body, "stream"), **prompt_ending(messages))
+                             stream=read_bool(body, "stream"), **thinking,
+                             **prompt_ending(messages))
+
+
+def _thinking(value: Any) -> dict:
+    """`thinking` ({"type": "enabled", "budget_tokens": N} or {"type": "disabled"}) as
+    GenerationRequest's fields; absent, a thinking model thinks as its template does."""
+    if value is None:
+        return {}
+    if value == {"type": "disabled"}:
+        return {"thinking": False}
+    budget = value.get("budget_tokens") if isinstance(value, dict) else None
+    if (not isinstance(value, dict) or value.get("type") != "enabled" or set(value) - {
+            "type", "budget_tokens"} or type(budget) is not int or budget < 1):
+        raise BadRequest("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": a "
+                         "positive integer} or {\"type\": \"disabled\"}", "thinking")
+    return {"thinking": True, "thinking_budget": budget}
 
 
 def _event(kind: str, **fields) -> str:
@@ -134,10 +152,12 @@ def _event(kind: str, **fields) -> str:
 
 
 class _Blocks:
-    """The answer's content blocks as they stream: text, then tool_use blocks."""
+    """The answer's content blocks as they stream: a thinking model's thinking, text,
+    then tool_use blocks."""
 
-    def __init__(self, reader):
+    def __init__(self, reader, splitter=None):
         self.reader = reader  # dgr.tools.AnswerReader, or None without tools
+        self.splitter = splitter  # dgr.reasoning.ThinkSplitter, where thinking is split off
         self.index = -1
         self.open: Optional[str] = None
 
@@ -158,10 +178,18 @@ class _Blocks:
         return events + [_event("content_block_delta", index=self.index,
                                 delta={"type": "text_delta", "text": text})]
 
-    def feed(self, text: str) -> list[str]:
-        if self.reader is None:
-            return self._text(text) if text else []
+    def feed(self, text: str, final: bool = False) -> list[str]:
         events = []
+        if self.splitter is not None:
+            thought, text = self.splitter.feed(text, final)
+            if thought:
+                if self.open != "thinking":
+                    events += self._start({"type": "thinking", "thinking": "",
+                                           "signature": ""})
+                events.append(_event("content_block_delta", index=self.index, delta={
+                    "type": "thinking_delta", "thinking": thought}))
+        if self.reader is None:
+            return events + (self._text(text) if text else [])
         for piece in self.reader.feed(text):
             if isinstance(piece, tool_calls.ContentPiece):
                 events += self._text(piece.text) if piece.text else []
@@ -174,13 +202,17 @@ class _Blocks:
         return events
 
 
-def _content(text: str, reader) -> tuple[list[dict], bool]:
+def _content(text: str, reader, thinking: Thinking) -> tuple[list[dict], bool]:
     """(content blocks, whether the answer is tool calls) of a whole answer."""
+    thought = ""
+    if thinking.split:
+        thought, text = reasoning.split(text, thinking.opened)
+    blocks = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
     if reader is None:
-        return ([{"type": "text", "text": text}] if text else []), False
+        return blocks + ([{"type": "text", "text": text}] if text else []), False
     reader.feed(text)
     content, calls = reader.result()
-    blocks = [{"type": "text", "text": content}] if content else []
+    blocks += [{"type": "text", "text": content}] if content else []
     for call in calls:
         try:
             arguments = json.loads(call["function"]["arguments"], strict=False)
@@ -203,9 +235,12 @@ async def messages(request: Request, server: "ServerState") -> Response:
     """One chat session, answered as a message or as Anthropic's stream events."""
     node = server.ready_node()
     parsed = parse_messages(await server.read_body(request, "/v1/messages"), node.tool_format)
-    ids = await chat_ids(node, parsed)
-    stream_cm = node.stream(ids, parsed.params, whole=not parsed.stream)
-    chunks = await stream_cm.__aenter__()
+    prompt, thinking = thinking_prompt(node, parsed, server.config)
+    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+    opened = contextlib.AsyncExitStack()
+    session = await opened.enter_async_context(node.stream(
+        ids, parsed.params, whole=not parsed.stream and thinking.budget is None))
+    chunks, = await opened.enter_async_context(thinking.bounded(node, [session]))
     message_id = "msg_" + uuid.uuid4().hex
     reader = parsed.tools.format.reader() if parsed.tools is not None else None
     head = {"id": message_id, "type": "message", "role": "assistant",
@@ -222,15 +257,16 @@ async def messages(request: Request, server: "ServerState") -> Response:
             await emit(_event("message_start", message=head | {
                 "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(0)}))
             await emit(_event("ping"))
-            blocks = _Blocks(reader)
-            async for chunk in chunks:
-                if chunk.token_id is not None:
-                    generated[0] += 1
-                    request.scope["dgr.tokens"] = generated[0]
-                if chunk.text and chunk.finish_reason != "error":
-                    events = blocks.feed(chunk.text)
-                    if events:
-                        await emit("".join(events))
+            blocks = _Blocks(reader, thinking.splitter() if thinking.split else None)
+            while batch := await chunks.next_chunks():
+                for chunk in batch:
+                    if chunk.token_id is not None:
+                        generated[0] += 1
+                        request.scope["dgr.tokens"] = generated[0]
+                    if chunk.finish_reason != "error" and (chunk.text or chunk.finish_reason):
+                        events = blocks.feed(chunk.text, chunk.finish_reason is not None)
+                        if events:
+                            await emit("".join(events))
             problem = ended([chunks])
             if problem is not None:
                 await emit(_event("error", error=anthropic_error(problem)["error"]))
@@ -241,13 +277,13 @@ async def messages(request: Request, server: "ServerState") -> Response:
                 "message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                 usage={"output_tokens": generated[0]}) + _event("message_stop"))
 
-        return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
+        return SessionEvents(produce, close=opened.aclose)
     tokens: list[int] = []
     try:
         text = await read_one(request, chunks, tokens)
     finally:
-        await stream_cm.__aexit__(None, None, None)
-    blocks, tool_use = _content(text, reader)
+        await opened.aclose()
+    blocks, tool_use = _content(text, reader, thinking)
     reason, sequence = _stop(chunks, tool_use)
     return JSONResponse(head | {"content": blocks, "stop_reason": reason,
                                 "stop_sequence": sequence, "usage": usage(len(tokens))})

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from dgr.doors.context import ServerState
 from dgr.doors.openai import (CompletionBuilder, parse_chat, parse_completion, progress_timings,
                              prompt_progress, timings)
-from dgr.doors.prompts import thinking_prompt
+from dgr.doors.prompts import Thinking, thinking_prompt
 from dgr.doors.problems import ended, model_failed, openai_error
 from dgr.doors.sse import SSE_DONE, SessionEvents, read_whole, sse_event
 from dgr.node import Node
@@ -31,7 +31,7 @@ async def completions(request: Request, server: ServerState) -> Response:
 async def chat_completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
     parsed = parse_chat(await server.read_body(request, "/v1/chat/completions"), node.tool_format)
-    prompt, thinking = thinking_prompt(node, parsed, server.config.reasoning_format)
+    prompt, thinking = thinking_prompt(node, parsed, server.config)
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
     # llama-server's `verbose`: the answer shows the prompt the chat became
     shown = ({"__verbose": {"prompt": prompt}} if parsed.verbose or server.config.echo_prompts
@@ -41,23 +41,25 @@ async def chat_completions(request: Request, server: ServerState) -> Response:
 
 async def _generate(request: Request, server: ServerState, node: Node, parsed,
                     prompts: list, extra: Optional[dict] = None,
-                    thinking: Optional[bool] = None) -> Response:
+                    thinking: Thinking = Thinking()) -> Response:
     """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group);
-    `extra`: fields a whole answer carries besides; `thinking`: a chat's, as
-    CompletionBuilder takes it."""
+    `extra`: fields a whole answer carries besides; `thinking`: a chat's
+    (dgr.doors.prompts.Thinking)."""
     builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text,
-                                node.token_bytes, parsed.top_logprobs, parsed.tools, thinking)
+                                node.token_bytes, parsed.top_logprobs, parsed.tools,
+                                thinking.opened if thinking.split else None)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
     echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
               for p in prompts for _ in range(parsed.n)]
     if parsed.stream:
         # Admission happens before the 200 goes out, so a refusal is a real status code.
-        group_cm = node.stream_group(prompts, parsed.params, parsed.n,
-                                     progress=parsed.return_progress)
-        streams = await group_cm.__aenter__()
+        opened = contextlib.AsyncExitStack()
+        sessions = await opened.enter_async_context(node.stream_group(
+            prompts, parsed.params, parsed.n, progress=parsed.return_progress))
+        streams = await opened.enter_async_context(thinking.bounded(node, sessions))
         return SessionEvents(
             lambda emit: completion_events(request, streams, builder, parsed, echoes, emit),
-            close=lambda: group_cm.__aexit__(None, None, None))
+            close=opened.aclose)
     texts: list[list[str]] = [[echo] for echo in echoes]
     rows: list[list[Chunk]] = [[] for _ in texts]
 
@@ -67,7 +69,10 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
         rows[i] = [chunk for chunk in got if chunk.token_id is not None]
         request.scope["dgr.tokens"] = sum(map(len, rows))
 
-    async with node.stream_group(prompts, parsed.params, parsed.n, whole=True) as streams:
+    # a bounded thinking is read as it comes (its cut is made there)
+    async with (node.stream_group(prompts, parsed.params, parsed.n,
+                                  whole=thinking.budget is None) as sessions,
+                thinking.bounded(node, sessions) as streams):
         await read_whole(request, streams, collect)
     reasons = [chunks.finish_reason for chunks in streams]
     completion = sum(map(len, rows))

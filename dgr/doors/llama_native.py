@@ -16,7 +16,7 @@ from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, r
 from dgr.doors.openai import parse_chat, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, gbnf, named_values, prompt_list, sampling,
                                schema_grammar)
-from dgr.doors.prompts import chat_text
+from dgr.doors.prompts import thinking_prompt
 from dgr.doors.problems import ended, error_response, llama_error
 from dgr.doors.sse import SessionEvents, read_one, read_whole, sse_event
 
@@ -284,4 +284,5 @@ async def apply_template(request: Request, server: "ServerState") -> Response:
     chat = parse_chat({k: body[k] for k in ("messages", "tools", "tool_choice",
                                             "add_generation_prompt", "continue_final_message")
                        if k in body}, node.tool_format)
-    return JSONResponse({"prompt": chat_text(node, chat)})
+    # as a chat completion renders it: the thinking off where --reasoning-budget is 0
+    return JSONResponse({"prompt": thinking_prompt(node, chat, server.config)[0]})

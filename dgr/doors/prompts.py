@@ -6,36 +6,71 @@ long. A template that refuses the chat is a 400 naming `field`."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
+import attrs
+
 from dgr import reasoning
+from dgr.thinking_budget import BudgetedStream
 from dgr.doors.fields import BadRequest
 
 
-def chat_text(node, chat, field: str = "messages") -> str:
+def chat_text(node, chat, field: str = "messages", enable_thinking: bool = True) -> str:
     """`chat`: a chat's GenerationRequest (its messages, tools, add_generation_prompt,
     continue_final)."""
     try:
         return node.chat_prompt(chat.messages, chat.tools, chat.add_generation_prompt,
-                                chat.continue_final)
+                                chat.continue_final, enable_thinking)
     except ValueError as exc:
         raise BadRequest(f"cannot apply the chat template: {exc}", field) from None
 
 
-def thinking_prompt(node, chat, default_format: str,
-                    field: str = "messages") -> tuple[str, Optional[bool]]:
-    """(prompt, opened) of a chat that may be a thinking model's (dgr.reasoning): its
-    prompt with the thinking closed where the request switches it off, and whether
-    the output starts inside a thinking, or None where its thinking is not split off
-    (--reasoning-format none, or auto with a template that does not think)."""
-    prompt = chat_text(node, chat, field)
+@attrs.frozen
+class Thinking:
+    """How a chat's thinking is handled (dgr.reasoning): `split`, returned apart from
+    the answer; `opened`, the output starts inside it; `budget`, the tokens it may
+    take (None: no bound; dgr.thinking_budget)."""
+
+    split: bool = False
+    opened: bool = False
+    budget: Optional[int] = None
+
+    def splitter(self) -> reasoning.ThinkSplitter:
+        """A splitter of one answer's thinking from its text."""
+        return reasoning.ThinkSplitter(self.opened)
+
+    @contextlib.asynccontextmanager
+    async def bounded(self, node, streams: list):
+        """The chat's streams (open), each with its thinking bounded where a budget is."""
+        if self.budget is None:
+            yield streams
+            return
+        bounded = [BudgetedStream(node, stream, self.budget, self.opened) for stream in streams]
+        try:
+            yield bounded
+        finally:
+            for stream in bounded:
+                await stream.aclose()
+
+
+def thinking_prompt(node, chat, server_config, field: str = "messages") -> tuple[str, Thinking]:
+    """A chat's prompt and how its thinking is handled, for a model whose template
+    thinks (--reasoning-format, --reasoning-budget, and the request's own): the
+    thinking closed in the prompt where the request switches it off (or gives it a
+    budget of 0), split off from the answer unless the format is none (auto: where
+    the template is of the family)."""
     family = reasoning.thinks(node.chat_template())
-    if chat.thinking is False and family and not chat.continue_final:
-        prompt = reasoning.without_thinking(prompt)
-    fmt = chat.reasoning_format or default_format
-    if fmt == "none" or (fmt == "auto" and not family):
-        return prompt, None
-    return prompt, reasoning.opened_in_prompt(prompt)
+    budget = chat.thinking_budget
+    if budget is None or budget < 0:
+        budget = server_config.reasoning_budget
+    off = chat.thinking is False or budget == 0
+    prompt = chat_text(node, chat, field, enable_thinking=not off)
+    fmt = chat.reasoning_format or server_config.reasoning_format
+    opened = reasoning.opened_in_prompt(prompt)
+    return prompt, Thinking(split=fmt == "deepseek" or (fmt == "auto" and family),
+                            opened=opened,
+                            budget=budget if family and not off and budget > 0 else None)
 
 
 async def chat_ids(node, chat, field: str = "messages") -> list[int]:

@@ -16,7 +16,7 @@ import attrs
 from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.config import SamplingParams
-from dgr.doors.fields import BadRequest
+from dgr.doors.fields import BadRequest, read_int
 from dgr.errors import InvalidRequest
 
 MAX_CHOICES = 32  # prompts x n in one request
@@ -51,6 +51,7 @@ class GenerationRequest:
     # --reasoning-format)
     thinking: Optional[bool] = None
     reasoning_format: Optional[str] = None
+    thinking_budget: Optional[int] = None  # tokens (None or -1: the server's --reasoning-budget)
 
     @property
     def chat(self) -> bool:
@@ -132,7 +133,11 @@ def reasoning_fields(body: dict) -> dict:
     if fmt is not None and fmt not in reasoning.FORMATS:
         raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}",
                          "reasoning_format")
-    return {"thinking": thinking, "reasoning_format": fmt}
+    budget = None
+    for name in ("thinking_budget_tokens", "reasoning_budget_tokens"):  # llama-server's
+        if body.get(name) is not None:
+            budget = read_int(body, name, -1, 1 << 30)
+    return {"thinking": thinking, "reasoning_format": fmt, "thinking_budget": budget}
 
 
 def prompt_list(prompt: Any, name: str = "prompt") -> list:

@@ -97,6 +97,8 @@ def dgr_argv(known: argparse.Namespace) -> list[str]:
         argv += ["--temp", str(known.temp)]
     if known.seed is not None:
         argv += ["--seed", str(known.seed)]
+    if known.reasoning == "off":  # "on" and "auto": a thinking model thinks as it will
+        argv += ["--reasoning-budget", "0"]
     return argv
 
 
@@ -104,10 +106,6 @@ def main() -> int:
     known, unknown = parser().parse_known_args()
     if known.n_gpu_layers:
         unknown.append(f"--n-gpu-layers {known.n_gpu_layers}")
-    if known.reasoning == "off":
-        # "on" and "auto" render the template as it is written, as dgr does; "off"
-        # makes llama.cpp rewrite the prompt's thinking per model family
-        unknown.append("--reasoning off")
     if unknown:
         print(f"dgr_server.py: dgr has no counterpart for {' '.join(unknown)}", file=sys.stderr)
         return 2

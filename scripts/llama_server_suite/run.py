@@ -38,8 +38,6 @@ SUITE_VENV = ROOT / "vendor" / "server-tests-venv"
 _NO_UI = "llama-server's web UI and its MCP proxy; dgr serves an API and no web UI"
 _IMAGE = ("an image for a model that reads none is the client's error: dgr answers 400 "
           "naming it (llama-server 500)")
-_THINKING = ("`thinking`: dgr has no reasoning mode (a model's thinking is its text) and "
-             "refuses the field with a 400 naming it")
 REFUSALS: dict[str, str] = {
     r"unit/test_basic\.py::test_no_ui": _NO_UI,
     r"unit/test_proxy\.py::": _NO_UI,
@@ -60,11 +58,6 @@ REFUSALS: dict[str, str] = {
     r"unit/test_compat_anthropic\.py::test_anthropic_empty_messages": (
         "Anthropic's API needs at least one message: dgr answers 400, as Anthropic does "
         "(llama-server accepts none)"),
-    r"unit/test_compat_anthropic\.py::test_anthropic_thinking": _THINKING,
-    r"unit/test_template\.py::test_reasoning\[.*-off-": (
-        "--reasoning off (only those cases: on and auto pass): llama.cpp's chat code "
-        "rewrites the prompt's thinking per model family; dgr renders the template as "
-        "written, with enable_thinking"),
     r"unit/test_completion\.py::test_n_probs_post_": (
         "post_sampling_probs: dgr reports the model's log-probabilities (before the "
         "samplers), bitwise the same whatever shares the batch"),
