@@ -164,3 +164,30 @@ async def test_anthropic_thinking_blocks(start_server):  # noqa: F811
         assert again.content
         with pytest.raises(anthropic.BadRequestError):
             await client.messages.create(**ask, thinking={"type": "enabled"})
+
+
+async def test_responses_reasoning_items(start_server):  # noqa: F811
+    import openai
+
+    server = await start_server({"chat_template_file": str(
+        TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")}, reasoning_budget=5)
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
+                                  max_retries=0) as client:
+        ask = {"model": "m", "input": "Think briefly.", "max_output_tokens": 20,
+               "temperature": 0, "store": False}
+        whole = await client.responses.create(**ask)
+        assert [item.type for item in whole.output] == ["reasoning", "message"]
+        assert whole.output[0].content[0].text and whole.output_text
+        assert whole.usage.output_tokens_details.reasoning_tokens > 0
+        async with client.responses.stream(**ask) as stream:
+            events = [event async for event in stream]
+        kinds = [event.type for event in events]
+        assert kinds[-1] == "response.incomplete"  # max_output_tokens, as in the whole one
+        streamed = events[-1].response
+        assert "response.reasoning_text.delta" in kinds
+        assert [i.model_dump() for i in streamed.output][0]["content"] == \
+            [i.model_dump() for i in whole.output][0]["content"]
+        assert streamed.output_text == whole.output_text
+        indexes = [kinds.index("response.reasoning_text.delta"),
+                   kinds.index("response.output_text.delta")]
+        assert indexes == sorted(indexes)

@@ -8,6 +8,7 @@ it (its prefix then comes from the prefix cache like any resent history).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -17,13 +18,14 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.openai import ROLES, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                json_object_grammar, named_values, prompt_ending, sampling,
                                schema_grammar, tool_call)
-from dgr.doors.prompts import chat_ids
+from dgr.doors.prompts import Thinking, thinking_prompt
 from dgr.doors.response_store import ResponseStore
 from dgr.doors.problems import ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
@@ -181,9 +183,17 @@ def parse_response_request(body: Any, store: ResponseStore,
 class ResponsesBuilder:
     """One response's object and stream events."""
 
-    def __init__(self, model: str, request: ResponseRequest):
+    def __init__(self, model: str, request: ResponseRequest, thinking: Thinking = Thinking()):
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
+        self.reasoning_id = "rs_" + uuid.uuid4().hex
+        # a thinking model's thinking, split off into a reasoning item that comes first
+        # (streamed: its splitter, and the output index of the items after it)
+        self._thinking = thinking
+        self._splitter = thinking.splitter() if thinking.split else None
+        self._base = 0
+        self._thought_text = ""
+        self._message_opened = False
         self.created_at = int(time.time())
         self.model = model
         self._request = request
@@ -198,17 +208,21 @@ class ResponsesBuilder:
 
     def answer(self, text: str) -> tuple[list[dict], dict]:
         """The output items of the model's whole answer and the assistant message a
-        next turn continues from: a message, or (with tools) function calls (their
-        ids made once: the stream, the response and the stored conversation share
-        them)."""
+        next turn continues from: a thinking model's reasoning item, then a message,
+        or (with tools) function calls (their ids made once: the stream, the
+        response and the stored conversation share them)."""
+        first = []
+        if self._thinking.split:
+            thought, text = reasoning.split(text, self._thinking.opened)
+            first = [self.reasoning_item("completed", thought)] if thought else []
         if self._reader is None:
-            return [self.item("completed", text)], chat_message("assistant", text)
+            return first + [self.item("completed", text)], chat_message("assistant", text)
         if self._reader.text != text:  # unstreamed: read whole here
             self._reader.feed(text[len(self._reader.text):])
         content, calls = self._reader.result()
         if not calls:
-            return [self.item("completed", content)], chat_message("assistant", content)
-        items = [self._call_item(i, call, "completed") for i, call in enumerate(calls)]
+            return first + [self.item("completed", content)], chat_message("assistant", content)
+        items = first + [self._call_item(i, call, "completed") for i, call in enumerate(calls)]
         return items, chat_message("assistant", "", [
             tool_call(call["id"], call["function"]["name"],
                       _arguments(call["function"]["arguments"], strict=False)) for call in calls])
@@ -239,6 +253,12 @@ class ResponsesBuilder:
                     "auto", "required") else {"type": "function", "name": spec.choice},
                 "tools": [{"type": "function", **t} for t in spec.tools] if spec else []}
 
+    def reasoning_item(self, status: str, text: Optional[str]) -> dict:
+        """The thinking, as OpenAI's reasoning item carries a model's own reasoning text."""
+        content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+        return {"type": "reasoning", "id": self.reasoning_id, "status": status, "summary": [],
+                "content": content}
+
     def item(self, status: str, text: Optional[str]) -> dict:
         content = [] if text is None else [self.part(text)]
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
@@ -249,11 +269,12 @@ class ResponsesBuilder:
         return {"type": "output_text", "text": text, "annotations": []}
 
     @staticmethod
-    def usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+    def usage(input_tokens: int, output_tokens: int, cached_tokens: int,
+              reasoning_tokens: int = 0) -> dict:
         return {"input_tokens": input_tokens, "output_tokens": output_tokens,
                 "total_tokens": input_tokens + output_tokens,
                 "input_tokens_details": {"cached_tokens": cached_tokens},
-                "output_tokens_details": {"reasoning_tokens": 0}}
+                "output_tokens_details": {"reasoning_tokens": reasoning_tokens}}
 
     def event(self, kind: str, **fields) -> str:
         """One server-sent event of the stream (its `event:` line names its type)."""
@@ -264,41 +285,59 @@ class ResponsesBuilder:
     def opening(self) -> list[str]:
         started = [self.event("response.created", response=self.response("in_progress")),
                    self.event("response.in_progress", response=self.response("in_progress"))]
-        if self._reader is not None:
-            return started  # the answer's JSON says which output items follow
+        if self._reader is not None or self._splitter is not None:
+            return started  # the answer says which output items follow
         return started + self._open_message(0)
 
     def _open_message(self, index: int) -> list[str]:
         self._open = ("message", index)
+        self._message_opened = True
         return [self.event("response.output_item.added", item=self.item("in_progress", None),
                            output_index=index),
                 self.event("response.content_part.added", item_id=self.item_id,
                            output_index=index, content_index=0, part=self.part(""))]
 
-    def delta(self, text: str) -> list[str]:
-        """The events a piece of the model's text makes: without tools, a text delta;
-        with tools, what the answer read so far adds (a text delta of a text answer,
-        a function call's item once its name is read, then its arguments' pieces)."""
-        if self._reader is None:
-            return self._text_delta(0, text)
+    def delta(self, text: str, final: bool = False) -> list[str]:
+        """The events a piece of the model's text makes (`final`: the last): a
+        thinking model's thinking, a reasoning item's text; then without tools, a
+        text delta; with tools, what the answer read so far adds (a text delta of a
+        text answer, a function call's item once its name is read, then its
+        arguments' pieces)."""
         events = []
+        if self._splitter is not None:
+            thought, text = self._splitter.feed(text, final)
+            if thought:
+                if self._open is None:
+                    self._open, self._base = ("reasoning", 0), 1
+                    events.append(self.event("response.output_item.added", output_index=0,
+                                             item=self.reasoning_item("in_progress", None)))
+                self._thought_text += thought
+                events.append(self.event("response.reasoning_text.delta", output_index=0,
+                                         item_id=self.reasoning_id, content_index=0,
+                                         delta=thought))
+            if not text:
+                return events
+        if self._reader is None:
+            return events + self._text_delta(self._base, text)
         for piece in self._reader.feed(text):
+            index = self._base + getattr(piece, "index", 0)
             if isinstance(piece, tool_calls.ContentPiece):
-                events += self._text_delta(0, piece.text)
+                events += self._text_delta(self._base, piece.text)
             elif isinstance(piece, tool_calls.CallStarted):
                 events += self._close_open()
                 call = {"id": piece.id, "function": {"name": piece.name}}
-                self._open = ("call", piece.index)
-                events.append(self.event("response.output_item.added", output_index=piece.index,
+                self._open = ("call", index)
+                events.append(self.event("response.output_item.added", output_index=index,
                                          item=self._call_item(piece.index, call, "in_progress")))
             else:
                 events.append(self.event("response.function_call_arguments.delta",
                                          item_id=self._call_items[piece.index],
-                                         output_index=piece.index, delta=piece.text))
+                                         output_index=index, delta=piece.text))
         return events
 
     def _text_delta(self, index: int, text: str) -> list[str]:
-        events = self._open_message(index) if self._open is None else []
+        events = self._close_open() if self._open and self._open[0] == "reasoning" else []
+        events += self._open_message(index) if self._open is None else []
         return events + [self.event("response.output_text.delta", item_id=self.item_id,
                                     output_index=index, content_index=0, delta=text)]
 
@@ -310,6 +349,11 @@ class ResponsesBuilder:
             return []
         kind, index = self._open
         self._open = None
+        if kind == "reasoning":
+            item = self.reasoning_item("completed", self._thought_text)
+            return [self.event("response.reasoning_text.done", item_id=self.reasoning_id,
+                               output_index=0, content_index=0, text=self._thought_text),
+                    self.event("response.output_item.done", item=item, output_index=0)]
         if kind == "message":
             item = output[index]
             text = item["content"][0]["text"]
@@ -318,7 +362,7 @@ class ResponsesBuilder:
                     self.event("response.content_part.done", part=self.part(text), **where),
                     self.event("response.output_item.done", item=item, output_index=index)]
         content, calls = self._reader.result()
-        item = self._call_item(index, calls[index], "completed")
+        item = self._call_item(index - self._base, calls[index - self._base], "completed")
         return [self.event("response.function_call_arguments.done", item_id=item["id"],
                            output_index=index, arguments=item["arguments"]),
                 self.event("response.output_item.done", output_index=index, item=item)]
@@ -326,15 +370,20 @@ class ResponsesBuilder:
     def closing(self, text: str, finish_reason: str, usage: dict) -> list[str]:
         final = self.response("completed", text, finish_reason, usage)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        if self._reader is not None and not self._reader.sent_any:
+        # a thinking's text held back (a tag's start) goes out, and its item closes
+        events = self.delta("", final=True) if self._splitter is not None else []
+        if self._open is not None and self._open[0] == "reasoning":
+            events += self._close_open()
+        if self._reader is None and not self._message_opened:
+            events += self._open_message(self._base)  # an answer with no text after its thinking
+        elif self._reader is not None and not self._reader.sent_any:
             # an answer that said nothing yet (an empty text answer, or one cut short
             # before a call's name): its text as one message
-            events = self._open_message(0)
-            content = final["output"][0]["content"][0]["text"]
+            events += self._open_message(self._base)
+            content = final["output"][self._base]["content"][0]["text"]
             if content:
-                events += self._text_delta(0, content)
-            return events + self._close_open(final["output"]) + [self.event(kind, response=final)]
-        return self._close_open(final["output"]) + [self.event(kind, response=final)]
+                events += self._text_delta(self._base, content)
+        return events + self._close_open(final["output"]) + [self.event(kind, response=final)]
 
 
 async def responses(request: Request, server: "ServerState") -> Response:
@@ -343,44 +392,58 @@ async def responses(request: Request, server: "ServerState") -> Response:
     store = server.responses
     parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
                                     node.tool_format)
-    ids = await chat_ids(node, parsed.chat, "input")
-    builder = ResponsesBuilder(server.model_name(parsed.chat.params), parsed)
+    prompt, thinking = thinking_prompt(node, parsed.chat, server.config, "input")
+    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+    builder = ResponsesBuilder(server.model_name(parsed.chat.params), parsed, thinking)
     generated: list[int] = []
+    pieces: list[str] = []  # each token's text, for the thinking's token count
 
     def finished(text: str, chunks) -> dict:
-        usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens)
+        thought = 0
+        if thinking.split:
+            splitter = thinking.splitter()
+            for piece in pieces:
+                splitter.feed(piece)
+                thought += splitter.thinking
+        usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens,
+                              thought)
         if parsed.store:
             store.put(builder.id, parsed.conversation + [builder.answer(text)[1]])
         return usage
 
     chat = parsed.chat
+    opened = contextlib.AsyncExitStack()
+    session = await opened.enter_async_context(node.stream(
+        ids, chat.params, whole=not chat.stream and thinking.budget is None,
+        progress=chat.stream and chat.return_progress))
+    chunks, = await opened.enter_async_context(thinking.bounded(node, [session]))
     if chat.stream:
-        stream_cm = node.stream(ids, chat.params, progress=chat.return_progress)
-        chunks = await stream_cm.__aenter__()
 
         async def produce(emit) -> None:
             for event in builder.opening():
                 await emit(event)
             texts = []
             started = None  # the first progress report's time
-            async for chunk in chunks:
-                if chunk.progress is not None:  # llama-server's return_progress
-                    started = started or chunk.progress.at
-                    timing = ({"timings": progress_timings(chunk.progress, started)}
-                              if chat.timings_per_token else {})
-                    await emit(builder.event(
-                        "response.in_progress", response=builder.response("in_progress"),
-                        prompt_progress=prompt_progress(chunk.progress, started), **timing))
-                    continue
-                if chunk.token_id is not None:
-                    generated.append(chunk.token_id)
-                    request.scope["dgr.tokens"] = len(generated)
-                if chat.timings_per_token:  # llama-server's: on each event from here on
-                    builder.extra = {"timings": timings(chunks)}
-                if chunk.text and chunk.finish_reason != "error":
-                    texts.append(chunk.text)
-                    for event in builder.delta(chunk.text):
-                        await emit(event)
+            while batch := await chunks.next_chunks():
+                for chunk in batch:
+                    if chunk.progress is not None:  # llama-server's return_progress
+                        started = started or chunk.progress.at
+                        timing = ({"timings": progress_timings(chunk.progress, started)}
+                                  if chat.timings_per_token else {})
+                        await emit(builder.event(
+                            "response.in_progress", response=builder.response("in_progress"),
+                            prompt_progress=prompt_progress(chunk.progress, started), **timing))
+                        continue
+                    if chunk.token_id is not None:
+                        generated.append(chunk.token_id)
+                        pieces.append(chunk.text)
+                        request.scope["dgr.tokens"] = len(generated)
+                    if chat.timings_per_token:  # llama-server's: on each event from here on
+                        builder.extra = {"timings": timings(chunks)}
+                    if chunk.text and chunk.finish_reason != "error":
+                        texts.append(chunk.text)
+                        for event in builder.delta(chunk.text):
+                            await emit(event)
             problem = ended([chunks])
             if problem is not None:
                 await emit(builder.event("error", code=problem.code, message=problem.message))
@@ -389,8 +452,12 @@ async def responses(request: Request, server: "ServerState") -> Response:
             for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
                 await emit(event)
 
-        return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-    async with node.stream(ids, parsed.chat.params, whole=True) as chunks:
-        text = await read_one(request, chunks, generated)
+        return SessionEvents(produce, close=opened.aclose)
+    rows: list = []
+    try:
+        text = await read_one(request, chunks, generated, rows)
+    finally:
+        await opened.aclose()
+    pieces.extend(chunk.text for chunk in rows)
     return JSONResponse(builder.response("completed", text, chunks.finish_reason,
                                          finished(text, chunks)))
