@@ -16,6 +16,7 @@ answer); `deepseek` splits it; `auto` splits where the template is of the family
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -41,6 +42,18 @@ def without_thinking(prompt: str) -> str:
     if opened_in_prompt(prompt):
         return prompt + "\n" + CLOSE + "\n\n"
     return prompt + OPEN + "\n\n" + CLOSE + "\n\n"
+
+
+def after_thinking(grammar: str, opened: bool) -> str:
+    """A GBNF grammar of an answer (its root rule `root`, referenced by no other
+    rule) as the grammar of a thinking model's whole output: a thinking first (free
+    text with no `</` but its end's; opened by the prompt, or by the model if it
+    opens one), then the answer."""
+    answer = re.sub(r"(?m)^root(\s*::=)", r"dgr-answer\1", grammar)
+    close = '"</think>" [ \\t\\n]*'
+    root = (f"root ::= dgr-thought {close} dgr-answer" if opened
+            else f'root ::= ("<think>" dgr-thought {close})? dgr-answer')
+    return "\n".join([root, 'dgr-thought ::= ([^<] | "<" [^/])*', answer])
 
 
 def _partial(text: str, tag: str) -> int:

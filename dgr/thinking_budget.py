@@ -28,12 +28,16 @@ CLOSE_TEXT = "\n" + CLOSE + "\n\n"
 class BudgetedStream:
     """A session's stream (`first`, already open) with its thinking bounded; read
     it as a SessionStream (next_chunks, read_all, finish_reason, the usage
-    figures); `aclose` ends the session that follows the cut, if one did."""
+    figures); `aclose` ends the session that follows the cut, if one did. The
+    second session's grammar is `answer_grammar` (the first's applies after its
+    thinking: dgr.reasoning.after_thinking)."""
 
-    def __init__(self, node, first, budget: int, opened: bool):
+    def __init__(self, node, first, budget: int, opened: bool,
+                 answer_grammar: Optional[str] = None):
         self._node = node
         self._first = self._current = first
         self._budget = budget
+        self._answer_grammar = answer_grammar  # the second session's: it writes the answer
         self._splitter = ThinkSplitter(opened)
         self._tokens: list[int] = []  # the output's tokens up to the cut
         self._thought = 0
@@ -100,7 +104,7 @@ class BudgetedStream:
             self._current = _Ended(FinishReason.LENGTH)
             return chunks + [Chunk(None, "", finish_reason=FinishReason.LENGTH)]
         # the request's max_tokens, min_tokens and stops go on; its seed as it was
-        params = attrs.evolve(first.spec.params, max_tokens=left,
+        params = attrs.evolve(first.spec.params, max_tokens=left, grammar=self._answer_grammar,
                               min_tokens=max(0, first.spec.params.min_tokens
                                              - len(self._tokens) - len(closing)))
         prompt = [*first.spec.prompt, *self._tokens, *closing]

@@ -191,3 +191,27 @@ async def test_responses_reasoning_items(start_server):  # noqa: F811
         indexes = [kinds.index("response.reasoning_text.delta"),
                    kinds.index("response.output_text.delta")]
         assert indexes == sorted(indexes)
+
+
+async def test_tool_calls_follow_the_thinking(start_server):  # noqa: F811
+    """The tools' grammar applies to the answer: the model thinks (here to its budget),
+    then calls the tool."""
+    from test_server import WEATHER_TOOL
+
+    server = await start_server({"chat_template_file": str(
+        TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")}, reasoning_budget=4)
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 400,
+            "temperature": 0, "tools": [WEATHER_TOOL], "tool_choice": "required",
+            "parallel_tool_calls": False}
+    async with server.client() as client:
+        whole = (await client.post("/v1/chat/completions", json=body)).json()
+        message = whole["choices"][0]["message"]
+        assert message["reasoning_content"]
+        assert message["tool_calls"][0]["function"]["name"] == "get_weather"
+        assert whole["choices"][0]["finish_reason"] == "tool_calls"
+        events = sse_events((await client.post("/v1/chat/completions", json=body | {
+            "stream": True})).text)
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == \
+            message["reasoning_content"]
+        assert any(d.get("tool_calls") for d in deltas)

@@ -236,6 +236,7 @@ async def messages(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     parsed = parse_messages(await server.read_body(request, "/v1/messages"), node.tool_format)
     prompt, thinking = thinking_prompt(node, parsed, server.config)
+    parsed = thinking.request(parsed)
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
     opened = contextlib.AsyncExitStack()
     session = await opened.enter_async_context(node.stream(

@@ -32,6 +32,7 @@ async def chat_completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
     parsed = parse_chat(await server.read_body(request, "/v1/chat/completions"), node.tool_format)
     prompt, thinking = thinking_prompt(node, parsed, server.config)
+    parsed = thinking.request(parsed)
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
     # llama-server's `verbose`: the answer shows the prompt the chat became
     shown = ({"__verbose": {"prompt": prompt}} if parsed.verbose or server.config.echo_prompts

@@ -28,13 +28,25 @@ def chat_text(node, chat, field: str = "messages", enable_thinking: bool = True)
 
 @attrs.frozen
 class Thinking:
-    """How a chat's thinking is handled (dgr.reasoning): `split`, returned apart from
-    the answer; `opened`, the output starts inside it; `budget`, the tokens it may
-    take (None: no bound; dgr.thinking_budget)."""
+    """How a chat's thinking is handled (dgr.reasoning): `on`, the model may think;
+    `split`, the thinking is returned apart from the answer; `opened`, the output
+    starts inside it; `budget`, the tokens it may take (None: no bound;
+    dgr.thinking_budget); `answer_grammar`, the request's grammar, of its answer."""
 
+    on: bool = False
     split: bool = False
     opened: bool = False
     budget: Optional[int] = None
+    answer_grammar: Optional[str] = None
+
+    def request(self, chat):
+        """The chat's GenerationRequest with its grammar (of the answer: its tools, a
+        response format) applying after the thinking; a grammar that names the
+        thinking's end is the whole output's, as given."""
+        if not self.on or self.answer_grammar is None or reasoning.CLOSE in self.answer_grammar:
+            return chat
+        grammar = reasoning.after_thinking(self.answer_grammar, self.opened)
+        return attrs.evolve(chat, params=attrs.evolve(chat.params, grammar=grammar))
 
     def splitter(self) -> reasoning.ThinkSplitter:
         """A splitter of one answer's thinking from its text."""
@@ -46,7 +58,8 @@ class Thinking:
         if self.budget is None:
             yield streams
             return
-        bounded = [BudgetedStream(node, stream, self.budget, self.opened) for stream in streams]
+        bounded = [BudgetedStream(node, stream, self.budget, self.opened, self.answer_grammar)
+                   for stream in streams]
         try:
             yield bounded
         finally:
@@ -68,9 +81,10 @@ def thinking_prompt(node, chat, server_config, field: str = "messages") -> tuple
     prompt = chat_text(node, chat, field, enable_thinking=not off)
     fmt = chat.reasoning_format or server_config.reasoning_format
     opened = reasoning.opened_in_prompt(prompt)
-    return prompt, Thinking(split=fmt == "deepseek" or (fmt == "auto" and family),
-                            opened=opened,
-                            budget=budget if family and not off and budget > 0 else None)
+    on = family and not off
+    return prompt, Thinking(on=on, split=fmt == "deepseek" or (fmt == "auto" and family),
+                            opened=opened, budget=budget if on and budget > 0 else None,
+                            answer_grammar=chat.params.grammar)
 
 
 async def chat_ids(node, chat, field: str = "messages") -> list[int]:

@@ -393,6 +393,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
     parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
                                     node.tool_format)
     prompt, thinking = thinking_prompt(node, parsed.chat, server.config, "input")
+    parsed = attrs.evolve(parsed, chat=thinking.request(parsed.chat))
     ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
     builder = ResponsesBuilder(server.model_name(parsed.chat.params), parsed, thinking)
     generated: list[int] = []
