@@ -187,6 +187,8 @@ class GenericFormat:
                 plain.append({"role": "assistant", "content": json.dumps({"tool_calls": calls})})
             else:
                 plain.append({"role": m["role"], "content": m["content"]})
+            if m.get("reasoning_content"):  # a thinking model's template renders it or not
+                plain[-1]["reasoning_content"] = m["reasoning_content"]
         if spec is not None:
             described = system_prompt(spec)
             if plain[0]["role"] == "system":

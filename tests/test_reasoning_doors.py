@@ -156,7 +156,7 @@ async def test_anthropic_thinking_blocks(start_server):  # noqa: F811
             [b.model_dump() for b in reply.content]
         off = await client.messages.create(**ask, thinking={"type": "disabled"})
         assert [b.type for b in off.content] == ["text"]
-        # an earlier turn's thinking block is taken (and dropped, as the template does)
+        # an earlier turn's thinking block is taken (rendered or dropped, as the template does)
         again = await client.messages.create(**ask | {"messages": [
             {"role": "user", "content": "Think briefly."},
             {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
@@ -215,3 +215,21 @@ async def test_tool_calls_follow_the_thinking(start_server):  # noqa: F811
         assert "".join(d.get("reasoning_content") or "" for d in deltas) == \
             message["reasoning_content"]
         assert any(d.get("tool_calls") for d in deltas)
+
+
+async def test_earlier_turns_thinking_reaches_the_template(start_server):  # noqa: F811
+    """Qwen3's template renders the thinking of the turns after the last user query
+    (a tool loop) and drops the others'."""
+    server = await start_server({"chat_template_file": str(TEMPLATES / "Qwen-Qwen3-0.6B.jinja")})
+    call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "Fix it"},
+                {"role": "assistant", "content": "", "reasoning_content": "Look first.",
+                 "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "main.py"}]
+    async with server.client() as client:
+        prompt = (await client.post("/apply-template", json={"messages": messages})).json()[
+            "prompt"]
+        assert "<think>\nLook first.\n</think>" in prompt
+        bad = await client.post("/apply-template", json={"messages": [
+            {"role": "user", "content": "hi", "reasoning_content": "no"}]})
+        assert bad.status_code == 400

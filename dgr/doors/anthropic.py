@@ -67,15 +67,18 @@ def _messages(body: dict) -> list[dict]:
             continue
         if not isinstance(content, list):
             raise BadRequest("a message's 'content' must be a string or blocks", "messages")
-        text, calls = [], []
+        text, calls, thought = [], [], []
         for block in content:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text" and isinstance(block.get("text"), str):
                 text.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
                 calls.append(tool_call(block.get("id"), block.get("name"), block.get("input", {})))
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # an earlier turn's thinking: templates of thinking models drop it
+            elif kind == "thinking" and role == "assistant" and isinstance(
+                    block.get("thinking"), str):
+                thought.append(block["thinking"])  # rendered or dropped, as the template does
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue  # its text is Anthropic's, encrypted
             elif kind == "tool_result" and role == "user":
                 out.append(chat_message("tool", _text(block.get("content", ""), "messages"),
                                         answers=block.get("tool_use_id")))
@@ -83,7 +86,8 @@ def _messages(body: dict) -> list[dict]:
                 raise BadRequest(f"content blocks of type {kind!r} are not supported",
                                  "messages")
         if text or calls:
-            out.append(chat_message(role, joined_text(text), calls))
+            out.append(chat_message(role, joined_text(text), calls,
+                                    thought=joined_text(thought)))
     return checked_chat(out)
 
 

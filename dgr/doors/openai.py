@@ -145,9 +145,13 @@ def chat_messages(messages: Any) -> list[dict]:
         calls = m.get("tool_calls")
         if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)):
             raise BadRequest("'tool_calls' belong to assistant messages, as a list", "messages")
+        thought = m.get("reasoning_content")  # an earlier turn's thinking (llama-server's, vLLM's)
+        if thought is not None and (m["role"] != "assistant" or not isinstance(thought, str)):
+            raise BadRequest("'reasoning_content' belongs to assistant messages, as a string",
+                             "messages")
         out.append(chat_message(ROLES[m["role"]], content,
                                 [_tool_call(call) for call in calls or ()],
-                                m.get("tool_call_id")))
+                                m.get("tool_call_id"), thought))
     return checked_chat(out)
 
 

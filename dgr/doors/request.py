@@ -189,11 +189,14 @@ def joined_text(parts: list[str]) -> str:
 
 
 def chat_message(role: str, content: str, calls: Optional[list[dict]] = None,
-                 answers: Optional[str] = None) -> dict:
+                 answers: Optional[str] = None, thought: Optional[str] = None) -> dict:
     """A chat message as the chat template renders it: a role of ROLES' values, its
     text, an assistant's tool calls ({"id", "type": "function", "function": {"name",
-    "arguments": a JSON value}}), or the call a tool message answers."""
+    "arguments": a JSON value}}), or the call a tool message answers; an assistant's
+    thinking (`reasoning_content`, which templates of thinking models render or drop)."""
     message = {"role": role, "content": content}
+    if thought:
+        message["reasoning_content"] = thought
     if calls:
         message["tool_calls"] = calls
     if role == "tool":
