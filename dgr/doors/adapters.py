@@ -25,11 +25,19 @@ def model_entries(server: ServerState) -> list[dict]:
             for a in node.adapters.report()]
 
 
-def _runtime_loading(server: ServerState) -> Response | None:
+async def _runtime_request(request: Request, server: ServerState, fields: set[str]):
+    """(node, body) of a run-time loading request (its `fields` and no other), or the
+    403 where --runtime-lora is off."""
+    node = server.ready_node()
     if not server.config.runtime_lora:
-        return error_response(403, "loading adapters at run time is off: start the node with "
-                              "--runtime-lora", "invalid_request_error", "runtime_lora_off")
-    return None
+        return node, error_response(403, "loading adapters at run time is off: start the "
+                                    "node with --runtime-lora", "invalid_request_error",
+                                    "runtime_lora_off")
+    body = json_object(await server.read_json(request))
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise BadRequest(f"'{unknown[0]}' is not supported by this server", unknown[0])
+    return node, body
 
 
 def _string(body: dict, name: str) -> str:
@@ -41,15 +49,10 @@ def _string(body: dict, name: str) -> str:
 
 async def load_adapter(request: Request, server: ServerState) -> Response:
     """vLLM's: {"lora_name", "lora_path"} loads the file as model `lora_name`."""
-    node = server.ready_node()
-    refused = _runtime_loading(server)
-    if refused is not None:
-        return refused
-    body = json_object(await server.read_json(request))
-    unknown = set(body) - {"lora_name", "lora_path", "lora_int_id", "load_inplace"}
-    if unknown:
-        name = sorted(unknown)[0]
-        raise BadRequest(f"'{name}' is not supported by this server", name)
+    node, body = await _runtime_request(request, server, {"lora_name", "lora_path",
+                                                          "lora_int_id", "load_inplace"})
+    if isinstance(body, Response):
+        return body
     name = _string(body, "lora_name")
     await node.adapters.load(name, _string(body, "lora_path"))
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
@@ -57,11 +60,9 @@ async def load_adapter(request: Request, server: ServerState) -> Response:
 
 async def unload_adapter(request: Request, server: ServerState) -> Response:
     """vLLM's: {"lora_name"} unloads it (its sessions running finish with it)."""
-    node = server.ready_node()
-    refused = _runtime_loading(server)
-    if refused is not None:
-        return refused
-    body = json_object(await server.read_json(request))
+    node, body = await _runtime_request(request, server, {"lora_name", "lora_int_id"})
+    if isinstance(body, Response):
+        return body
     name = _string(body, "lora_name")
     node.adapters.unload(name)
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
