@@ -221,12 +221,17 @@ async def test_a_node_killed_behind_vllm_router_started_as_the_readme_says_loses
     port = _free_port()
     flags = argv[argv.index("--worker-urls") + 3:]  # after the two workers' URLs
     flags[flags.index("--port") + 1] = str(port)
-    router = subprocess.Popen([binary, "--worker-urls", *urls, *flags, "--host", "127.0.0.1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
+    router = None
     try:
+        # the router starts once both nodes answer: a health check that fails while a
+        # node loads takes it out until two more pass, and the six requests below
+        # would all go to the other
         for url in urls:
             await wait_ready(url, "/health")
+        router = subprocess.Popen([binary, "--worker-urls", *urls, *flags, "--host",
+                                   "127.0.0.1"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
         await wait_ready(base, "/v1/models")
         async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused",
                                       max_retries=0, timeout=60) as client:
@@ -235,12 +240,17 @@ async def test_a_node_killed_behind_vllm_router_started_as_the_readme_says_loses
                     model="m", messages=[{"role": "user", "content": text}], max_tokens=tokens,
                     temperature=0, extra_body={"ignore_eos": True})
 
-            # six at once: a request no node's cache matches goes to the node with the
-            # fewest requests in flight (the first on a tie: sequential ones stay on one),
-            # so each runs long enough to be in flight when the others are routed
+            async def complete(text):
+                await client.completions.create(model="m", prompt=text, max_tokens=256,
+                                                temperature=0, extra_body={"ignore_eos": True})
+
+            # six at once: the router's cache-aware policy sends a text that matches no
+            # node's tree well to the node whose tree is smallest, and one that does to
+            # that node; completions whose prompts share no beginning (a chat's text
+            # shares its template's) spread, each long enough to be in flight
             async with trio.open_nursery() as nursery:
                 for i in range(6):
-                    nursery.start_soon(ask, f"conversation {i}: " + "words " * 40 * i, 256)
+                    nursery.start_soon(complete, f"{'ABCDEF'[i]}: " + "words " * 40 * i)
             served = [await admitted(url) for url in urls]
             assert all(served), served  # the load spread over both nodes
             nodes[0].kill()
@@ -254,5 +264,6 @@ async def test_a_node_killed_behind_vllm_router_started_as_the_readme_says_loses
             assert not lost, lost
     finally:
         for proc in (router, *nodes):
-            proc.terminate()
-            proc.wait(20)
+            if proc is not None:
+                proc.terminate()
+                proc.wait(20)
