@@ -1,8 +1,10 @@
 """Placement (which slot, what prefix, which evictions, in what order) and the
 prefix cache it owns, without a model: the step loop's calls are made by hand."""
 
+import attrs
 import numpy as np
 
+from dgr.adapters import Adapter
 from dgr.admission import Admission, Budgets
 from dgr.config import SamplingParams
 from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
@@ -233,3 +235,30 @@ def test_the_cached_cells_are_the_cached_slots_tokens_after_any_calls():
         assert cache.cached_cells == sum(cache.cells(s) for s in cache.cached_slots)
         assert cache.oldest_cached == (cache.cached_slots or [None])[0]
         assert all(cache.holds(s) == (cache.cells(s) > 0) for s in range(8))
+
+
+def test_prefixes_are_shared_only_under_the_same_adapters_and_scales():
+    x = Adapter(0, 0, "x", "x.gguf", 1.0, 4, 8.0, 2, 100)
+
+    def on(sid, prompt, adapters):
+        s = session(sid, prompt)
+        return Session(id=sid, spec=attrs.evolve(s.spec, adapters=adapters))
+
+    adm = node(slots=4, tier=HostTier(10**6))
+    base = cached(adm, 1, range(40))
+    adapted = on(2, range(60), ((x, 1.0),))
+    adm.submit(adapted)  # the base model's entry is not its prefix
+    assert adapted.n_reused == 0 and adapted.slot != base.slot
+    adm.placement.take_ops()
+    run_to_end(adm, adapted)
+    for sid, adapters, shared in ((3, ((x, 1.0),), adapted.slot), (4, ((x, 0.5),), None),
+                                  (5, (), base.slot)):
+        s = on(sid, range(80), adapters)
+        adm.submit(s)
+        assert (s.reuse_from if s.n_reused else None) == shared, sid
+        adm.placement.take_ops()
+        run_to_end(adm, s)
+    # leaving the pool, only the base model's prefix (on base's slot, which session 5
+    # went on in place) goes to the host tier
+    adm.placement.flush(save=True)
+    assert [op.slot for op in adm.placement.take_ops() if isinstance(op, Save)] == [base.slot]
