@@ -5,12 +5,13 @@
 from dgr._codes cimport MAX_ADAPTERS
 from dgr._engine cimport Engine
 from dgr._llama cimport llama_adapter_lora
-from dgr._pthread cimport pthread_mutex_t
+from dgr._pthread cimport pthread_cond_t, pthread_mutex_t
 
 
 cdef class Adapters:
     cdef Engine engine
     cdef pthread_mutex_t * loop_lock  # the batch loop's: guards every table below
+    cdef pthread_cond_t * loop_wake   # the batch loop's: an idle loop wakes to free one
     cdef int n_slots
     cdef llama_adapter_lora * loaded[MAX_ADAPTERS]  # by index; NULL: a free entry
     cdef bint retiring[MAX_ADAPTERS]  # unloaded: freed once no longer listed

@@ -22,7 +22,8 @@ from dgr._backend cimport clear_log, error_lines
 from dgr._llama cimport (llama_adapter_get_alora_n_invocation_tokens, llama_adapter_lora_free,
                         llama_adapter_lora_init, llama_set_adapter_lora_seq_scale,
                         llama_set_adapters_lora_seq)
-from dgr._pthread cimport pthread_mutex_lock, pthread_mutex_trylock, pthread_mutex_unlock
+from dgr._pthread cimport (pthread_cond_signal, pthread_mutex_lock, pthread_mutex_trylock,
+                          pthread_mutex_unlock)
 
 from dgr.errors import AdapterError
 
@@ -83,12 +84,13 @@ cdef class Adapters:
 
     def retire(self, int index):
         """The adapter at `index` is unloaded: no session wants it now or later. It is
-        freed between steps."""
+        freed between steps (an idle loop wakes for it)."""
         if not 0 <= index < MAX_ADAPTERS:
             raise ValueError(f"adapter index {index} out of range")
         pthread_mutex_lock(self.loop_lock)
         self.retiring[index] = self.loaded[index] != NULL
         self.dirty = True
+        pthread_cond_signal(self.loop_wake)
         pthread_mutex_unlock(self.loop_lock)
 
     def state(self) -> dict:

@@ -119,6 +119,7 @@ cdef class BatchLoop:
         self.kv_ops = KvOperations(engine, scheduler)
         self.adapters = Adapters(engine, scheduler.n_slots)
         self.adapters.loop_lock = &self.lock
+        self.adapters.loop_wake = &self.wake
         if (self.ring == NULL or self.scratch == NULL or self.row_tok == NULL
                 or self.row_pos == NULL or self.row_seq == NULL or self.row_want == NULL
                 or self.row_next == NULL

@@ -4,6 +4,7 @@ sessions on other adapters and on none, and from the prefix cache; they equal th
 base model with the adapter merged into its weights; a cached prefix is never
 shared across adapters or scales; bad files are refused and the node keeps serving."""
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -237,3 +238,34 @@ async def test_expert_weight_adapters_are_refused(tmp_path):
             await node.adapters.load("e", str(tmp_path / "experts.gguf"))
         facts = node.capabilities()["adapters"]
         assert facts["tested"]["this_architecture"] and facts["adapters"] == []
+
+
+async def test_loading_and_unloading_beside_running_sessions(lora_files):
+    """Adapters loaded, used and unloaded over and over while sessions run: each
+    session's bits are its own, and an unloaded adapter is freed once idle."""
+    async with dgr.open_node(config(lora_files, lora=(f"x={lora_files['x']}",))) as node:
+        long = dgr.SamplingParams(max_tokens=120, logprobs=1, ignore_eos=True)
+        alone = {m: bits(await node.generate(PROMPTS[0], attrs.evolve(long, model=m)))
+                 for m in (None, "x")}
+        got = []
+
+        async def run(m):
+            got.append(bits(await node.generate(PROMPTS[0], attrs.evolve(long, model=m)))
+                       == alone[m])
+
+        async def churn():
+            for i in range(8):
+                name = "yz"[i % 2]
+                await node.adapters.load(name, lora_files[name])
+                await node.generate(PROMPTS[1], params(name))
+                node.adapters.unload(name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(churn)
+            for i in range(6):
+                nursery.start_soon(run, "x" if i % 2 else None)
+        assert got == [True] * 6
+        engine = node._loop.batch.adapters
+        with trio.fail_after(60):  # a guard against a loop that never wakes, not a bound
+            while len(engine.state()["loaded"]) > 1:  # the loop wakes to free them
+                await trio.sleep(0.01)
