@@ -288,7 +288,10 @@ class AdapterTable:
                 # what tests show bitwise (alone, together, cached): tests/test_adapters.py
                 "tested": {"architectures": list(TESTED_ARCHITECTURES),
                            "this_architecture": self._architecture in TESTED_ARCHITECTURES,
-                           "adapter_types": ["F32"], "weights": "2-D layer weights"}}
+                           "base_weight_types": ["F32", "Q4_K_M (the default model)"],
+                           "adapter_types": ["F32"], "weights": "2-D layer weights",
+                           "cpus": "x86-64 with AVX-512 (the invariance report covers others "
+                                   "without adapters)"}}
 
     def report(self) -> list[dict]:
         """Each loaded adapter: name, id, file, rank, alpha, weights, bytes, scales and

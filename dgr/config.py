@@ -17,6 +17,7 @@ import cattrs
 from dgr._codes import (MAX_ADAPTERS, MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS,
                         Speculation)
 from dgr.errors import InvalidRequest
+from dgr.reasoning import FORMATS as REASONING_FORMATS
 from dgr.weight_repack import MODES as WEIGHT_REPACK_MODES
 
 MAX_STOP_STRINGS = 8        # stop strings per session
@@ -365,9 +366,9 @@ class ServerConfig:
                              "not negative")
         if self.reasoning_budget < -1:
             raise ValueError(f"reasoning_budget must be -1 or more, got {self.reasoning_budget}")
-        if self.reasoning_format not in ("auto", "deepseek", "none"):
-            raise ValueError("reasoning_format must be one of auto, deepseek, none, got "
-                             f"{self.reasoning_format!r}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                             f"got {self.reasoning_format!r}")
         if self.responses_stored < 0 or self.responses_store_bytes < 0:
             raise ValueError("responses_stored and responses_store_bytes must not be negative")
 

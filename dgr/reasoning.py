@@ -122,3 +122,14 @@ class ThinkSplitter:
 def split(text: str, opened: bool = False) -> tuple[str, str]:
     """(thinking, answer) of a whole answer."""
     return ThinkSplitter(opened).feed(text, final=True)
+
+
+def thought_tokens(pieces, opened: bool = False) -> int:
+    """How many of an answer's tokens (each one's text, in order) went to its thinking,
+    the tags included: usage's reasoning_tokens."""
+    splitter = ThinkSplitter(opened)
+    count = 0
+    for piece in pieces:
+        splitter.feed(piece)
+        count += splitter.thinking
+    return count

@@ -293,11 +293,9 @@ class CompletionBuilder:
             logprobs = self._logprobs(chunks, index, prompts[index] if prompts else None)
             if self.chat:
                 message: dict = {"role": "assistant"}
-                splitter = self.splitter()
-                if splitter is not None:
-                    for chunk in chunks:  # each token's text, as streamed
-                        splitter.feed(chunk.text)
-                        thought_tokens += splitter.thinking
+                if self.thinking is not None:
+                    thought_tokens += reasoning.thought_tokens([c.text for c in chunks],
+                                                               self.thinking)
                     thought, text = reasoning.split(text, self.thinking)
                     if thought:
                         message["reasoning_content"] = thought

@@ -400,12 +400,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
     pieces: list[str] = []  # each token's text, for the thinking's token count
 
     def finished(text: str, chunks) -> dict:
-        thought = 0
-        if thinking.split:
-            splitter = thinking.splitter()
-            for piece in pieces:
-                splitter.feed(piece)
-                thought += splitter.thinking
+        thought = reasoning.thought_tokens(pieces, thinking.opened) if thinking.split else 0
         usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens,
                               thought)
         if parsed.store:
