@@ -77,6 +77,7 @@ extensions = [
     llama_extension("dgr._vocab"),
     llama_extension("dgr._backend", "dgr_log.c"),
     llama_extension("dgr._engine"),
+    llama_extension("dgr._embed"),
     llama_extension("dgr._kv_ops"),
     llama_extension("dgr._adapters"),
     llama_extension("dgr._batch"),

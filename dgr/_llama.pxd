@@ -113,6 +113,8 @@ cdef extern from "llama.h" nogil:
         bint no_perf
         bint swa_full
         bint kv_unified
+        int pooling_type  # enum llama_pooling_type
+        bint embeddings
 
     ctypedef struct llama_sampler_chain_params:
         bint no_perf
@@ -144,6 +146,11 @@ cdef extern from "llama.h" nogil:
     bint llama_model_is_recurrent(const llama_model * model)
     bint llama_model_is_hybrid(const llama_model * model)
     llama_memory_t llama_get_memory(const llama_context * ctx)
+    void llama_memory_clear(llama_memory_t mem, bint data)
+    int32_t llama_model_n_embd_out(const llama_model * model)
+    uint32_t llama_model_n_cls_out(const llama_model * model)
+    float * llama_get_embeddings_ith(llama_context * ctx, int32_t i)
+    float * llama_get_embeddings_seq(llama_context * ctx, llama_seq_id seq_id)
 
     const llama_vocab * llama_model_get_vocab(const llama_model * model)
     int32_t llama_model_n_ctx_train(const llama_model * model)
@@ -192,7 +199,10 @@ cdef extern from "llama.h" nogil:
     bint llama_vocab_is_control(const llama_vocab * vocab, llama_token token)
     llama_token llama_vocab_bos(const llama_vocab * vocab)
     llama_token llama_vocab_eos(const llama_vocab * vocab)
+    llama_token llama_vocab_sep(const llama_vocab * vocab)
     bint llama_vocab_get_add_bos(const llama_vocab * vocab)
+    bint llama_vocab_get_add_eos(const llama_vocab * vocab)
+    bint llama_vocab_get_add_sep(const llama_vocab * vocab)
 
     int32_t llama_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len,
                            llama_token * tokens, int32_t n_tokens_max,

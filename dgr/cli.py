@@ -20,14 +20,15 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         meta = field.metadata
         shown = meta["default_text"] or field.default
         text = f"{meta['help']} (default: {shown})".replace("%", "%%")
+        flags = (meta["flag"], *meta.get("aliases", ()))
         if "nargs" in meta:  # repeatable: each use appends its values
-            parser.add_argument(meta["flag"], dest=field.name, action="append", default=None,
+            parser.add_argument(*flags, dest=field.name, action="append", default=None,
                                 nargs=None if meta["nargs"] == 1 else meta["nargs"], help=text)
         elif field.type in (bool, "bool"):  # a string until cattrs resolves the annotations
-            parser.add_argument(meta["flag"], dest=field.name, action=argparse.BooleanOptionalAction,
+            parser.add_argument(*flags, dest=field.name, action=argparse.BooleanOptionalAction,
                                 default=None, help=text)
         else:
-            parser.add_argument(meta["flag"], dest=field.name, type=_value_type(field.type),
+            parser.add_argument(*flags, dest=field.name, type=_value_type(field.type),
                                 default=None, help=text)
 
 

@@ -217,6 +217,15 @@ class NodeConfig:
         "--lora-scaled start at global scale 0 (POST /lora-adapters sets them).", default=False)
     max_loras: int = option(
         "--max-loras", "LoRa adapters loaded at once, at start and at run time.", default=8)
+    embeddings: bool = option(
+        "--embeddings", "Serve embeddings (/v1/embeddings, /embedding) instead of generation, "
+        "as llama-server's --embeddings; an encoder model (BERT-style) always does.",
+        default=False, metadata={"aliases": ("--embedding",)})
+    pooling: Optional[str] = option(
+        "--pooling", "An embedding input's vector from its tokens': none (one per token), "
+        "mean, cls (the first), last, rank (a reranker's scores).", "the model's", default=None)
+    rerank: bool = option("--rerank", "Serve /rerank: --embeddings --pooling rank.",
+                          default=False, metadata={"aliases": ("--reranking",)})
 
     def __attrs_post_init__(self) -> None:
         positive = ["max_running", "n_ctx", "session_ctx", "n_batch", "n_ubatch", "prefill_chunk",
@@ -238,6 +247,8 @@ class NodeConfig:
             raise ValueError("lora_scaled takes (FILE, SCALE) pairs")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
+        if self.pooling not in (None, "none", "mean", "cls", "last", "rank"):
+            raise ValueError(f"pooling must be none, mean, cls, last or rank, not {self.pooling!r}")
         if not isinstance(self.speculation, str) or self.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, "
                              f"got {self.speculation!r}")

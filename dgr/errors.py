@@ -102,6 +102,12 @@ class ModelNotFound(DgrError):
         self.name = name
 
 
+class NotServed(DgrError):
+    """A request of a kind this node does not serve (generation on an embedding node,
+    embeddings on a generation node, rerank without a reranker), saying how to start
+    one that does."""
+
+
 class NodeClosed(DgrError):
     """The node is not running (not started yet, or shut down)."""
 

@@ -76,6 +76,8 @@ def prefix_cache_off(config: NodeConfig, info: dict) -> Optional[str]:
 class Node:
     """A running node. Get one with `open_node(config)`."""
 
+    generates = True  # a generation node (dgr.embedding.EmbeddingNode: False)
+
     def __init__(self, config: NodeConfig, engine: _engine.Engine, budgets: Budgets,
                  nursery: trio.Nursery, row_probes: list[tuple[int, float]], chat: ChatRenderer):
         self.config = config

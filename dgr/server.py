@@ -28,13 +28,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dgr.config import NodeConfig, ServerConfig
-from dgr.doors import (adapters, anthropic, completions, llama_metrics, llama_native, problems,
-                       responses, routers, tokens)
+from dgr.doors import (adapters, anthropic, completions, embeddings, llama_metrics, llama_native,
+                       problems, responses, routers, tokens)
 from dgr.doors.context import ServerState
 from dgr.doors.fields import BadRequest
 from dgr.doors.problems import TooLarge, Unavailable, error_response
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.doors.vertex import VertexSettings, predict_endpoint
+from dgr.embedding import open_embedding_node, serves_embeddings
 from dgr.node import Node, open_node
 
 log = logging.getLogger("dgr.server")
@@ -67,7 +68,11 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     async def models(request: Request) -> Response:
         node = state.node
         data = []
-        if node is not None:
+        if node is not None and not node.generates:
+            data.append({"id": state.model_id, "object": "model", "created": 0, "owned_by": "dgr",
+                         "aliases": sorted(config.model_alias) or [state.model_id],
+                         "tags": list(config.model_tags), "meta": node.model_meta()})
+        elif node is not None:
             info = node.engine_info
             data.append({"id": state.model_id, "object": "model", "created": 0, "owned_by": "dgr",
                          "aliases": sorted(config.model_alias) or [state.model_id],
@@ -83,9 +88,10 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
             raise Unavailable("the model is loading")
         # dgr's own families, then the routers' gauges (read from those, so in a
         # registry of their own), then llama-server's
-        response = Response(state.node.telemetry.exposition()
-                            + generate_latest(state.gateway_metrics)
-                            + llama_metrics.exposition(state.node), media_type=CONTENT_TYPE_LATEST)
+        node = state.node
+        response = Response(node.telemetry.exposition() + generate_latest(state.gateway_metrics)
+                            + (llama_metrics.exposition(node) if node.generates else b""),
+                            media_type=CONTENT_TYPE_LATEST)
         # in llama-server's case (Starlette would lower it; some clients read it as written)
         response.raw_headers.append((b"Process-Start-Time-Unix", str(int(STARTED_AT)).encode()))
         return response
@@ -180,6 +186,12 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         Route("/v1/unload_lora_adapter", door(adapters.unload_adapter), methods=["POST"]),
         Route("/lora-adapters", door(adapters.lora_adapters), methods=["GET", "POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        # embeddings and rerank (an embedding node: dgr.embedding)
+        Route("/v1/embeddings", door(embeddings.openai_embeddings), methods=["POST"]),
+        Route("/embeddings", door(embeddings.llama_embeddings), methods=["POST"]),
+        Route("/embedding", door(embeddings.llama_embeddings), methods=["POST"]),
+        *(Route(path, door(embeddings.rerank), methods=["POST"])
+          for path in ("/rerank", "/v1/rerank", "/reranking", "/v1/reranking")),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/capabilities", capabilities, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -347,10 +359,12 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
             nursery.start_soon(watch_signals, nursery.cancel_scope)
         urls = await nursery.start(run_http)
         log.info("listening on %s", ", ".join(urls))
-        async with open_node(node_config) as node:
+        embedding = await trio.to_thread.run_sync(serves_embeddings, node_config)
+        async with (open_embedding_node if embedding else open_node)(node_config) as node:
             state.model_id = min(server_config.model_alias, default=node.engine_info["name"])
-            node.adapters.base_names |= {state.model_id, *server_config.model_alias}
-            state.gateway_metrics.register(routers.GatewayGauges(node, state.model_id))
+            if node.generates:
+                node.adapters.base_names |= {state.model_id, *server_config.model_alias}
+                state.gateway_metrics.register(routers.GatewayGauges(node, state.model_id))
             state.request_shutdown = shutdown.set
             state.node = node
             log.info("serving %s (%s)", state.model_id, node.engine_info["path"])

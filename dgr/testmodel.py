@@ -112,7 +112,8 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     return path
 
 
-def _add_tokenizer(writer, tokens, scores, types, chat_template: str) -> None:
+def _add_tokenizer(writer, tokens, scores, types, chat_template: str,
+                   add_eos: bool = False) -> None:
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -122,7 +123,7 @@ def _add_tokenizer(writer, tokens, scores, types, chat_template: str) -> None:
     writer.add_eos_token_id(2)
     writer.add_eot_token_id(4)
     writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
+    writer.add_add_eos_token(add_eos)
     writer.add_add_space_prefix(False)
     writer.add_chat_template(chat_template)
 
@@ -217,6 +218,75 @@ def _mamba_layers(writer, weight, n_embd, n_layer) -> None:
 
 # llama.cpp's quantization types by their llama-quantize names
 QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4_MOE")
+
+
+# llama.cpp's pooling types (enum llama_pooling_type)
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+
+
+def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,
+                        n_head: int = 4, n_ff: int = 128, n_ctx_train: int = 512,
+                        pooling: str = "mean", n_labels: int = 0, seed: int = 99) -> Path:
+    """Write a BERT-style encoder (architecture "bert": non-causal attention, absolute
+    positions, layer norms with biases) with the SPM vocabulary above, adding a
+    leading <s> and a trailing </s> to every input, whose GGUF asks for `pooling`.
+    With n_labels a classifier head follows the pooled first token (cls and cls_output,
+    n_labels scores; llama.cpp's "rank" pooling: a reranker)."""
+    import gguf
+
+    path = Path(path)
+    tokens, scores, types = _vocab()
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name + ".weight", (1 + 0.1 * rng.standard_normal(n_embd))
+                          .astype(np.float32))
+        writer.add_tensor(name + ".bias", (0.1 * rng.standard_normal(n_embd)).astype(np.float32))
+
+    tmp = path.with_name(path.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), "bert")
+    writer.add_name("dgr-tiny-encoder")
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_layer_norm_eps(1e-12)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType(POOLING[pooling]))
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, tokens, scores, types, CHAT_TEMPLATE, add_eos=True)
+    writer.add_token_type_count(2)
+    if n_labels:
+        writer.add_classifier_output_labels([f"label{i}" for i in range(n_labels)])
+    writer.add_tensor("token_embd.weight", weight(len(tokens), n_embd, scale=np.sqrt(n_embd)))
+    writer.add_tensor("token_types.weight", weight(2, n_embd, scale=np.sqrt(n_embd)))
+    writer.add_tensor("position_embd.weight", weight(n_ctx_train, n_embd, scale=np.sqrt(n_embd)))
+    norm("token_embd_norm")
+    for i in range(n_layer):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd))
+            writer.add_tensor(f"blk.{i}.{name}.bias", weight(n_embd, scale=0.1))
+        norm(f"blk.{i}.attn_output_norm")
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.bias", weight(n_ff, scale=0.1))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+        writer.add_tensor(f"blk.{i}.ffn_down.bias", weight(n_embd, scale=0.1))
+        norm(f"blk.{i}.layer_output_norm")
+    if n_labels:
+        writer.add_tensor("cls.weight", weight(n_embd, n_embd))
+        writer.add_tensor("cls.bias", weight(n_embd, scale=0.1))
+        writer.add_tensor("cls.output.weight", weight(n_labels, n_embd, scale=4.0))
+        writer.add_tensor("cls.output.bias", weight(n_labels, scale=0.1))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
 
 
 def write_tensors(path: str | os.PathLike, tensors: dict) -> str:

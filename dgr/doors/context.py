@@ -14,6 +14,8 @@ from dgr.config import ServerConfig
 from dgr.doors.fields import FIELDS, BadRequest
 from dgr.doors.problems import TooLarge, Unavailable
 from dgr.doors.response_store import ResponseStore
+from dgr.embedding import EmbeddingNode
+from dgr.errors import NotServed
 from dgr.node import Node
 
 
@@ -24,7 +26,7 @@ LINGER_BODIES = 16
 class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.node: Optional[Node] = None
+        self.node: Optional[Node | EmbeddingNode] = None
         self.model_id = "dgr"
         self.responses = ResponseStore(config.responses_stored, config.responses_store_bytes)
         self.request_shutdown = lambda: None  # set by dgr.server.serve: drain, then exit
@@ -40,6 +42,25 @@ class ServerState:
 
     def ready_node(self) -> Node:
         """The node, if it takes sessions."""
+        node = self._ready()
+        if not node.generates:
+            raise NotServed("this server serves embeddings (an embedding model, or "
+                            "--embeddings): it does not generate; start it without "
+                            "--embeddings on a generation model")
+        return node
+
+    def ready_embedder(self, task: str) -> "EmbeddingNode":
+        """The node, if it serves `task` ("embedding" or "rerank")."""
+        node = self._ready()
+        if not node.generates and node.task == task:
+            return node
+        if task == "rerank":
+            raise NotServed("this server does not rerank: start it with --rerank on a "
+                            "reranking model")
+        raise NotServed("this server does not serve embeddings: start it with --embeddings"
+                        + (" (it serves a reranker: use /rerank)" if not node.generates else ""))
+
+    def _ready(self):
         if self.node is None:
             raise Unavailable("the model is loading")
         if self.node.draining:

@@ -51,6 +51,13 @@ FIELDS = {
                   "add_special_tokens", "add_generation_prompt", "continue_final_message",
                   "return_token_strs"},
     "/detokenize": {"tokens"},
+    # OpenAI's embeddings, and llama-server's native /embedding (content, embd_normalize)
+    "/v1/embeddings": {"input", "content", "model", "encoding_format", "dimensions",
+                       "embd_normalize"},
+    # Jina's and Cohere's rerank (documents, top_n, return_documents), TEI's (texts,
+    # return_text)
+    "/rerank": {"query", "documents", "texts", "top_n", "return_documents", "return_text",
+                "model"},
 }
 # OpenAI's own hints, per door
 # llama-server's slot preference, prompt caching and n_keep change no output here (the
@@ -65,6 +72,8 @@ HINTS = {
     "/completion": _LLAMA_HINTS,
     "/tokenize": set(),
     "/detokenize": set(),
+    "/v1/embeddings": {"user"},
+    "/rerank": {"user"},
 }
 
 

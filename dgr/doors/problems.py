@@ -16,13 +16,13 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from dgr.doors.fields import BadRequest
-from dgr.errors import AdmissionRejected, InvalidRequest, ModelNotFound, NodeClosed
+from dgr.errors import AdmissionRejected, InvalidRequest, ModelNotFound, NodeClosed, NotServed
 
 log = logging.getLogger("dgr.server")
 
 # what went wrong, whatever the protocol: each renderer names each kind its way
 KINDS = ("invalid_request", "context_exceeded", "authentication", "not_found", "too_large",
-         "rate_limit", "overloaded", "server_error", "client_gone")
+         "rate_limit", "overloaded", "server_error", "client_gone", "not_supported")
 
 
 class TooLarge(Exception):
@@ -68,6 +68,8 @@ def classify(exc: BaseException, retry_after: Callable[[], Optional[str]] = lamb
                        "not_found" if found else "method_not_allowed", headers=exc.headers)
     if isinstance(exc, ModelNotFound):
         return Problem(404, "not_found", str(exc), "model_not_found", "model")
+    if isinstance(exc, NotServed):  # llama-server's answer: 501, not_supported_error
+        return Problem(501, "not_supported", str(exc), "not_supported")
     if isinstance(exc, BadRequest):
         return Problem(400, "invalid_request", str(exc), "invalid_value", exc.param)
     if isinstance(exc, InvalidRequest):
@@ -114,12 +116,13 @@ _OPENAI_TYPES = {"invalid_request": "invalid_request_error",
                  "authentication": "authentication_error",
                  "not_found": "invalid_request_error", "too_large": "invalid_request_error",
                  "rate_limit": "rate_limit_error", "overloaded": "server_error",
-                 "server_error": "server_error"}
+                 "server_error": "server_error", "not_supported": "not_supported_error"}
 _ANTHROPIC_TYPES = {"invalid_request": "invalid_request_error",
                     "context_exceeded": "invalid_request_error",
                     "authentication": "authentication_error", "not_found": "not_found_error",
                     "too_large": "request_too_large", "rate_limit": "rate_limit_error",
-                    "overloaded": "overloaded_error", "server_error": "api_error"}
+                    "overloaded": "overloaded_error", "server_error": "api_error",
+                    "not_supported": "invalid_request_error"}
 
 
 def _openai_body(message: str, kind: str, code: Optional[str] = None,

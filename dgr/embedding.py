@@ -1,0 +1,467 @@
+"""An embedding node: embedding and reranking models served with bounded admission.
+
+A node whose model is an encoder (non-causal attention: BERT and its kin), or that
+is started with --embeddings (or --rerank), serves vectors rather than text, as
+llama-server does with --embeddings. A request is a list of inputs (token ids);
+each input is computed whole in one step, and a step packs as many waiting inputs,
+oldest first, as its token budget and input slots hold (dgr._embed.Embedder.run,
+one llama_decode on the engine thread). A step's token states are pooled here,
+input by input, in an order that does not depend on what shared the step, so a
+vector is bitwise the same whoever else the node serves.
+
+Bounds (the generation node's reasons and HTTP statuses): an input longer than a
+step holds, or than the model's position table, is `never_fits`; at most
+max_running + max_waiting requests are in the node (`queue_full`); the tokens
+waiting are bounded (`queue_tokens_full`); a draining node refuses (`draining`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import time
+from typing import AsyncIterator, Optional, Sequence
+
+import attrs
+import numpy as np
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from dgr import gguf_file
+from dgr.config import NodeConfig
+from dgr.engine import EngineThread, resolve_model_path
+from dgr.errors import AdmissionRejected, DgrError, InvalidRequest
+
+# inputs one request may carry (OpenAI's limit for /v1/embeddings)
+MAX_INPUTS = 2048
+# an embedding step's default token budget (--ctx sets it)
+DEFAULT_STEP_TOKENS = 4096
+# the waiting tokens an embedding node holds at least: this many steps' worth
+MIN_QUEUE_STEPS = 16
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def serves_embeddings(config: NodeConfig) -> bool:
+    """Whether the node for `config` is an embedding node: --embeddings, --rerank, or
+    a model without causal attention (an encoder, which cannot generate)."""
+    if config.embeddings or config.rerank:
+        return True
+    metadata, _ = gguf_file.header(resolve_model_path(config.model_path))
+    arch = metadata.get("general.architecture", "")
+    return metadata.get(f"{arch}.attention.causal", True) is False
+
+
+def load_embedder(config: NodeConfig):
+    """The model in an embedding context sized by the config (blocking)."""
+    from dgr._embed import Embedder
+
+    return Embedder(resolve_model_path(config.model_path),
+                    step_tokens=config.n_ctx or DEFAULT_STEP_TOKENS,
+                    max_inputs=config.max_running,
+                    pooling="rank" if config.rerank else config.pooling,
+                    n_threads=config.n_threads)
+
+
+@attrs.define(eq=False)
+class EmbedRequest:
+    """One request's inputs and, as steps compute them, its outputs."""
+
+    kind: str                      # "embedding" or "rerank"
+    inputs: list[list[int]]
+    outputs: list = attrs.Factory(list)
+    left: int = 0                  # inputs not yet computed
+    error: Optional[BaseException] = None
+    done: trio.Event = attrs.Factory(trio.Event)
+    queued_at: float = attrs.Factory(time.perf_counter)
+
+    def __attrs_post_init__(self) -> None:
+        self.outputs = [None] * len(self.inputs)
+        self.left = len(self.inputs)
+
+
+class EmbeddingTelemetry:
+    """The node's embedding figures, as Prometheus families of their own registry."""
+
+    def __init__(self, node: "EmbeddingNode") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("dgr_embedding_requests", "Embedding and rerank requests "
+                                "answered, by kind and outcome", ["kind", "outcome"], registry=r)
+        self.inputs = Counter("dgr_embedding_inputs", "Inputs computed, by kind", ["kind"],
+                              registry=r)
+        self.tokens = Counter("dgr_embedding_tokens", "Input tokens computed, by kind", ["kind"],
+                              registry=r)
+        self.steps = Counter("dgr_embedding_steps", "Embedding steps (llama_decode calls)",
+                             registry=r)
+        self.latency = Histogram("dgr_embedding_request_seconds", "Seconds from a request's "
+                                 "admission to its last vector, by kind", ["kind"],
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_seconds = Histogram("dgr_embedding_step_seconds", "Seconds of one embedding "
+                                      "step", buckets=_LATENCY_BUCKETS, registry=r)
+        waiting = Gauge("dgr_embedding_waiting", "Inputs and their tokens waiting for a step",
+                        ["what"], registry=r)
+        waiting.labels("inputs").set_function(lambda: len(node._queue))
+        waiting.labels("tokens").set_function(lambda: node._waiting_tokens)
+        Gauge("dgr_embedding_requests_in_node", "Requests admitted and not yet answered",
+              registry=r).set_function(lambda: len(node._requests))
+        self._answered: collections.deque = collections.deque(maxlen=64)
+
+    def answered(self, request: EmbedRequest, outcome: str) -> None:
+        self.requests.labels(request.kind, outcome).inc()
+        if outcome == "ok":
+            self.latency.labels(request.kind).observe(time.perf_counter() - request.queued_at)
+        self._answered.append(time.monotonic())
+
+    def drain_rate(self) -> float:
+        """Requests answered per second lately (a full queue's Retry-After)."""
+        if len(self._answered) < 2:
+            return 0.0
+        span = self._answered[-1] - self._answered[0]
+        return (len(self._answered) - 1) / span if span > 0 else 0.0
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class EmbeddingNode:
+    """A running embedding node. Get one with `open_embedding_node(config)`."""
+
+    generates = False
+
+    def __init__(self, config: NodeConfig, embedder, thread: EngineThread) -> None:
+        self.config = config
+        self._embedder = embedder
+        self._thread = thread
+        info = embedder.info
+        self.pooling = info["pooling"]
+        self.max_input_tokens = info["max_input_tokens"]
+        self.step_tokens = info["step_tokens"]
+        self.max_requests = config.max_running + config.max_waiting
+        self.max_waiting_tokens = max(config.max_waiting_tokens,
+                                      MIN_QUEUE_STEPS * self.step_tokens)
+        self._queue: collections.deque = collections.deque()  # (request, index), oldest first
+        self._waiting_tokens = 0
+        self._requests: set[EmbedRequest] = set()
+        self._wake = trio.Event()
+        self._draining = False
+        self._closed = False
+        self.failure: Optional[str] = None
+        self.steps_done = 0
+        self.telemetry = EmbeddingTelemetry(self)
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def engine_info(self) -> dict:
+        return dict(self._embedder.info)
+
+    @property
+    def task(self) -> str:
+        """"rerank" for a reranker (pooling rank), else "embedding"."""
+        return "rerank" if self.pooling == "rank" else "embedding"
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def waiting_sessions(self) -> int:
+        """Requests admitted whose inputs are not all computed."""
+        return len(self._requests)
+
+    def model_meta(self) -> dict:
+        """What /v1/models says of the model."""
+        info = self._embedder.info
+        return {"architecture": info["architecture"], "n_params": info["n_params"],
+                "n_vocab": info["n_vocab"], "n_ctx_train": info["n_ctx_train"],
+                "task": self.task, "pooling": self.pooling, "n_embd": info["n_embd"],
+                "max_input_tokens": self.max_input_tokens}
+
+    def statistics(self) -> dict:
+        """Each bound in use and in all."""
+        return {"requests": {"used": len(self._requests), "capacity": self.max_requests},
+                "waiting_tokens": {"used": self._waiting_tokens,
+                                   "capacity": self.max_waiting_tokens},
+                "waiting_inputs": {"used": len(self._queue), "capacity": None},
+                "step_tokens": {"used": None, "capacity": self.step_tokens},
+                "step_inputs": {"used": None, "capacity": self._embedder.info["max_inputs"]}}
+
+    def capabilities(self) -> dict:
+        """Model facts, budgets and live load (the generation node's report's shape,
+        with the embedding model's task, pooling and dimension)."""
+        info = self._embedder.info
+        t = self.telemetry
+        return {
+            "model": {"name": info["name"], "path": info["path"],
+                      "architecture": info["architecture"], "n_params": info["n_params"],
+                      "model_bytes": info["model_bytes"], "n_vocab": info["n_vocab"],
+                      "n_ctx_train": info["n_ctx_train"], "task": self.task,
+                      "pooling": self.pooling, "model_pooling": info["model_pooling"],
+                      "n_embd": info["n_embd"], "n_labels": info["n_labels"],
+                      "causal_attention": info["causal"]},
+            "engine": {"n_threads": info["n_threads"], "flash_attn": info["flash_attn"],
+                       "compute_bytes": info["compute_bytes"], "kv_bytes": info["kv_bytes"]},
+            "budgets": {"max_input_tokens": self.max_input_tokens,
+                        "step_tokens": self.step_tokens, "max_inputs_per_request": MAX_INPUTS,
+                        "max_requests": self.max_requests,
+                        "max_waiting_tokens": self.max_waiting_tokens},
+            "load": {"requests": len(self._requests), "waiting_inputs": len(self._queue),
+                     "steps": self.steps_done},
+            "served": {kind: {"inputs": t.inputs.labels(kind)._value.get(),
+                              "tokens": t.tokens.labels(kind)._value.get()}
+                       for kind in ("embedding", "rerank")},
+            # the vectors' invariance: each input's token states come from the patch
+            # stack's row-invariant kernels; tests cover the architectures they name
+            "invariance": {"pooled_by": "dgr, per input, in a fixed order",
+                           "tested": ["bert (f32)", "llama decoder with pooling (f32)"]},
+            "bounds": self.statistics(),
+        }
+
+    # ------------------------------------------------------------------ vocabulary
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        return self._embedder.tokenize(text, add_special, parse_special)
+
+    async def tokenize_off_loop(self, text: str, add_special: bool = True,
+                                parse_special: bool = False) -> list[int]:
+        return await trio.to_thread.run_sync(self.tokenize, text, add_special, parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._embedder.detokenize(tokens)
+
+    def rerank_tokens(self, query: list[int], document: list[int]) -> list[int]:
+        """A (query, document) pair as one input, as llama-server joins them: [bos] query
+        [eos] [sep] document [eos] (each as the vocabulary adds them); query and
+        document are tokenized without special tokens."""
+        bos, eos, sep, add_bos, add_eos, add_sep = self._embedder.special_tokens()
+        return ([bos] if add_bos else []) + query + ([eos] if add_eos else []) + \
+            ([sep] if add_sep else []) + document + ([eos] if add_eos else [])
+
+    # ------------------------------------------------------------------ requests
+
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each input's vector (float32, n_embd) as the node pools; with pooling none,
+        each input's token vectors (tokens x n_embd); for a reranker, each input's
+        scores (n_labels)."""
+        return await self._serve("rerank" if self.task == "rerank" else "embedding", inputs)
+
+    async def _serve(self, kind: str, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        request = self._admit(kind, inputs)
+        try:
+            await request.done.wait()
+        finally:
+            if not request.done.is_set():  # cancelled: its inputs leave the queue
+                self._forget(request)
+                self.telemetry.answered(request, "cancelled")
+        if request.error is not None:
+            self.telemetry.answered(request, "error")
+            raise request.error
+        self.telemetry.answered(request, "ok")
+        return request.outputs
+
+    def _admit(self, kind: str, inputs: Sequence[Sequence[int]]) -> EmbedRequest:
+        if self._draining or self._closed:
+            raise AdmissionRejected("draining", "the node is shutting down")
+        if self.failure is not None:
+            raise AdmissionRejected("unhealthy", self.failure)
+        if not inputs:
+            raise InvalidRequest("a request needs at least one input")
+        if len(inputs) > MAX_INPUTS:
+            raise InvalidRequest(f"a request holds at most {MAX_INPUTS} inputs, "
+                                 f"not {len(inputs)}")
+        n_vocab = self._embedder.n_vocab
+        checked = []
+        for i, ids in enumerate(inputs):
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                       for t in ids):
+                raise InvalidRequest(f"input {i} must be token ids (integers)")
+            ids = [int(t) for t in ids]
+            if not ids:
+                raise InvalidRequest(f"input {i} is empty")
+            if any(not 0 <= t < n_vocab for t in ids):
+                raise InvalidRequest(f"input {i} holds a token id outside the vocabulary "
+                                     f"(0..{n_vocab - 1})")
+            if len(ids) > self.max_input_tokens:
+                raise AdmissionRejected(
+                    "never_fits", f"input {i} has {len(ids)} tokens; an input holds at most "
+                    f"{self.max_input_tokens}",
+                    {"n_prompt_tokens": len(ids), "n_ctx": self.max_input_tokens})
+            checked.append(ids)
+        tokens = sum(len(ids) for ids in checked)
+        if tokens > self.max_waiting_tokens:
+            raise AdmissionRejected(
+                "never_fits", f"the request's {tokens} tokens exceed what may wait "
+                f"({self.max_waiting_tokens})", {"n_prompt_tokens": tokens,
+                                                 "n_ctx": self.max_waiting_tokens})
+        if len(self._requests) >= self.max_requests:
+            raise AdmissionRejected("queue_full", f"{len(self._requests)} requests in the node")
+        if self._waiting_tokens + tokens > self.max_waiting_tokens:
+            raise AdmissionRejected("queue_tokens_full", f"{self._waiting_tokens} tokens waiting")
+        request = EmbedRequest(kind, checked)
+        self._requests.add(request)
+        self._queue.extend((request, i) for i in range(len(checked)))
+        self._waiting_tokens += tokens
+        self._wake.set()
+        return request
+
+    def _forget(self, request: EmbedRequest) -> None:
+        """A request that ends early: its waiting inputs leave the queue."""
+        self._requests.discard(request)
+        kept = collections.deque()
+        for item in self._queue:
+            if item[0] is request:
+                self._waiting_tokens -= len(request.inputs[item[1]])
+            else:
+                kept.append(item)
+        self._queue = kept
+
+    def _finish(self, request: EmbedRequest, error: Optional[BaseException] = None) -> None:
+        if error is not None and request.error is None:
+            request.error = error
+        self._forget(request)
+        request.done.set()
+
+    # ------------------------------------------------------------------ the step loop
+
+    def _pack(self) -> list[tuple[EmbedRequest, int]]:
+        """The oldest waiting inputs that one step holds."""
+        taken, tokens = [], 0
+        max_inputs = self._embedder.info["max_inputs"]
+        while self._queue and len(taken) < max_inputs:
+            request, i = self._queue[0]
+            n = len(request.inputs[i])
+            if tokens + n > self.step_tokens:
+                break
+            self._queue.popleft()
+            taken.append((request, i))
+            tokens += n
+        self._waiting_tokens -= tokens
+        return taken
+
+    async def run(self) -> None:
+        """Steps while inputs wait, until the node closes."""
+        while True:
+            await self._wake.wait()
+            taken = self._pack()
+            if not taken:
+                self._wake = trio.Event()
+                continue
+            await self._step(taken)
+
+    async def _step(self, taken: list[tuple[EmbedRequest, int]]) -> None:
+        """One call for `taken`; if llama.cpp refuses it, each request's inputs in a
+        call of their own, so that only a request whose own inputs fail fails."""
+        started = time.perf_counter()
+        try:
+            rows = await self._run_call(taken)
+        except DgrError:
+            if len({request for request, _ in taken}) == 1:
+                self._finish(taken[0][0], InvalidRequest("the model could not compute it"))
+                return
+            for request in {request: None for request, _ in taken}:
+                await self._step([item for item in taken if item[0] is request])
+            return
+        self.telemetry.step_seconds.observe(time.perf_counter() - started)
+        self._deliver(taken, rows)
+
+    async def _run_call(self, taken: list[tuple[EmbedRequest, int]]) -> np.ndarray:
+        inputs = [request.inputs[i] for request, i in taken]
+        tokens = np.fromiter((t for ids in inputs for t in ids), dtype=np.int32)
+        lengths = np.array([len(ids) for ids in inputs], dtype=np.int32)
+        rows = await self._thread.run(self._embedder.run, tokens, lengths)
+        self.steps_done += 1
+        self.telemetry.steps.inc()
+        return rows
+
+    def _deliver(self, taken: list[tuple[EmbedRequest, int]], rows: np.ndarray) -> None:
+        """Each input's output from the step's rows, pooled input by input."""
+        offset = 0
+        for k, (request, i) in enumerate(taken):
+            n = len(request.inputs[i])
+            if self.pooling == "rank":
+                output = rows[k].copy()
+            else:
+                output = pool(rows[offset:offset + n], self.pooling)
+                offset += n
+            self.telemetry.inputs.labels(request.kind).inc()
+            self.telemetry.tokens.labels(request.kind).inc(n)
+            if request.done.is_set():
+                continue
+            request.outputs[i] = output
+            request.left -= 1
+            if request.left == 0:
+                self._finish(request)
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def drain(self, grace_s: float) -> bool:
+        """Admit nothing more; wait up to grace_s for the requests in the node."""
+        self._draining = True
+        with trio.move_on_after(grace_s):
+            while self._requests:
+                await trio.sleep(0.05)
+            return True
+        return False
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        self._draining = True
+        error = AdmissionRejected("draining", "the node shut down")
+        for request in list(self._requests):
+            self._finish(request, error)
+
+
+def pool(rows: np.ndarray, pooling: str) -> np.ndarray:
+    """One input's vector from its token rows (tokens x n_embd, float32): their mean,
+    the first's, the last's, or all of them (none). Computed from these rows alone,
+    so the same rows give the same bits."""
+    if pooling == "mean":
+        return (np.add.reduce(rows, axis=0, dtype=np.float32)
+                / np.float32(len(rows))).astype(np.float32)
+    if pooling == "cls":
+        return rows[0].copy()
+    if pooling == "last":
+        return rows[-1].copy()
+    return rows.copy()
+
+
+def normalize(vector: np.ndarray, norm: int) -> np.ndarray:
+    """llama.cpp's embedding normalizations (embd_normalize): -1 none, 0 by the
+    largest magnitude to int16's range, 1 taxicab, 2 euclidean, p > 2 the p-norm.
+    Sums in double, as llama.cpp's."""
+    values = vector.astype(np.float64)
+    if norm < 0:
+        return vector
+    if norm == 0:
+        total = float(np.abs(values).max()) / 32760.0 if values.size else 0.0
+    elif norm == 2:
+        total = math.sqrt(float(np.dot(values, values)))
+    else:
+        total = float(np.sum(np.abs(values) ** norm)) ** (1.0 / norm)
+    scale = 1.0 / total if total > 0.0 else 0.0
+    return (values * scale).astype(np.float32)
+
+
+@contextlib.asynccontextmanager
+async def open_embedding_node(config: NodeConfig) -> AsyncIterator[EmbeddingNode]:
+    """Load the model in an embedding context, start the step loop and yield the node.
+    Leaving the block refuses the requests in the node, waits for a step in flight
+    and frees the model."""
+    thread = EngineThread()
+    try:
+        embedder = await thread.run(load_embedder, config)
+        try:
+            async with trio.open_nursery() as nursery:
+                node = EmbeddingNode(config, embedder, thread)
+                nursery.start_soon(node.run)
+                try:
+                    yield node
+                finally:
+                    node._shutdown()
+                    nursery.cancel_scope.cancel()
+        finally:
+            embedder.close()
+    finally:
+        thread.join()
