@@ -16,6 +16,7 @@ import cattrs
 
 from dgr._codes import (MAX_ADAPTERS, MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS,
                         Speculation)
+from dgr._embed import POOLING
 from dgr.errors import InvalidRequest
 from dgr.reasoning import FORMATS as REASONING_FORMATS
 from dgr.weight_repack import MODES as WEIGHT_REPACK_MODES
@@ -247,8 +248,8 @@ class NodeConfig:
             raise ValueError("lora_scaled takes (FILE, SCALE) pairs")
         if self.rpc_timeout_s < 0:
             raise ValueError("rpc_timeout_s must not be negative")
-        if self.pooling not in (None, "none", "mean", "cls", "last", "rank"):
-            raise ValueError(f"pooling must be none, mean, cls, last or rank, not {self.pooling!r}")
+        if self.pooling not in (None, *POOLING):
+            raise ValueError(f"pooling must be one of {', '.join(POOLING)}, not {self.pooling!r}")
         if not isinstance(self.speculation, str) or self.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, "
                              f"got {self.speculation!r}")

@@ -236,8 +236,8 @@ class EmbeddingNode:
         [eos] [sep] document [eos] (each as the vocabulary adds them); query and
         document are tokenized without special tokens."""
         bos, eos, sep, add_bos, add_eos, add_sep = self._embedder.special_tokens()
-        return ([bos] if add_bos else []) + query + ([eos] if add_eos else []) + \
-            ([sep] if add_sep else []) + document + ([eos] if add_eos else [])
+        return ([bos] if add_bos else []) + list(query) + ([eos] if add_eos else []) + \
+            ([sep] if add_sep else []) + list(document) + ([eos] if add_eos else [])
 
     # ------------------------------------------------------------------ requests
 
@@ -285,8 +285,8 @@ class EmbeddingNode:
                                      f"(0..{n_vocab - 1})")
             if len(ids) > self.max_input_tokens:
                 raise AdmissionRejected(
-                    "never_fits", f"input {i} has {len(ids)} tokens; an input holds at most "
-                    f"{self.max_input_tokens}",
+                    "never_fits", f"input {i} is too large: {len(ids)} tokens; an input holds "
+                    f"at most {self.max_input_tokens}",
                     {"n_prompt_tokens": len(ids), "n_ctx": self.max_input_tokens})
             checked.append(ids)
         tokens = sum(len(ids) for ids in checked)

@@ -18,6 +18,8 @@ from typing import Optional
 
 import numpy as np
 
+from dgr._embed import POOLING
+
 # gguf token types
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
 
@@ -55,13 +57,14 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
                      n_ctx_train: int = 8192, seed: int = 1234,
                      chat_template: str = CHAT_TEMPLATE, architecture: str = "llama",
                      n_expert: int = 8, n_expert_used: int = 2,
-                     deltas: Optional[dict] = None) -> Path:
+                     deltas: Optional[dict] = None, pooling: Optional[str] = None) -> Path:
     """Write the model to `path` (atomically) and return the path. With architecture
     "qwen3moe" each layer's feed-forward is n_expert experts of n_ff rows, n_expert_used
     of them per token; with "lfm2" every third layer attends and the others are short
     convolutions (recurrent state); "mamba" has no attention at all. `deltas`
     ({tensor name: array}) are added to those weights: a LoRa adapter merged in
-    (`write_lora`)."""
+    (`write_lora`). `pooling` (a POOLING name) makes it an embedding model's GGUF
+    (Qwen3-Embedding-style: a decoder whose vector is its last token's, say)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, "
                          f"not {architecture!r}")
@@ -88,6 +91,8 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.add_block_count(n_layer)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if pooling is not None:
+        writer.add_pooling_type(gguf.PoolingType(POOLING[pooling]))
     _add_tokenizer(writer, tokens, scores, types, chat_template)
     writer.add_tensor("token_embd.weight",
                       rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
@@ -218,10 +223,6 @@ def _mamba_layers(writer, weight, n_embd, n_layer) -> None:
 
 # llama.cpp's quantization types by their llama-quantize names
 QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4_MOE")
-
-
-# llama.cpp's pooling types (enum llama_pooling_type)
-POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
 
 def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,

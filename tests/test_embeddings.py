@@ -1,0 +1,234 @@
+"""Embedding nodes (dgr.embedding) on random-weight encoders, a reranker and a
+decoder with pooling, written at test time: every vector bitwise the same alone,
+16 at once and in mixed steps; the same as llama.cpp's own pooling (llama-cpp-python
+on the same file); the doors' shapes and their refusals; the queue's bounds."""
+
+import base64
+
+import httpx
+import llama_cpp
+import numpy as np
+import openai
+import pytest
+import trio
+
+import dgr
+from dgr import testmodel
+from dgr.embedding import MAX_INPUTS, open_embedding_node
+from dgr.errors import AdmissionRejected, InvalidRequest
+from test_server import start_server  # noqa: F401  (the fixture)
+
+TEXTS = ["hello world", "the cat sat on the mat", "a", "Embeddings are vectors.",
+         "one two three four five six seven eight nine ten eleven twelve",
+         "in the beginning", "then", "the the the the", "zebra", "Quick brown fox",
+         "x y z", "another text here", "numbers 12345", "short", "a longer one, with commas",
+         "last of sixteen"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("embedding-models")
+    mean = testmodel.write_encoder_model(folder / "mean.gguf", n_embd=256, n_layer=3,
+                                         n_head=4, n_ff=512)
+    return {
+        "bert-mean-f32": str(mean),
+        "bert-mean-q8_0": str(testmodel.quantize(mean, folder / "q8.gguf", "Q8_0")),
+        "bert-mean-q4_k_m": str(testmodel.quantize(mean, folder / "q4k.gguf", "Q4_K_M")),
+        "bert-cls": str(testmodel.write_encoder_model(folder / "cls.gguf", pooling="cls")),
+        "llama-last": str(testmodel.write_test_model(folder / "last.gguf", pooling="last")),
+        "rank": str(testmodel.write_encoder_model(folder / "rank.gguf", pooling="rank",
+                                                  n_labels=1)),
+    }
+
+
+def config(path, **overrides):
+    return dgr.NodeConfig(**({"model_path": path, "max_running": 16, "max_waiting": 16,
+                              "n_ctx": 1024, "n_threads": 2} | overrides))
+
+
+@pytest.mark.parametrize("name", ["bert-mean-f32", "bert-mean-q8_0", "bert-mean-q4_k_m",
+                                  "bert-cls", "llama-last", "rank"])
+async def test_vectors_bitwise_alone_together_and_mixed(models, name):
+    async with open_embedding_node(config(models[name])) as node:
+        ids = [node.tokenize(t) for t in TEXTS]
+        alone = [(await node.embed([x]))[0] for x in ids]
+        together = [None] * len(ids)
+
+        async def one(i):
+            together[i] = (await node.embed([ids[i]]))[0]
+
+        steps = node.steps_done
+        async with trio.open_nursery() as nursery:
+            for i in range(len(ids)):
+                nursery.start_soon(one, i)
+        assert node.steps_done - steps < len(ids)  # they shared steps
+        # mixed: other inputs around them, in another order, and each twice
+        mixed = await node.embed(ids[::-1] + [node.tokenize("filler " * k) for k in range(1, 6)]
+                                 + ids)
+        for i in range(len(ids)):
+            assert np.array_equal(alone[i], together[i]), i
+            assert np.array_equal(alone[i], mixed[len(ids) - 1 - i]), i
+            assert np.array_equal(alone[i], mixed[len(ids) + 5 + i]), i
+        assert len({a.tobytes() for a in alone}) == len(ids)
+
+
+@pytest.mark.parametrize("name,pooling", [("bert-mean-f32", llama_cpp.LLAMA_POOLING_TYPE_MEAN),
+                                          ("bert-cls", llama_cpp.LLAMA_POOLING_TYPE_CLS),
+                                          ("llama-last", llama_cpp.LLAMA_POOLING_TYPE_LAST)])
+async def test_vectors_match_llama_cpps_own_pooling(models, name, pooling):
+    """llama.cpp pools in its graph (a mean by matmul, the first or last row); dgr pools
+    the same token states itself: equal within 1e-4 in cosine, each text."""
+    reference = llama_cpp.Llama(models[name], embedding=True, pooling_type=pooling,
+                                n_ctx=512, n_batch=512, n_ubatch=512, verbose=False)
+    expected = [np.array(reference.embed(t, normalize=False), dtype=np.float64) for t in TEXTS]
+    reference.close()
+    async with open_embedding_node(config(models[name])) as node:
+        got = await node.embed([node.tokenize(t) for t in TEXTS])
+    for want, vector in zip(expected, got):
+        cosine = want @ vector / np.linalg.norm(want) / np.linalg.norm(vector)
+        assert cosine > 1 - 1e-4
+
+
+async def test_rerank_scores_match_llama_cpp(models):
+    reference = llama_cpp.Llama(models["rank"], embedding=True, n_ctx=512, n_batch=512,
+                                n_ubatch=512, verbose=False)
+    async with open_embedding_node(config(models["rank"])) as node:
+        query = node.tokenize("which animal", add_special=False)
+        inputs = [node.rerank_tokens(query, node.tokenize(t, add_special=False))
+                  for t in TEXTS]
+        got = [float(s[0]) for s in await node.embed(inputs)]
+    # llama-cpp-python's embed() (llama.cpp's rank pooling; its first value is the
+    # score) on the same tokens: its tokenizer is given them
+    pairs = {f"pair {i}".encode(): ids for i, ids in enumerate(inputs)}
+    reference.tokenize = lambda text, *args, **kwargs: pairs[text]
+    expected = [reference.embed(f"pair {i}", normalize=False)[0] for i in range(len(inputs))]
+    reference.close()
+    assert np.allclose(got, expected, rtol=1e-3, atol=1e-3), (got, expected)
+    assert np.argsort(got).tolist() == np.argsort(expected).tolist()
+
+
+async def test_bounds_refuse_with_reasons(models):
+    async with open_embedding_node(config(models["bert-mean-f32"], max_running=1,
+                                          max_waiting=1, max_waiting_tokens=0)) as node:
+        short = node.tokenize("hi")
+        node._admit("embedding", [short] * 40)  # stays in the node until its steps run
+        node._admit("embedding", [short])
+        with pytest.raises(AdmissionRejected) as refused:
+            await node.embed([short])
+        assert refused.value.reason == "queue_full"
+        with pytest.raises(AdmissionRejected) as refused:
+            await node.embed([[5] * (node.max_input_tokens + 1)])
+        assert refused.value.reason == "never_fits"
+        for bad in ([], [[]], [[node.engine_info["n_vocab"]]], [[-1]], [["a"]],
+                    [short] * (MAX_INPUTS + 1)):
+            with pytest.raises(InvalidRequest):
+                await node.embed(bad)
+    async with open_embedding_node(config(models["bert-mean-f32"], n_ctx=256)) as node:
+        node._admit("embedding", [[5] * 200] * (node.max_waiting_tokens // 200))
+        with pytest.raises(AdmissionRejected) as refused:
+            await node.embed([[5] * 200])
+        assert refused.value.reason == "queue_tokens_full"
+
+
+async def test_a_cancelled_request_leaves_the_queue(models):
+    async with open_embedding_node(config(models["bert-mean-f32"])) as node:
+        ids = [node.tokenize(t) for t in TEXTS] * 20
+        with trio.move_on_after(0.01):
+            await node.embed(ids)
+        assert node._waiting_tokens == 0 and not node._queue and not node._requests
+        first = (await node.embed(ids[:1]))[0]
+        assert np.array_equal(first, (await node.embed(ids[:3]))[0])
+
+
+async def test_openai_client_float_and_base64(start_server, models):  # noqa: F811
+    server = await start_server({"model_path": models["bert-mean-f32"], "n_ctx": 1024})
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
+                                  max_retries=0) as client:
+        floats = await client.embeddings.create(model="x", input=TEXTS[:4],
+                                                encoding_format="float")
+        packed = await client.embeddings.create(model="x", input=TEXTS[:4])  # base64 asked
+        one = await client.embeddings.create(model="x", input=TEXTS[1])
+        assert [d.index for d in floats.data] == [0, 1, 2, 3]
+        for a, b in zip(floats.data, packed.data):
+            assert np.array_equal(np.float32(a.embedding), np.float32(b.embedding))
+        assert np.array_equal(np.float32(one.data[0].embedding),
+                              np.float32(floats.data[1].embedding))
+        assert abs(np.linalg.norm(floats.data[0].embedding) - 1) < 1e-5  # normalized
+        assert floats.usage.prompt_tokens == floats.usage.total_tokens > 4
+        with pytest.raises(openai.BadRequestError):
+            await client.embeddings.create(model="x", input=TEXTS[0], dimensions=8)
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.completions.create(model="x", prompt="hi", max_tokens=2)
+        assert refused.value.status_code == 501
+    async with server.client() as http:
+        raw = (await http.post("/v1/embeddings", json={"input": "hello world",
+                                                       "encoding_format": "base64"})).json()
+        vector = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+        assert vector.shape == (256,)
+        models_list = (await http.get("/v1/models")).json()["data"][0]["meta"]
+        assert (models_list["task"], models_list["pooling"], models_list["n_embd"]) == (
+            "embedding", "mean", 256)
+        report = (await http.get("/capabilities")).json()
+        assert report["model"]["task"] == "embedding" and report["served"]["embedding"][
+            "inputs"] >= 9
+        metrics = (await http.get("/metrics")).text
+        assert 'dgr_embedding_requests_total{kind="embedding",outcome="ok"}' in metrics
+        native = (await http.post("/embedding", json={"content": "hello world",
+                                                      "embd_normalize": -1})).json()
+        assert len(native) == 1 and len(native[0]["embedding"]) == 1
+        assert (await http.get("/health")).json() == {"status": "ok"}
+
+
+async def test_bad_inputs_are_clear_4xx(start_server, models):  # noqa: F811
+    server = await start_server({"model_path": models["bert-mean-f32"], "n_ctx": 1024})
+    bad = [{"input": []}, {"input": ""}, {"input": ["ok", ""]}, {"input": ["x"] * 10_000},
+           {"input": [5, 10 ** 9]}, {"input": [[-3]]}, {"input": "word " * 2000},
+           {"input": {"content": [{"type": "image_url", "image_url": {"url": "x"}}]}},
+           {"input": "ok", "encoding_format": "int8"}, {"input": "ok", "dimensions": 0},
+           {"input": "ok", "truncate": True}, {"input": None}, {"input": [True]}]
+    async with server.client() as client:
+        for body in bad:
+            got = await client.post("/v1/embeddings", json=body)
+            assert 400 <= got.status_code < 500, (body, got.status_code, got.text)
+            assert got.json()["error"]["message"]
+        too_long = await client.post("/v1/embeddings", json={"input": "word " * 2000})
+        assert "too large" in too_long.json()["error"]["message"]
+        assert (await client.post("/rerank", json={"query": "a", "documents": ["b"]})
+                ).status_code == 501
+        # and the node still serves
+        assert (await client.post("/v1/embeddings", json={"input": "ok"})).status_code == 200
+
+
+async def test_rerank_jina_cohere_and_tei_shapes(start_server, models):  # noqa: F811
+    server = await start_server({"model_path": models["rank"], "n_ctx": 1024})
+    documents = TEXTS[:6]
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        got = (await client.post("/v1/rerank", json={
+            "model": "reranker", "query": "which animal", "documents": documents, "top_n": 3,
+            "return_documents": True})).json()
+        results = got["results"]
+        assert len(results) == 3 and got["model"] == "reranker"
+        scores = [r["relevance_score"] for r in results]
+        assert scores == sorted(scores, reverse=True)
+        assert all(r["document"]["text"] == documents[r["index"]] for r in results)
+        assert got["usage"]["prompt_tokens"] > 0
+        full = (await client.post("/rerank", json={"query": "which animal",
+                                                   "documents": documents})).json()["results"]
+        assert full[:3] == [{"index": r["index"], "relevance_score": r["relevance_score"]}
+                            for r in results]
+        tei = (await client.post("/rerank", json={"query": "which animal", "texts": documents,
+                                                  "return_text": True})).json()
+        assert [(t["index"], t["score"]) for t in tei] == [
+            (r["index"], r["relevance_score"]) for r in full]
+        for body in ({"query": "", "documents": ["a"]}, {"query": "q", "documents": []},
+                     {"query": "q", "documents": [""]}, {"query": "q", "documents": "a"},
+                     {"query": "q", "documents": ["a"], "top_n": 0}):
+            assert (await client.post("/rerank", json=body)).status_code == 400
+        assert (await client.post("/v1/embeddings", json={"input": "a"})).status_code == 501
+
+
+async def test_generation_node_refuses_embeddings(start_server):  # noqa: F811
+    server = await start_server()
+    async with server.client() as client:
+        got = await client.post("/v1/embeddings", json={"input": "hello"})
+        assert got.status_code == 501 and "--embeddings" in got.json()["error"]["message"]
