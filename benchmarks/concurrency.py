@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import adapters as adapters_case  # noqa: E402
+from benchmarks import embeddings as embeddings_case  # noqa: E402
 from benchmarks import decode as decode_case  # noqa: E402
 from benchmarks import grammar as grammar_case  # noqa: E402
 from benchmarks import kv_tier as kv_tier_case  # noqa: E402
@@ -71,6 +72,8 @@ def markdown(report) -> str:
         lines.extend(decode_case.markdown(result))
     if report.get("adapters"):
         lines.extend(adapters_case.markdown(report["adapters"]))
+    if report.get("embeddings"):
+        lines.extend(embeddings_case.markdown(report["embeddings"]))
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +122,9 @@ def main(argv=None) -> int:
                              "(steady decode at c = 1, 8, 16 vs llama-server's defaults on a "
                              "~1B Llama and the default model), adapters (8 LoRa adapters, two "
                              "sessions each, and all on one, vs llama-server with the same "
-                             "files; not in the default set)")
+                             "files; not in the default set), embeddings (a BERT-style encoder, "
+                             "inputs of 16-512 tokens at c = 1, 8, 32 vs llama-server "
+                             "--embeddings; not in the default set)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
@@ -183,7 +188,8 @@ def main(argv=None) -> int:
              + (args.rounds if "prefill" in cases else 0)
              + (4 * len(scaleout_case.ROUTERS) if "scaleout" in cases else 0)
              + (2 * args.rounds * len(decode_case.LEVELS) if "decode" in cases else 0)
-             + (args.rounds if "adapters" in cases else 0))
+             + (args.rounds if "adapters" in cases else 0)
+             + (2 * args.rounds if "embeddings" in cases else 0))
     out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
@@ -240,6 +246,9 @@ def main(argv=None) -> int:
         if "adapters" in cases:
             report["adapters"] = adapters_case.run(peers, model, args.threads,
                                                    rounds=args.rounds, bar=bar)
+        if "embeddings" in cases:
+            report["embeddings"] = embeddings_case.run(peers, args.threads, rounds=args.rounds,
+                                                       bar=bar)
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

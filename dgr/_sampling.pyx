@@ -12,6 +12,8 @@ draft it was fed: the slot's chain then sees, accepts and draws for exactly
 the tokens it would decoding one a step.
 """
 
+import hashlib
+
 from libc.math cimport expf, logf, INFINITY
 from libc.stdint cimport uint32_t
 from libc.stdlib cimport calloc, free, malloc
@@ -20,7 +22,7 @@ from cython.parallel cimport prange, threadid
 from dgr._codes cimport MAX_STOP_IDS, WANT_CHAIN, WANT_LOGPROBS, WANT_SCORE
 from dgr._llama cimport *
 
-from dgr.config import SamplingParams, seed32
+from dgr.config import SamplingParams
 
 cdef extern from "dgr_argmax.h" nogil:
     int dgr_argmax(const float * x, int n)
@@ -468,3 +470,12 @@ cdef void _logprobs(const float * logits, int n_vocab, int k, int chosen,
     for j in range(filled):
         top_lp[j] -= log_z
     chosen_lp[0] = logits[chosen] - log_z if 0 <= chosen < n_vocab else -INFINITY
+
+
+def seed32(seed: int) -> int:
+    """A session seed (any integer) as llama.cpp's 32-bit sampler seed: hashed, so
+    seeds that differ by 2**32 (or in sign) do not collide, and never 0xFFFFFFFF,
+    which llama.cpp reads as "pick a random seed"."""
+    digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=4).digest()
+    value = int.from_bytes(digest, "little")
+    return value if value != 0xFFFFFFFF else 0xFFFFFFFE

@@ -6,7 +6,6 @@ Both load from plain dicts (a TOML file, a JSON body) with cattrs:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from typing import Optional
@@ -447,7 +446,7 @@ class SamplingParams:
     from the model's distribution (before penalties and biases).
     seed: per-session seed for temperature > 0, any integer (None picks one at
     random); equal seeds repeat a session exactly, different seeds are hashed to
-    different 32-bit sampler seeds (seed32).
+    different 32-bit sampler seeds (dgr._sampling.seed32).
     logit_bias: token id -> bias added to its logit (-100..100; -100 bans it).
     grammar: GBNF (root rule "root") the output must follow (structured output);
     generation ends when the grammar is complete.
@@ -592,12 +591,3 @@ class SamplingParams:
     def from_dict(cls, data: dict) -> "SamplingParams":
         known = {f.name for f in attrs.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known and v is not None})
-
-
-def seed32(seed: int) -> int:
-    """A session seed (any integer) as llama.cpp's 32-bit sampler seed: hashed, so
-    seeds that differ by 2**32 (or in sign) do not collide, and never 0xFFFFFFFF,
-    which llama.cpp reads as "pick a random seed"."""
-    digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=4).digest()
-    value = int.from_bytes(digest, "little")
-    return value if value != 0xFFFFFFFF else 0xFFFFFFFE
