@@ -235,7 +235,8 @@ class EmbeddingNode:
 
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = False) -> list[int]:
-        return self._embedder.tokenize(text, add_special, parse_special)
+        return self._embedder.tokenize(text, add_special=add_special,
+                                       parse_special=parse_special).tolist()
 
     async def tokenize_off_loop(self, text: str, add_special: bool = True,
                                 parse_special: bool = False) -> list[int]:
@@ -249,8 +250,8 @@ class EmbeddingNode:
         [eos] [sep] document [eos] (each as the vocabulary adds them); query and
         document are tokenized without special tokens."""
         bos, eos, sep, add_bos, add_eos, add_sep = self._embedder.special_tokens()
-        return ([bos] if add_bos else []) + list(query) + ([eos] if add_eos else []) + \
-            ([sep] if add_sep else []) + list(document) + ([eos] if add_eos else [])
+        return ([bos] if add_bos else []) + query + ([eos] if add_eos else []) + \
+            ([sep] if add_sep else []) + document + ([eos] if add_eos else [])
 
     # ------------------------------------------------------------------ requests
 

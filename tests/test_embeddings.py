@@ -173,6 +173,13 @@ async def test_openai_client_float_and_base64(start_server, models):  # noqa: F8
             "inputs"] >= 9
         metrics = (await http.get("/metrics")).text
         assert 'dgr_embedding_requests_total{kind="embedding",outcome="ok"}' in metrics
+        # the fields routers add at their defaults are taken, at other values refused
+        routed = {"input": "hello world", "priority": 0, "add_special_tokens": True,
+                  "truncate_prompt_tokens": None, "user": "u"}
+        assert (await http.post("/v1/embeddings", json=routed)).status_code == 200
+        refused = await http.post("/v1/embeddings", json=routed | {"truncate_prompt_tokens": 8})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == \
+            "truncate_prompt_tokens"
         native = (await http.post("/embedding", json={"content": "hello world",
                                                       "embd_normalize": -1})).json()
         assert len(native) == 1 and len(native[0]["embedding"]) == 1
@@ -185,7 +192,8 @@ async def test_bad_inputs_are_clear_4xx(start_server, models):  # noqa: F811
            {"input": [5, 10 ** 9]}, {"input": [[-3]]}, {"input": "word " * 2000},
            {"input": {"content": [{"type": "image_url", "image_url": {"url": "x"}}]}},
            {"input": "ok", "encoding_format": "int8"}, {"input": "ok", "dimensions": 0},
-           {"input": "ok", "truncate": True}, {"input": None}, {"input": [True]}]
+           {"input": "ok", "truncate": True}, {"input": None}, {"input": [True]},
+           {"input": [[12, "a", 10 ** 6]]}]
     async with server.client() as client:
         for body in bad:
             got = await client.post("/v1/embeddings", json=body)
@@ -195,8 +203,12 @@ async def test_bad_inputs_are_clear_4xx(start_server, models):  # noqa: F811
         assert "too large" in too_long.json()["error"]["message"]
         assert (await client.post("/rerank", json={"query": "a", "documents": ["b"]})
                 ).status_code == 501
-        # and the node still serves
-        assert (await client.post("/v1/embeddings", json={"input": "ok"})).status_code == 200
+        # and the node still serves, token ids mixed with text among them (llama-server's
+        # pieces of one input)
+        for body in ({"input": "ok"}, {"input": [12, 34, "string", 56]},
+                     {"input": [[12, 34], [12, "string", 34]]}):
+            got = await client.post("/v1/embeddings", json=body)
+            assert got.status_code == 200, got.text
 
 
 async def test_rerank_jina_cohere_and_tei_shapes(start_server, models):  # noqa: F811

@@ -90,8 +90,10 @@ ROUTER_DEFAULTS = {
     "include_reasoning": (True, "vllm-router (chat)"),    # no reasoning is taken out
     "separate_reasoning": (True, "vllm-router (chat)"),
     "stream_reasoning": (True, "vllm-router (chat)"),
+    "add_special_tokens": (True, "vLLM's embeddings"),    # special tokens are added
+    "truncate_prompt_tokens": (None, "vLLM's embeddings"),  # an input past the context: 400
 }
-ROUTED = {"/v1/completions", "/v1/chat/completions", "/v1/responses"}
+ROUTED = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"}
 
 
 class BadRequest(InvalidRequest):

@@ -45,6 +45,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template")
     p.add_argument("--chat-template-file")
     p.add_argument("--reasoning", choices=["on", "auto", "off"])
+    # dgr always runs flash attention (its row-invariant kernel): "on" changes nothing
+    p.add_argument("-fa", "--flash-attn", choices=["on"])
+    p.add_argument("--embedding", "--embeddings", action="store_true")
+    p.add_argument("--reranking", "--rerank", action="store_true")
+    p.add_argument("--pooling", choices=["none", "mean", "cls", "last", "rank"])
     p.add_argument("--temp", type=float)
     p.add_argument("--seed", type=int)
     for flag in UNCHANGED:
@@ -97,6 +102,12 @@ def dgr_argv(known: argparse.Namespace) -> list[str]:
         argv += ["--temp", str(known.temp)]
     if known.seed is not None:
         argv += ["--seed", str(known.seed)]
+    if known.embedding:
+        argv += ["--embeddings"]
+    if known.reranking:
+        argv += ["--rerank"]
+    if known.pooling:
+        argv += ["--pooling", known.pooling]
     if known.reasoning == "off":  # "on" and "auto": a thinking model thinks as it will
         argv += ["--reasoning-budget", "0"]
     return argv

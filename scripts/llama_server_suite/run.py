@@ -39,6 +39,9 @@ _NO_UI = "llama-server's web UI and its MCP proxy; dgr serves an API and no web 
 _IMAGE = ("an image for a model that reads none is the client's error: dgr answers 400 "
           "naming it (llama-server 500)")
 REFUSALS: dict[str, str] = {
+    r"unit/test_embedding\.py::test_embedding_mixed_input\[-False\]": (
+        "an empty string has nothing to embed: dgr answers 400, as OpenAI's API does "
+        "(llama-server embeds its special tokens alone)"),
     r"unit/test_basic\.py::test_no_ui": _NO_UI,
     r"unit/test_proxy\.py::": _NO_UI,
     r"unit/test_security\.py::test_cors_proxy_only_forwards_explicit_proxy_headers": _NO_UI,
@@ -86,10 +89,31 @@ def suite_python() -> Path:
     return python
 
 
+def encoder_models(out: Path) -> dict[str, str]:
+    """Random-weight stand-ins, in F16, for the suite's BERT embedding model (bge-small's
+    shape) and its reranker (jina-reranker-v1-tiny's: a classifier head of one label),
+    written once into `out`: $DGR_SUITE_EMBEDDING_MODEL and $DGR_SUITE_RERANK_MODEL."""
+    from dgr import testmodel
+
+    paths = {}
+    for name, kw in (("DGR_SUITE_EMBEDDING_MODEL", dict(n_embd=384, n_layer=12, n_head=12,
+                                                        n_ff=1536, pooling="mean")),
+                     ("DGR_SUITE_RERANK_MODEL", dict(n_embd=384, n_layer=4, n_head=12,
+                                                     n_ff=1536, pooling="rank", n_labels=1))):
+        path = out / f"{name.lower()}-f16.gguf"
+        if not path.exists():
+            source = testmodel.write_encoder_model(out / f"{name.lower()}-f32.gguf", **kw)
+            testmodel.quantize(source, path, "F16")
+            source.unlink()
+        paths[name] = str(path)
+    return paths
+
+
 def run_suite(server: str, binary: Path, model: str, args, out: Path) -> dict[str, dict]:
     results = out / f"{server}.jsonl"
     results.unlink(missing_ok=True)
-    env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(binary), "DGR_SUITE_MODEL": model,
+    env = {**os.environ, **encoder_models(out), "LLAMA_SERVER_BIN_PATH": str(binary),
+           "DGR_SUITE_MODEL": model,
            "DGR_SUITE_RESULTS": str(results), "DGR_PYTHON": sys.executable,
            "PYTHONPATH": str(HERE), "LLAMA_CACHE": str(out / "cache"),
            # llama-server's --no-repack, as the bench runs it: the pinned build's AMX
