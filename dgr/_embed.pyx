@@ -13,7 +13,8 @@ in the call: attention sees only its own input (flash attention skips the others
 masked cells) and the matmuls are row-invariant (the patch stack).
 
 An encoder (non-causal attention, no KV cache) computes a call in one ubatch, so
-n_ubatch is the step's token budget; a decoder's cells are cleared after each call.
+n_ubatch is the step's token budget; a decoder's call runs in ubatches of 512 tokens
+and its cells are cleared after it.
 Not thread-safe: one caller at a time, but for the vocabulary's read-only methods.
 """
 
@@ -96,7 +97,10 @@ cdef class Embedder(Vocabulary):
         cdef llama_context_params cparams = llama_context_default_params()
         cparams.n_ctx = step_tokens
         cparams.n_batch = step_tokens
-        cparams.n_ubatch = step_tokens  # an encoder's call is one ubatch
+        # an encoder's call is one ubatch; a decoder's is split into ubatches of 512 (its
+        # KV keeps what earlier ones computed), which bounds the logits llama.cpp computes
+        # for every token beside its state
+        cparams.n_ubatch = min(step_tokens, 512) if causal else step_tokens
         cparams.n_seq_max = max_inputs
         cparams.kv_unified = True
         cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED

@@ -32,7 +32,7 @@ from dgr import gguf_file, kernel_coverage
 from dgr._backend import system_info
 from dgr.config import NodeConfig
 from dgr.engine import EngineThread, resolve_model_path
-from dgr.errors import AdmissionRejected, DgrError, InvalidRequest
+from dgr.errors import AdmissionRejected, BudgetError, DgrError, InvalidRequest, ModelLoadError
 
 # inputs one request may carry (OpenAI's limit for /v1/embeddings)
 MAX_INPUTS = 2048
@@ -48,7 +48,14 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 def _metadata(config: NodeConfig) -> tuple[dict, str]:
-    metadata, _ = gguf_file.header(resolve_model_path(config.model_path))
+    """The model's GGUF metadata and architecture (ModelLoadError, saying why, for a
+    file that is not there or not a GGUF model)."""
+    path = resolve_model_path(config.model_path)
+    gguf_file.check_model_file(path)
+    try:
+        metadata, _ = gguf_file.header(path)
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot load model {path}: {exc}") from None
     return metadata, metadata.get("general.architecture", "")
 
 
@@ -68,10 +75,19 @@ def load_embedder(config: NodeConfig):
     metadata, arch = _metadata(config)
     trained = int(metadata.get(f"{arch}.context_length", STEP_TOKENS[0]))
     step_tokens = config.n_ctx or min(max(trained, STEP_TOKENS[0]), STEP_TOKENS[1])
-    return Embedder(resolve_model_path(config.model_path), step_tokens=step_tokens,
-                    max_inputs=config.max_running,
-                    pooling="rank" if config.rerank else config.pooling,
-                    n_threads=config.n_threads)
+    embedder = Embedder(resolve_model_path(config.model_path), step_tokens=step_tokens,
+                        max_inputs=config.max_running,
+                        pooling="rank" if config.rerank else config.pooling,
+                        n_threads=config.n_threads)
+    info = embedder.info
+    need = info["model_bytes"] + info["kv_bytes"] + info["compute_bytes"] + info["output_bytes"]
+    if need > config.memory_budget:
+        embedder.close()
+        raise BudgetError(f"weights ({info['model_bytes']}) + KV ({info['kv_bytes']}) + scratch "
+                          f"({info['compute_bytes'] + info['output_bytes']}) = {need} bytes "
+                          f"exceed the memory budget of {config.memory_budget} bytes; a smaller "
+                          "--ctx (the step's tokens) takes less")
+    return embedder
 
 
 @attrs.define(eq=False)

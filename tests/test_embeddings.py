@@ -244,3 +244,24 @@ async def test_generation_node_refuses_embeddings(start_server):  # noqa: F811
     async with server.client() as client:
         got = await client.post("/v1/embeddings", json={"input": "hello"})
         assert got.status_code == 501 and "--embeddings" in got.json()["error"]["message"]
+
+
+@pytest.mark.default_model
+async def test_default_model_with_mean_pooling_is_bitwise(default_model):
+    """A generation model started with --embeddings: a causal decoder whose step runs
+    in ubatches of 512 over its KV cells, its 262k-token logits computed beside."""
+    async with open_embedding_node(dgr.NodeConfig(model_path=str(default_model),
+                                                  embeddings=True, pooling="mean",
+                                                  n_threads=2)) as node:
+        ids = [node.tokenize(t) for t in TEXTS] + [node.tokenize("long " * 600)]
+        alone = [(await node.embed([x]))[0] for x in ids]
+        together = await node.embed(ids[::-1])
+        assert all(np.array_equal(a, b) for a, b in zip(alone, together[::-1]))
+        assert alone[0].shape == (640,)
+
+
+async def test_a_step_past_the_memory_budget_is_refused_at_start(models):
+    with pytest.raises(dgr.DgrError, match="memory budget"):
+        async with open_embedding_node(config(models["bert-mean-f32"],
+                                              memory_budget_bytes=1 << 20)):
+            pass
