@@ -16,6 +16,7 @@ from dgr import tools as tool_calls
 from dgr.config import NodeConfig
 from dgr.errors import ModelLoadError
 from dgr.jinja_template import ChatTemplate, TemplateError
+from dgr.reasoning import ThinkingSwitch
 
 # llama.cpp built-in chat templates for model families whose GGUFs may lack one.
 FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
@@ -47,7 +48,7 @@ class ChatRenderer:
         self.tool_format = tool_formats.for_template(self.source, special)
 
     def apply(self, messages: list[dict], add_generation_prompt: bool = True,
-              enable_thinking: bool = True) -> str:
+              thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
         """Messages of role and content as the template renders them (a leading BOS
         text left to the tokenizer, which adds it); a thinking model's thinking off
         as its template renders it with enable_thinking false, or, by llama.cpp's
@@ -55,18 +56,19 @@ class ChatRenderer:
         prompt (dgr.reasoning.without_thinking)."""
         if self._jinja is not None:
             text = self._jinja.render(messages, add_generation_prompt=add_generation_prompt,
-                                      enable_thinking=enable_thinking)
+                                      thinking=thinking)
             return text[len(self._bos):] if self._bos and text.startswith(self._bos) else text
         if self._llama_template is None:
             raise ValueError("the model has no chat template")
         text = self._engine.apply_chat_template(messages, template=self._llama_template,
                                                 add_assistant=add_generation_prompt)
-        if not enable_thinking and add_generation_prompt and reasoning.thinks(self.source):
+        if not thinking.enabled and add_generation_prompt and reasoning.thinks(self.source):
             text = reasoning.without_thinking(text)
         return text
 
     def prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-               continue_final: bool = False, enable_thinking: bool = True) -> str:
+               continue_final: bool = False,
+               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
         """The prompt of a chat (messages as dgr.doors.request.chat_message makes them)
         with the request's tools (a dgr.tools.ToolSpec, or None) in their format.
         continue_final: the last message, the assistant's, is continued: the chat
@@ -76,4 +78,4 @@ class ChatRenderer:
             return self.prompt(earlier, tools) + last["content"]
         tool_format = tools.format if tools is not None else tool_calls.GENERIC
         return tool_format.render(messages, tools, self.apply, add_generation_prompt,
-                                  enable_thinking)
+                                  thinking)

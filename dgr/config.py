@@ -469,7 +469,8 @@ class SamplingParams:
     model: the model the request names: the base model (by any of its names) or a
     loaded LoRa adapter, which the session then applies (dgr.adapters). lora:
     llama-server's ((adapter id, scale), ...): these adapters at these scales
-    instead of the global ones.
+    instead of the global ones. skip_special_tokens (vLLM's): control tokens write no
+    text; False: their text is part of the output.
     """
 
     max_tokens: Optional[int] = None
@@ -482,6 +483,7 @@ class SamplingParams:
     stop: tuple[str, ...] = attrs.field(default=(), converter=lambda v: _tuple((v,) if isinstance(v, str) else v))
     logprobs: int = 0
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
     logit_bias: tuple = attrs.field(default=(), converter=lambda v: _tuple(
         sorted(v.items(), key=lambda kv: str(kv[0])) if isinstance(v, dict) else v))
     presence_penalty: float = 0.0
@@ -531,8 +533,9 @@ class SamplingParams:
         integer("logprobs")
         if self.logprobs > MAX_LOGPROBS:
             bad("logprobs", f"logprobs must be within 0..{MAX_LOGPROBS}, got {self.logprobs}")
-        if not isinstance(self.ignore_eos, bool):
-            bad("ignore_eos", f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        for flag in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, flag), bool):
+                bad(flag, f"{flag} must be a boolean, got {getattr(self, flag)!r}")
         if not isinstance(self.stop, tuple) or len(self.stop) > MAX_STOP_STRINGS or any(
                 not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
             bad("stop", f"stop must be at most {MAX_STOP_STRINGS} non-empty strings of at most "

@@ -17,6 +17,8 @@ from typing import Any, Optional
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from dgr.reasoning import ThinkingSwitch
+
 # A rendered prompt longer than this (characters) is refused: no context holds it,
 # and a template that loops over its input must not fill the memory.
 MAX_RENDERED = 8 * 1024 * 1024
@@ -69,13 +71,14 @@ class ChatTemplate:
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
 
     def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
-               add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
-        # enable_thinking as llama.cpp and vLLM render templates: a model that can
-        # think before it answers may, unless the request switches it off (dgr.reasoning)
+               add_generation_prompt: bool = True,
+               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+        # the request's thinking switch and effort, as llama.cpp and vLLM render templates
+        # (dgr.reasoning.ThinkingSwitch)
         # and today's date, in the two forms llama.cpp gives templates
         now = datetime.datetime.now()
         context = self._special | {"messages": messages, "add_generation_prompt":
-                                   add_generation_prompt, "enable_thinking": enable_thinking,
+                                   add_generation_prompt, **thinking.template_vars(),
                                    "date_string": now.strftime("%d %b %Y"),
                                    "datetime": now.strftime("%b %d %Y")}
         if tools is not None:

@@ -39,6 +39,7 @@ from dgr.kv_tier import (MIN_RESTORE_TOKENS, BlobError, DiskTier, HostTier, Pref
                          llama_libraries, node_key)
 from dgr.kv_tiers import Tiers
 from dgr.loop import StepLoop, StepSettings
+from dgr.reasoning import ThinkingSwitch
 from dgr.placement import Placement
 from dgr.prefix_cache import PrefixCache
 from dgr.reply import PROGRESS_SLOTS, Reply
@@ -186,11 +187,12 @@ class Node:
         return bytes(self._open_engine().token_to_piece(token, special=True))
 
     def chat_prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-                    continue_final: bool = False, enable_thinking: bool = True) -> str:
+                    continue_final: bool = False,
+                    thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
         """The prompt of a chat (dgr.chat.ChatRenderer.prompt)."""
         self._open_engine()
         return self._chat.prompt(messages, tools, add_generation_prompt, continue_final,
-                                 enable_thinking)
+                                 thinking)
 
     def chat_template(self) -> str | None:
         """The chat template prompts are rendered with (configured, or the model's)."""
@@ -507,7 +509,9 @@ class Node:
             credits = max(session.spec.params.max_tokens, 1) if whole else self.config.reply_buffer
             room = credits + 1 + (PROGRESS_SLOTS if session.spec.reports_progress else 0)
             chunk_send, chunk_recv = trio.open_memory_channel(1 if whole else room)
-            replies[session] = Reply(session, chunk_send, self._engine.token_to_piece,
+            pieces = (self._engine.token_to_piece if session.spec.params.skip_special_tokens
+                      else functools.partial(self._engine.token_to_piece, special=True))
+            replies[session] = Reply(session, chunk_send, pieces,
                                      functools.partial(self._loop.end, session), credits, whole)
             opened.append((session, chunk_recv))
         self.adapters.acquire([session.spec for session in sessions])

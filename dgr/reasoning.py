@@ -10,8 +10,12 @@ pieces give the same parts whatever their boundaries, so a streamed answer's par
 join to the whole answer's (`split`). A thinking never closed is all thinking (the
 answer was cut short inside it), as llama.cpp's parser takes it.
 
+gpt-oss's harmony format writes the thinking as messages on an `analysis` channel and
+the answer on `final` (`HarmonySplitter`), with control tokens the answer's text
+renders only where the session asks for their text (SamplingParams.skip_special_tokens).
+
 llama-server's `--reasoning-format`: `none` leaves the text whole (thinking in the
-answer); `deepseek` splits it; `auto` splits where the template is of the family.
+answer); `deepseek` splits it; `auto` splits where the template is of either family.
 """
 
 from __future__ import annotations
@@ -19,15 +23,46 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+import attrs
+
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("auto", "deepseek", "none")
 
 _START, _THINKING, _AFTER, _ANSWER = range(4)  # states: where the next text goes
+# gpt-oss's harmony format: each message of an answer is a header (the assistant's start,
+# its channel, a recipient), `<|message|>`, its text, and an end
+HARMONY_CHANNEL, HARMONY_MESSAGE = "<|channel|>", "<|message|>"
+HARMONY_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+_HEADER, _ANALYSIS, _MESSAGE, _PLAIN = range(4)  # a harmony splitter's states
 
 
 def thinks(template: Optional[str]) -> bool:
     """Whether a chat template is of the `<think>` family."""
     return template is not None and CLOSE in template
+
+
+# what chat_template_kwargs / reasoning_effort may say of the effort (OpenAI's values)
+EFFORTS = ("minimal", "low", "medium", "high")
+
+
+@attrs.frozen
+class ThinkingSwitch:
+    """What a request tells a chat template of its thinking: whether the model may
+    think (`enable_thinking`, as llama.cpp and vLLM render templates) and how hard
+    (`reasoning_effort`, which gpt-oss's template reads; None: the template's own
+    default). A template that reads neither renders as it would without them."""
+
+    enabled: bool = True
+    effort: Optional[str] = None
+
+    def template_vars(self) -> dict:
+        return {"enable_thinking": self.enabled} | (
+            {"reasoning_effort": self.effort} if self.effort is not None else {})
+
+
+def harmony(template: Optional[str]) -> bool:
+    """Whether a chat template writes gpt-oss's harmony channels."""
+    return template is not None and HARMONY_CHANNEL in template and HARMONY_MESSAGE in template
 
 
 def opened_in_prompt(prompt: str) -> bool:
@@ -119,17 +154,78 @@ class ThinkSplitter:
         return "".join(thinking), "".join(answer)
 
 
-def split(text: str, opened: bool = False) -> tuple[str, str]:
-    """(thinking, answer) of a whole answer."""
-    return ThinkSplitter(opened).feed(text, final=True)
+class HarmonySplitter:
+    """One harmony answer's text (its control tokens' text included), split piece by
+    piece as ThinkSplitter splits it: the `analysis` channel's messages are the
+    thinking, every other channel's the answer, the headers and ends neither. Text
+    before any header (a model that writes no channel) is all answer."""
+
+    def __init__(self):
+        self._state = _HEADER
+        self._held = ""
+        self.thinking = False
+
+    @property
+    def inside(self) -> bool:
+        return self._state == _ANALYSIS
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        text = self._held + text
+        self._held = ""
+        thinking, answer = [], []
+        began_inside = self._state == _ANALYSIS  # an analysis message's end is its own
+        while text:
+            if self._state == _HEADER:
+                at = text.find(HARMONY_MESSAGE)
+                if not text.startswith("<|") and not "<|".startswith(text):
+                    self._state = _PLAIN
+                elif at >= 0:
+                    analysis = HARMONY_CHANNEL + "analysis" in text[:at]
+                    self._state = _ANALYSIS if analysis else _MESSAGE
+                    text = text[at + len(HARMONY_MESSAGE):]
+                else:  # a header still arriving (one cut short is neither part)
+                    self._held, text = ("" if final else text), ""
+            elif self._state == _PLAIN:
+                answer.append(text)
+                text = ""
+            else:
+                sink = thinking if self._state == _ANALYSIS else answer
+                ends = [(text.find(end), end) for end in HARMONY_ENDS if end in text]
+                if ends:
+                    at, end = min(ends)
+                    sink.append(text[:at])
+                    text, self._state = text[at + len(end):], _HEADER
+                    continue
+                keep = 0 if final else max(_partial(text, end) for end in HARMONY_ENDS)
+                sink.append(text[:len(text) - keep])
+                self._held, text = text[len(text) - keep:], ""
+        self.thinking = began_inside or any(thinking) or self._state == _ANALYSIS
+        return "".join(thinking), "".join(answer)
 
 
-def thought_tokens(pieces, opened: bool = False) -> int:
-    """How many of an answer's tokens (each one's text, in order) went to its thinking,
-    the tags included: usage's reasoning_tokens."""
-    splitter = ThinkSplitter(opened)
-    count = 0
-    for piece in pieces:
-        splitter.feed(piece)
-        count += splitter.thinking
-    return count
+@attrs.frozen
+class Splitting:
+    """How an answer's thinking is found: `<think>` tags (the output starting inside one
+    where the prompt `opened` it), or harmony's channels."""
+
+    opened: bool = False
+    harmony: bool = False
+
+    def splitter(self):
+        """A splitter of one answer, fed as it arrives (ThinkSplitter's interface)."""
+        return HarmonySplitter() if self.harmony else ThinkSplitter(self.opened)
+
+    def split(self, text: str) -> tuple[str, str]:
+        """(thinking, answer) of a whole answer."""
+        return self.splitter().feed(text, final=True)
+
+    def thought_tokens(self, pieces) -> int:
+        """How many of an answer's tokens (each one's text, in order) went to its
+        thinking, the tags included (harmony: an analysis message's `<|message|>`, text
+        and end): usage's reasoning_tokens."""
+        splitter = self.splitter()
+        count = 0
+        for piece in pieces:
+            splitter.feed(piece)
+            count += splitter.thinking
+        return count

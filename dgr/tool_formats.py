@@ -26,6 +26,7 @@ import logging
 from typing import Optional
 
 from dgr.jinja_template import ChatTemplate, TemplateError
+from dgr.reasoning import ThinkingSwitch
 from dgr.tools import (GENERIC, AnswerReader, ContentPiece, MAX_PARALLEL_CALLS, ToolSpec,
                        call_schema, schema_grammar)
 
@@ -64,13 +65,14 @@ class HermesFormat:
         self._bos = bos_token
 
     def render(self, messages: list[dict], spec: Optional[ToolSpec], apply_template,
-               add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
+               add_generation_prompt: bool = True,
+               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
         """The prompt, by the model's own template: the tools as it describes them,
         calls (their arguments as JSON values) and tool results as it renders
         them. A leading BOS text is left to the tokenizer, which adds it."""
         tools = [{"type": "function", "function": t} for t in spec.tools] if spec else None
         text = self._template.render(messages, tools, add_generation_prompt=add_generation_prompt,
-                                     enable_thinking=enable_thinking)
+                                     thinking=thinking)
         if self._bos and text.startswith(self._bos):
             text = text[len(self._bos):]
         return text

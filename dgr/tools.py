@@ -19,6 +19,7 @@ from typing import Any, Optional
 import attrs
 
 from dgr.errors import InvalidRequest
+from dgr.reasoning import ThinkingSwitch
 
 
 # Calls in one answer with parallel_tool_calls: a bound, so that a model repeating
@@ -175,7 +176,8 @@ class GenericFormat:
 
     @staticmethod
     def render(messages: list[dict], spec: Optional[ToolSpec], apply_template,
-               add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
+               add_generation_prompt: bool = True,
+               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
         """The prompt of a chat (messages as dgr.doors.request.chat_message makes them) through
         `apply_template` (messages of role and content, add_generation_prompt -> text): the tools
         described in the system message, the calls as the JSON the model answers in."""
@@ -188,14 +190,14 @@ class GenericFormat:
             else:
                 plain.append({"role": m["role"], "content": m["content"]})
             if m.get("reasoning_content"):  # a thinking model's template renders it or not
-                plain[-1]["reasoning_content"] = m["reasoning_content"]
+                plain[-1]["reasoning_content"] = plain[-1]["thinking"] = m["reasoning_content"]
         if spec is not None:
             described = system_prompt(spec)
             if plain[0]["role"] == "system":
                 plain[0] = {"role": "system", "content": plain[0]["content"] + "\n\n" + described}
             else:
                 plain.insert(0, {"role": "system", "content": described})
-        return apply_template(plain, add_generation_prompt, enable_thinking)
+        return apply_template(plain, add_generation_prompt, thinking)
 
     @staticmethod
     def grammar(spec: ToolSpec) -> str:

@@ -233,3 +233,69 @@ async def test_earlier_turns_thinking_reaches_the_template(start_server):  # noq
         bad = await client.post("/apply-template", json={"messages": [
             {"role": "user", "content": "hi", "reasoning_content": "no"}]})
         assert bad.status_code == 400
+
+
+HARMONY = ('root ::= "<|channel|>analysis<|message|>" [a-z ]{4,12} "<|end|><|start|>assistant'
+           '<|channel|>final<|message|>" [a-z]{3,8}')
+LONG = {"max_tokens": 160}  # the tiny vocabulary spells the harmony markup a character a token
+
+
+async def test_harmony_channels_split_in_every_door(start_server):  # noqa: F811
+    """gpt-oss's template (the pin's), on the tiny model: a grammar makes it write an
+    analysis message and a final one (as text here: the tiny vocabulary has no harmony
+    control tokens); each door returns them apart, whole and streamed alike, and
+    reasoning_effort reaches the template."""
+    import openai
+
+    server = await start_server({"chat_template_file": str(
+        TEMPLATES / "openai-gpt-oss-120b.jinja")})
+    async with server.client() as client:
+        whole = (await client.post("/v1/chat/completions", json=chat(
+            HARMONY, reasoning_effort="low", verbose=True, **LONG))).json()
+        assert "Reasoning: low" in whole["__verbose"]["prompt"]
+        message = whole["choices"][0]["message"]
+        assert message["reasoning_content"] and message["content"]
+        assert "<|" not in message["reasoning_content"] + message["content"]
+        assert whole["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+        streamed = sse_events((await client.post("/v1/chat/completions", json=chat(
+            HARMONY, reasoning_effort="low", stream=True, **LONG))).text)
+        deltas = [e["choices"][0]["delta"] for e in streamed if e["choices"]]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == \
+            message["reasoning_content"]
+        assert "".join(d.get("content") or "" for d in deltas) == message["content"]
+        high = (await client.post("/v1/chat/completions", json=chat(
+            HARMONY, chat_template_kwargs={"reasoning_effort": "high"}, verbose=True))).json()
+        assert "Reasoning: high" in high["__verbose"]["prompt"]
+        for bad in ({"reasoning_effort": "extreme"}, {"reasoning_effort": 3}):
+            refused = await client.post("/v1/chat/completions", json=chat(HARMONY, **bad))
+            assert refused.status_code == 400
+        # an earlier turn's thinking reaches the template's analysis message
+        again = (await client.post("/v1/chat/completions", json=chat(
+            HARMONY, verbose=True, **LONG) | {
+            "messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "yes", "reasoning_content": "hmm"},
+                         {"role": "user", "content": "and?"}]})).json()
+        assert again["choices"][0]["message"]["content"]
+    async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
+                                  max_retries=0) as client:
+        # Responses' reasoning.effort (the random model writes no channels: all answer)
+        got = await client.responses.create(model="m", input="hi", max_output_tokens=8,
+                                            temperature=0, reasoning={"effort": "low"})
+        assert [item.type for item in got.output] == ["message"]
+        with pytest.raises(openai.BadRequestError):
+            await client.responses.create(model="m", input="hi", max_output_tokens=4,
+                                          reasoning={"effort": "low", "summary": "auto"})
+
+
+async def test_special_tokens_text_on_request(start_server):  # noqa: F811
+    """vLLM's skip_special_tokens: false writes control tokens' text into the output."""
+    server = await start_server()
+    body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0, "logit_bias": {"3": 100}}
+    async with server.client() as client:
+        plain = (await client.post("/v1/completions", json=body)).json()
+        special = (await client.post("/v1/completions", json=body | {
+            "skip_special_tokens": False})).json()
+        assert plain["choices"][0]["text"] == ""
+        assert special["choices"][0]["text"] == "<|im_start|><|im_start|>"
+        bad = await client.post("/v1/completions", json=body | {"skip_special_tokens": "no"})
+        assert bad.status_code == 400

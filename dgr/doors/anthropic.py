@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Optional
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
@@ -161,7 +160,7 @@ class _Blocks:
 
     def __init__(self, reader, splitter=None):
         self.reader = reader  # dgr.tools.AnswerReader, or None without tools
-        self.splitter = splitter  # dgr.reasoning.ThinkSplitter, where thinking is split off
+        self.splitter = splitter  # a dgr.reasoning splitter, where thinking is split off
         self.index = -1
         self.open: Optional[str] = None
 
@@ -210,7 +209,7 @@ def _content(text: str, reader, thinking: Thinking) -> tuple[list[dict], bool]:
     """(content blocks, whether the answer is tool calls) of a whole answer."""
     thought = ""
     if thinking.split:
-        thought, text = reasoning.split(text, thinking.opened)
+        thought, text = thinking.splitting.split(text)
     blocks = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
     if reader is None:
         return blocks + ([{"type": "text", "text": text}] if text else []), False

@@ -48,7 +48,7 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
     (dgr.doors.prompts.Thinking)."""
     builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text,
                                 node.token_bytes, parsed.top_logprobs, parsed.tools,
-                                thinking.opened if thinking.split else None)
+                                thinking.splitting if thinking.split else None)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
     echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
               for p in prompts for _ in range(parsed.n)]

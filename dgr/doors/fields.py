@@ -19,7 +19,8 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "t
              "stream", "stream_options", "stop", "seed", "ignore_eos", "logit_bias",
              "presence_penalty", "frequency_penalty", "repeat_penalty", "repetition_penalty",
              "repeat_last_n", "response_format", "grammar", "min_tokens", "stop_token_ids",
-             "speculation", "timings_per_token", "return_progress", "n_predict", "lora"}
+             "speculation", "timings_per_token", "return_progress", "n_predict", "lora",
+             "skip_special_tokens"}
 
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
@@ -29,11 +30,12 @@ FIELDS = {
                                          "add_generation_prompt", "continue_final_message",
                                          "verbose", "chat_template_kwargs",
                                          "reasoning_format", "thinking_budget_tokens",
-                                         "reasoning_budget_tokens"},
+                                         "reasoning_budget_tokens", "reasoning_effort"},
     "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",
                       "top_p", "top_k", "min_p", "repetition_penalty", "text", "stream", "store",
                       "previous_response_id", "seed", "tools", "tool_choice",
-                      "parallel_tool_calls", "timings_per_token", "return_progress"},
+                      "parallel_tool_calls", "timings_per_token", "return_progress",
+                      "reasoning"},
     # llama-server's shape, and vLLM's (what vllm-router's cache-aware policy sends)
     # Anthropic's Messages API (`thinking` only as {"type": "disabled"})
     "/v1/messages": {"model", "max_tokens", "messages", "system", "stop_sequences",
@@ -85,7 +87,6 @@ HINTS = {
 ROUTER_DEFAULTS = {
     "priority": (0, "smg (Responses)"),
     "no_stop_trim": (False, "vllm-router"),                # stop strings are trimmed
-    "skip_special_tokens": (True, "vllm-router"),         # special tokens are not text
     "return_hidden_states": (False, "vllm-router"),
     "include_reasoning": (True, "vllm-router (chat)"),    # no reasoning is taken out
     "separate_reasoning": (True, "vllm-router (chat)"),

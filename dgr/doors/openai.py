@@ -35,7 +35,7 @@ SAMPLING_NAMES = {
     "frequency_penalty": "frequency_penalty", "repeat_penalty": "repeat_penalty",
     "repetition_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
     "min_tokens": "min_tokens", "stop_token_ids": "stop_token_ids", "speculation": "speculation",
-    "model": "model", "lora": "lora",
+    "model": "model", "lora": "lora", "skip_special_tokens": "skip_special_tokens",
 }
 CHAT_SAMPLING_NAMES = SAMPLING_NAMES | {"max_completion_tokens": "max_tokens"}
 
@@ -209,7 +209,8 @@ class CompletionBuilder:
     """Builds the OpenAI response objects of one completions or chat request."""
 
     def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0,
-                 tools: Optional[tool_calls.ToolSpec] = None, thinking: Optional[bool] = None):
+                 tools: Optional[tool_calls.ToolSpec] = None,
+                 thinking: Optional[reasoning.Splitting] = None):
         self.model = model
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -219,13 +220,13 @@ class CompletionBuilder:
         self._top = top_logprobs  # chat: alternatives per token
         self._offsets: dict[int, int] = {}  # choice index -> text offset so far
         self._tools = tools  # chat: answers are parsed for tool calls
-        # chat: whether the output starts inside a thinking, None where no thinking is
-        # split off (dgr.doors.prompts.thinking_prompt)
+        # chat: how the thinking is found, None where none is split off
+        # (dgr.doors.prompts.thinking_prompt)
         self.thinking = thinking
 
-    def splitter(self) -> Optional[reasoning.ThinkSplitter]:
+    def splitter(self):
         """A choice's thinking splitter, where thinking is split off."""
-        return None if self.thinking is None else reasoning.ThinkSplitter(self.thinking)
+        return None if self.thinking is None else self.thinking.splitter()
 
     def _logprobs(self, chunks: list[Chunk], index: int = 0,
                   prompt: Optional[list] = None) -> Optional[dict]:
@@ -294,9 +295,8 @@ class CompletionBuilder:
             if self.chat:
                 message: dict = {"role": "assistant"}
                 if self.thinking is not None:
-                    thought_tokens += reasoning.thought_tokens([c.text for c in chunks],
-                                                               self.thinking)
-                    thought, text = reasoning.split(text, self.thinking)
+                    thought_tokens += self.thinking.thought_tokens([c.text for c in chunks])
+                    thought, text = self.thinking.split(text)
                     if thought:
                         message["reasoning_content"] = thought
                 message["content"] = text

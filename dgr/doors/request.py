@@ -50,6 +50,7 @@ class GenerationRequest:
     # template does), and how the thinking is returned (None: the server's
     # --reasoning-format)
     thinking: Optional[bool] = None
+    effort: Optional[str] = None  # reasoning_effort, for templates that read it
     reasoning_format: Optional[str] = None
     thinking_budget: Optional[int] = None  # tokens (None or -1: the server's --reasoning-budget)
 
@@ -114,21 +115,26 @@ def lora_pairs(name: str, value: Any) -> Optional[tuple]:
     return tuple((entry["id"], entry["scale"]) for entry in value) or None
 
 
-def reasoning_fields(body: dict) -> dict:
+def reasoning_fields(body: dict, effort=None) -> dict:
     """The GenerationRequest fields of a chat's `chat_template_kwargs` (vLLM's and
-    llama-server's; `enable_thinking` is the one templates of thinking models read)
-    and llama-server's `reasoning_format`."""
+    llama-server's; `enable_thinking` and `reasoning_effort` are the ones templates of
+    thinking models read), OpenAI's `reasoning_effort` (or the door's own `effort`:
+    the Responses API's reasoning.effort), and llama-server's `reasoning_format`."""
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     for key in kwargs:
-        if key != "enable_thinking":
+        if key not in ("enable_thinking", "reasoning_effort"):
             raise BadRequest(f"'chat_template_kwargs.{key}' is not supported (only "
-                             "enable_thinking)", "chat_template_kwargs")
+                             "enable_thinking and reasoning_effort)", "chat_template_kwargs")
     thinking = kwargs.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise BadRequest("'chat_template_kwargs.enable_thinking' must be a boolean",
                          "chat_template_kwargs")
+    effort = effort or body.get("reasoning_effort") or kwargs.get("reasoning_effort")
+    if effort is not None and effort not in reasoning.EFFORTS:
+        raise BadRequest(f"'reasoning_effort' must be one of {', '.join(reasoning.EFFORTS)}",
+                         "reasoning_effort")
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in reasoning.FORMATS:
         raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}",
@@ -137,7 +143,8 @@ def reasoning_fields(body: dict) -> dict:
     for name in ("thinking_budget_tokens", "reasoning_budget_tokens"):  # llama-server's
         if body.get(name) is not None:
             budget = read_int(body, name, -1, 1 << 30)
-    return {"thinking": thinking, "reasoning_format": fmt, "thinking_budget": budget}
+    return {"thinking": thinking, "effort": effort, "reasoning_format": fmt,
+            "thinking_budget": budget}
 
 
 def prompt_list(prompt: Any, name: str = "prompt") -> list:
@@ -193,10 +200,11 @@ def chat_message(role: str, content: str, calls: Optional[list[dict]] = None,
     """A chat message as the chat template renders it: a role of ROLES' values, its
     text, an assistant's tool calls ({"id", "type": "function", "function": {"name",
     "arguments": a JSON value}}), or the call a tool message answers; an assistant's
-    thinking (`reasoning_content`, which templates of thinking models render or drop)."""
+    thinking (`reasoning_content`, which templates of thinking models render or drop;
+    gpt-oss's reads it as `thinking`)."""
     message = {"role": role, "content": content}
     if thought:
-        message["reasoning_content"] = thought
+        message["reasoning_content"] = message["thinking"] = thought
     if calls:
         message["tool_calls"] = calls
     if role == "tool":

@@ -18,13 +18,12 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.openai import ROLES, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
-                               json_object_grammar, named_values, prompt_ending, sampling,
-                               schema_grammar, tool_call)
+                               json_object_grammar, named_values, prompt_ending,
+                               reasoning_fields, sampling, schema_grammar, tool_call)
 from dgr.doors.prompts import Thinking, thinking_prompt
 from dgr.doors.response_store import ResponseStore
 from dgr.doors.problems import ended
@@ -172,7 +171,13 @@ def parse_response_request(body: Any, store: ResponseStore,
     stored = body.get("store", True)
     if not isinstance(stored, bool):
         raise BadRequest("'store' must be a boolean", "store")
+    effort = body.get("reasoning") or {}  # OpenAI's {"effort"}; no summaries are written
+    if not isinstance(effort, dict) or {k for k, v in effort.items() if v is not None} - {
+            "effort"}:
+        raise BadRequest("'reasoning' takes 'effort' only (the thinking itself is returned, "
+                         "not a summary)", "reasoning")
     chat = GenerationRequest(params, messages=messages, tools=tools,
+                             effort=reasoning_fields({}, effort.get("effort"))["effort"],
                              stream=read_bool(body, "stream"),
                              timings_per_token=read_bool(body, "timings_per_token"),
                              return_progress=read_bool(body, "return_progress"),
@@ -213,7 +218,7 @@ class ResponsesBuilder:
         response and the stored conversation share them)."""
         first = []
         if self._thinking.split:
-            thought, text = reasoning.split(text, self._thinking.opened)
+            thought, text = self._thinking.splitting.split(text)
             first = [self.reasoning_item("completed", thought)] if thought else []
         if self._reader is None:
             return first + [self.item("completed", text)], chat_message("assistant", text)
@@ -400,7 +405,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
     pieces: list[str] = []  # each token's text, for the thinking's token count
 
     def finished(text: str, chunks) -> dict:
-        thought = reasoning.thought_tokens(pieces, thinking.opened) if thinking.split else 0
+        thought = thinking.splitting.thought_tokens(pieces) if thinking.split else 0
         usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens,
                               thought)
         if parsed.store:

@@ -1,6 +1,6 @@
 """A thinking model's answer split into thinking and answer (dgr.reasoning): the
 same parts whole and in any pieces, the prompt opening the thinking, an unclosed
-thinking, text without any."""
+thinking, text without any; gpt-oss's harmony channels likewise."""
 
 import pytest
 from hypothesis import given, strategies as st
@@ -20,22 +20,39 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("text,opened,parts", CASES)
-def test_whole_answers_split(text, opened, parts):
-    assert reasoning.split(text, opened) == parts
+HARMONY = [
+    ("<|channel|>analysis<|message|>Let me see.<|end|><|start|>assistant<|channel|>final"
+     "<|message|>Paris.<|return|>", ("Let me see.", "Paris.")),
+    ("<|channel|>analysis<|message|>cut short", ("cut short", "")),
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary"
+     "<|message|>b<|end|><|start|>assistant<|channel|>final<|message|>c", ("a", "bc")),
+    ("Paris, without channels <|end|>", ("", "Paris, without channels <|end|>")),
+    ("<|channel|>final<|message|>only the answer<|return|>", ("", "only the answer")),
+    ("<|channel|>analy", ("", "")),
+    ("", ("", "")),
+]
+STYLES = [(text, reasoning.Splitting(opened=opened), parts) for text, opened, parts in CASES] \
+    + [(text, reasoning.Splitting(harmony=True), parts) for text, parts in HARMONY]
 
 
-@given(st.sampled_from(CASES), st.lists(st.integers(0, 60), max_size=8))
+@pytest.mark.parametrize("text,style,parts", STYLES)
+def test_whole_answers_split(text, style, parts):
+    assert style.split(text) == parts
+
+
+@given(st.sampled_from(STYLES), st.lists(st.integers(0, 120), max_size=8))
 def test_any_pieces_give_the_whole_answers_parts(case, cuts):
-    text, opened, parts = case
+    text, style, parts = case
     points = sorted({min(c, len(text)) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0] + points, points + [len(text)])]
-    splitter = reasoning.ThinkSplitter(opened)
+    splitter = style.splitter()
     got = [splitter.feed(piece, final=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
     assert ("".join(t for t, _ in got), "".join(a for _, a in got)) == parts
 
 
 def test_the_family_and_the_prompt_tell_where_the_output_starts():
+    assert reasoning.harmony("<|start|>assistant<|channel|>final<|message|>")
+    assert not reasoning.harmony("{{ '</think>' }}") and not reasoning.harmony(None)
     assert reasoning.thinks("{{ '<think>' }}...{{ '</think>' }}")
     assert not reasoning.thinks("{{ messages }}") and not reasoning.thinks(None)
     assert reasoning.opened_in_prompt("<|user|>hi<|assistant|><think>\n")
@@ -49,3 +66,9 @@ def test_a_tag_and_the_blank_line_after_it_in_separate_pieces():
     got = [splitter.feed(p, final=i == len(pieces) - 1) for i, p in enumerate(pieces)]
     assert "".join(t for t, _ in got) == "Let me see.\n"
     assert "".join(a for _, a in got) == "Paris."
+
+
+def test_harmony_thinking_tokens_are_counted():
+    pieces = ["<|channel|>", "analysis", "<|message|>", "Let", " me", "<|end|>", "<|start|>",
+              "assistant", "<|channel|>", "final", "<|message|>", "Paris", "<|return|>"]
+    assert reasoning.Splitting(harmony=True).thought_tokens(pieces) == 4
