@@ -109,12 +109,18 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     # A large output scale spreads the logits, so greedy choices are rarely near-ties.
     writer.add_tensor("output.weight", weight(n_vocab, n_embd, scale=8.0))
 
+    _write(writer, tmp, path)
+    return path
+
+
+def _write(writer, tmp: Optional[Path] = None, path: Optional[Path] = None) -> None:
+    """Write out and close a GGUFWriter; with `tmp`, move its file to `path` once whole."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    os.replace(tmp, path)
-    return path
+    if tmp is not None:
+        os.replace(tmp, path)
 
 
 def _add_tokenizer(writer, tokens, scores, types, chat_template: str,
@@ -282,11 +288,7 @@ def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: i
         writer.add_tensor("cls.bias", weight(n_embd, scale=0.1))
         writer.add_tensor("cls.output.weight", weight(n_labels, n_embd, scale=4.0))
         writer.add_tensor("cls.output.bias", weight(n_labels, scale=0.1))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
+    _write(writer, tmp, path)
     return path
 
 
@@ -300,10 +302,7 @@ def write_tensors(path: str | os.PathLike, tensors: dict) -> str:
     writer.add_uint32("test.number", 7)
     for name, (array, raw_type) in tensors.items():
         writer.add_tensor(name, array, raw_dtype=raw_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write(writer)
     return str(path)
 
 
@@ -335,10 +334,7 @@ def write_lora(base: str | os.PathLike, path: str | os.PathLike, *, rank: int = 
         writer.add_tensor(name + ".lora_a", a)
         writer.add_tensor(name + ".lora_b", b)
         deltas[name] = (b.astype(np.float64) @ a) * (alpha / rank)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write(writer)
     return deltas
 
 
