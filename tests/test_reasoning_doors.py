@@ -48,6 +48,19 @@ async def test_thinking_is_apart_whole_and_streamed(start_server, qwen3_model): 
         assert "".join(d.get("content") or "" for d in deltas) == message["content"]
         assert (events[-1]["usage"]["completion_tokens_details"]
                 == whole["usage"]["completion_tokens_details"])
+        # vLLM's include_reasoning false: split off and not returned; SGLang's
+        # stream_reasoning false: one delta; separate_reasoning false: as format none
+        hidden = (await client.post("/v1/chat/completions", json=chat(
+            THINKS, include_reasoning=False))).json()["choices"][0]["message"]
+        assert "reasoning_content" not in hidden and hidden["content"] == message["content"]
+        held = sse_events((await client.post("/v1/chat/completions", json=chat(
+            THINKS, stream=True, stream_reasoning=False))).text)
+        thoughts = [e["choices"][0]["delta"]["reasoning_content"] for e in held
+                    if e["choices"] and e["choices"][0]["delta"].get("reasoning_content")]
+        assert thoughts == [message["reasoning_content"]]
+        whole_text = (await client.post("/v1/chat/completions", json=chat(
+            THINKS, separate_reasoning=False))).json()["choices"][0]["message"]
+        assert whole_text["content"].startswith("<think>")
         # none: the thinking stays in the answer's text, as the model wrote it
         raw = (await client.post("/v1/chat/completions", json=chat(
             THINKS, reasoning_format="none"))).json()["choices"][0]["message"]

@@ -40,8 +40,7 @@ async def test_the_fields_routers_add_are_taken_at_their_defaults_and_refused_ot
         done = await client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 4,
                                                         "temperature": 0} | SMG_RESPONSES_EXTRAS)
         assert done.status_code == 200, done.text
-        for field, value in (("no_stop_trim", True), ("return_hidden_states", True),
-                             ("include_reasoning", False)):
+        for field, value in (("no_stop_trim", True), ("return_hidden_states", True)):
             refused = await client.post("/v1/chat/completions", json=CHAT | {field: value})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == field
         refused = await client.post("/v1/responses", json={"input": "hi", "priority": 3})

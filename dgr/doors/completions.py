@@ -48,7 +48,8 @@ async def _generate(request: Request, server: ServerState, node: Node, parsed,
     (dgr.doors.prompts.Thinking)."""
     builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text,
                                 node.token_bytes, parsed.top_logprobs, parsed.tools,
-                                thinking.splitting if thinking.split else None)
+                                thinking.splitting if thinking.split else None,
+                                parsed.include_reasoning)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
     echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
               for p in prompts for _ in range(parsed.n)]
@@ -166,6 +167,7 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
         text_event = TextEvents(builder)
         readers: dict = {}  # with tools: each choice's answer reader
         splitters: dict = {}  # a thinking model's: each choice's thinking splitter
+        held: dict = {}  # stream_reasoning false: each choice's thinking until it ends
         thought_tokens = 0
         events: list[str] = []  # the events of one batch of chunks
         async with merged as receive:
@@ -186,7 +188,13 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
                         thought, answer = splitter.feed(chunk.text,
                                                         chunk.finish_reason is not None)
                         thought_tokens += splitter.thinking and chunk.token_id is not None
-                        if thought:
+                        if thought and not parsed.stream_reasoning:
+                            held[index] = held.get(index, "") + thought
+                            thought = ""
+                        if index in held and (not splitter.inside
+                                              or chunk.finish_reason is not None):
+                            thought = held.pop(index)
+                        if thought and builder.include_reasoning:
                             events.append(sse_event(builder.reasoning_chunk(thought, index)))
                     if parsed.tools is not None and chunk.finish_reason != "error":
                         if index not in readers:

@@ -30,7 +30,9 @@ FIELDS = {
                                          "add_generation_prompt", "continue_final_message",
                                          "verbose", "chat_template_kwargs",
                                          "reasoning_format", "thinking_budget_tokens",
-                                         "reasoning_budget_tokens", "reasoning_effort"},
+                                         "reasoning_budget_tokens", "reasoning_effort",
+                                         "include_reasoning", "separate_reasoning",
+                                         "stream_reasoning"},
     "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",
                       "top_p", "top_k", "min_p", "repetition_penalty", "text", "stream", "store",
                       "previous_response_id", "seed", "tools", "tool_choice",
@@ -88,9 +90,6 @@ ROUTER_DEFAULTS = {
     "priority": (0, "smg (Responses)"),
     "no_stop_trim": (False, "vllm-router"),                # stop strings are trimmed
     "return_hidden_states": (False, "vllm-router"),
-    "include_reasoning": (True, "vllm-router (chat)"),    # no reasoning is taken out
-    "separate_reasoning": (True, "vllm-router (chat)"),
-    "stream_reasoning": (True, "vllm-router (chat)"),
     "add_special_tokens": (True, "vLLM's embeddings"),    # special tokens are added
     "truncate_prompt_tokens": (None, "vLLM's embeddings"),  # an input past the context: 400
 }

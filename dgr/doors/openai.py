@@ -210,7 +210,7 @@ class CompletionBuilder:
 
     def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0,
                  tools: Optional[tool_calls.ToolSpec] = None,
-                 thinking: Optional[reasoning.Splitting] = None):
+                 thinking: Optional[reasoning.Splitting] = None, include_reasoning: bool = True):
         self.model = model
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -223,6 +223,7 @@ class CompletionBuilder:
         # chat: how the thinking is found, None where none is split off
         # (dgr.doors.prompts.thinking_prompt)
         self.thinking = thinking
+        self.include_reasoning = include_reasoning  # vLLM's: the thinking is returned
 
     def splitter(self):
         """A choice's thinking splitter, where thinking is split off."""
@@ -297,7 +298,7 @@ class CompletionBuilder:
                 if self.thinking is not None:
                     thought_tokens += self.thinking.thought_tokens([c.text for c in chunks])
                     thought, text = self.thinking.split(text)
-                    if thought:
+                    if thought and self.include_reasoning:
                         message["reasoning_content"] = thought
                 message["content"] = text
                 if self._tools is not None:

@@ -16,7 +16,7 @@ import attrs
 from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.config import SamplingParams
-from dgr.doors.fields import BadRequest, read_int
+from dgr.doors.fields import BadRequest, read_bool, read_int
 from dgr.errors import InvalidRequest
 
 MAX_CHOICES = 32  # prompts x n in one request
@@ -53,6 +53,10 @@ class GenerationRequest:
     effort: Optional[str] = None  # reasoning_effort, for templates that read it
     reasoning_format: Optional[str] = None
     thinking_budget: Optional[int] = None  # tokens (None or -1: the server's --reasoning-budget)
+    # vLLM's include_reasoning (false: the thinking split off is not returned) and
+    # SGLang's stream_reasoning (false: streamed in one delta once it ends)
+    include_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @property
     def chat(self) -> bool:
@@ -139,12 +143,16 @@ def reasoning_fields(body: dict, effort=None) -> dict:
     if fmt is not None and fmt not in reasoning.FORMATS:
         raise BadRequest(f"'reasoning_format' must be one of {', '.join(reasoning.FORMATS)}",
                          "reasoning_format")
+    if "separate_reasoning" in body and not read_bool(body, "separate_reasoning"):
+        fmt = "none"  # SGLang's: the thinking stays in the answer's text
     budget = None
     for name in ("thinking_budget_tokens", "reasoning_budget_tokens"):  # llama-server's
         if body.get(name) is not None:
             budget = read_int(body, name, -1, 1 << 30)
+    shown = {name: read_bool(body, name) for name in ("include_reasoning", "stream_reasoning")
+             if name in body}
     return {"thinking": thinking, "effort": effort, "reasoning_format": fmt,
-            "thinking_budget": budget}
+            "thinking_budget": budget} | shown
 
 
 def prompt_list(prompt: Any, name: str = "prompt") -> list:
