@@ -33,7 +33,7 @@ from dgr._vocab cimport Vocabulary
 
 from dgr._backend import llama_log_text
 from dgr.errors import ContextError, DecodeError, ModelLoadError
-from dgr.gguf_file import check_model_file
+from dgr.gguf_file import check_model_file, header
 from dgr.llama_log import buffer_sizes, flash_attn
 
 cnp.import_array()
@@ -89,7 +89,7 @@ cdef class Embedder(Vocabulary):
         model_pooling = POOLING_NAMES.get(int(declared), "none") if declared else "none"
         chosen = pooling or model_pooling
         self.ranks = chosen == "rank"
-        if self.ranks and llama_model_n_cls_out(self.model) < 1:
+        if self.ranks and not any(name.startswith("cls.") for name, _, _ in header(path)[1]):
             self._free()
             raise ContextError(f"{path} has no classifier head: it cannot rank (pooling rank)")
         causal = (self.meta(f"{arch}.attention.causal") or "true") != "false"

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from dgr import gguf_file, kernel_coverage
 from dgr._backend import system_info
+from dgr._embed import Embedder
 from dgr.config import NodeConfig
 from dgr.engine import EngineThread, resolve_model_path
 from dgr.errors import AdmissionRejected, BudgetError, DgrError, InvalidRequest, ModelLoadError
@@ -68,10 +69,8 @@ def serves_embeddings(config: NodeConfig) -> bool:
     return metadata.get(f"{arch}.attention.causal", True) is False
 
 
-def load_embedder(config: NodeConfig):
+def load_embedder(config: NodeConfig) -> Embedder:
     """The model in an embedding context sized by the config (blocking)."""
-    from dgr._embed import Embedder
-
     metadata, arch = _metadata(config)
     trained = int(metadata.get(f"{arch}.context_length", STEP_TOKENS[0]))
     step_tokens = config.n_ctx or min(max(trained, STEP_TOKENS[0]), STEP_TOKENS[1])
@@ -261,6 +260,10 @@ class EmbeddingNode:
     def detokenize(self, tokens: list[int]) -> str:
         return self._embedder.detokenize(tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's raw bytes, special tokens rendered."""
+        return bytes(self._embedder.token_to_piece(token, special=True))
+
     def rerank_tokens(self, query: list[int], document: list[int]) -> list[int]:
         """A (query, document) pair as one input, as llama-server joins them: [bos] query
         [eos] [sep] document [eos] (each as the vocabulary adds them); query and
@@ -386,9 +389,9 @@ class EmbeddingNode:
         started = time.perf_counter()
         try:
             rows = await self._run_call(taken)
-        except DgrError:
+        except DgrError as exc:
             if len({request for request, _ in taken}) == 1:
-                self._finish(taken[0][0], InvalidRequest("the model could not compute it"))
+                self._finish(taken[0][0], exc)
                 return
             for request in {request: None for request, _ in taken}:
                 await self._step([item for item in taken if item[0] is request])

@@ -265,3 +265,19 @@ async def test_a_step_past_the_memory_budget_is_refused_at_start(models):
         async with open_embedding_node(config(models["bert-mean-f32"],
                                               memory_budget_bytes=1 << 20)):
             pass
+
+
+async def test_a_pooling_the_model_cannot_do_is_refused(start_server, models):  # noqa: F811
+    with pytest.raises(dgr.DgrError, match="no classifier head"):
+        async with open_embedding_node(config(models["bert-mean-f32"], rerank=True)):
+            pass
+    server = await start_server({"model_path": models["bert-mean-f32"], "pooling": "none"})
+    async with server.client() as client:
+        refused = await client.post("/v1/embeddings", json={"input": "hello world"})
+        assert refused.status_code == 400 and "pooling" in refused.json()["error"]["message"]
+        rows = (await client.post("/embedding", json={"content": "hello world"})).json()
+        ids = (await client.post("/tokenize", json={"content": "hello world",
+                                                    "add_special": True})).json()["tokens"]
+        assert len(rows[0]["embedding"]) == len(ids)  # a vector per token
+        assert (await client.post("/detokenize", json={"tokens": ids})).status_code == 200
+        assert (await client.post("/tokenize", json={"prompt": "hi"})).status_code == 501

@@ -42,7 +42,7 @@ class ServerState:
 
     def ready_node(self) -> Node:
         """The node, if it takes sessions."""
-        node = self._ready()
+        node = self.ready_vocabulary()
         if not node.generates:
             raise NotServed("this server serves embeddings (an embedding model, or "
                             "--embeddings): it does not generate; start it without "
@@ -51,7 +51,7 @@ class ServerState:
 
     def ready_embedder(self, task: str) -> "EmbeddingNode":
         """The node, if it serves `task` ("embedding" or "rerank")."""
-        node = self._ready()
+        node = self.ready_vocabulary()
         if not node.generates and node.task == task:
             return node
         if task == "rerank":
@@ -60,7 +60,9 @@ class ServerState:
         raise NotServed("this server does not serve embeddings: start it with --embeddings"
                         + (" (it serves a reranker: use /rerank)" if not node.generates else ""))
 
-    def _ready(self):
+    def ready_vocabulary(self):
+        """The node of either kind (a generation or an embedding node), for what its
+        vocabulary answers (/tokenize, /detokenize)."""
         if self.node is None:
             raise Unavailable("the model is loading")
         if self.node.draining:

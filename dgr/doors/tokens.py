@@ -18,10 +18,10 @@ from dgr.doors.responses import parse_response_request
 
 
 async def tokenize(request: Request, server: ServerState) -> Response:
-    node = server.ready_node()
+    node = server.ready_vocabulary()
     body = await server.read_json(request)
     if isinstance(body, dict) and ("prompt" in body or "messages" in body):
-        ids = await vllm_tokens(node, body)
+        ids = await vllm_tokens(server.ready_node(), body)
         return JSONResponse({"count": len(ids), "max_model_len": node.engine_info["n_ctx_seq"],
                              "tokens": ids, "token_strs": None})
     content, add_special, with_pieces = parse_tokenize(body)
@@ -83,7 +83,7 @@ async def vllm_tokens(node, body: dict) -> list[int]:
 
 
 async def detokenize(request: Request, server: ServerState) -> Response:
-    node = server.ready_node()
+    node = server.ready_vocabulary()
     tokens = parse_detokenize(await server.read_json(request))
     return JSONResponse({"content": node.detokenize(tokens)})
 
