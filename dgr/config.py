@@ -85,7 +85,8 @@ class NodeConfig:
         "--max-waiting-tokens", "Prompt tokens that may wait in the queue; beyond it new "
         "sessions are rejected (HTTP 429).", default=16384)
     n_ctx: Optional[int] = option(
-        "--ctx", "Total KV cells: the pool sessions reserve prompt + max_tokens from.",
+        "--ctx", "Total KV cells: the pool sessions reserve prompt + max_tokens from (an "
+        "embedding node: the tokens one step holds).",
         "the model's training context, less if the memory budget demands", default=None)
     session_ctx: Optional[int] = option(
         "--session-ctx", "Most KV cells one session may reserve (prompt + max_tokens); a "

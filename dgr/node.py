@@ -140,6 +140,12 @@ class Node:
     def engine_info(self) -> dict:
         return dict(self._engine.info)
 
+    def model_meta(self) -> dict:
+        """What /v1/models says of the model."""
+        info = self._engine.info
+        return {"architecture": info["architecture"], "n_params": info["n_params"],
+                "n_ctx_per_session": self.budgets.kv_cells_per_session, "n_vocab": info["n_vocab"]}
+
     @property
     def eog_tokens(self) -> list[int]:
         """The vocabulary's end-of-generation tokens."""

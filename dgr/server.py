@@ -68,19 +68,12 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     async def models(request: Request) -> Response:
         node = state.node
         data = []
-        if node is not None and not node.generates:
+        if node is not None:
             data.append({"id": state.model_id, "object": "model", "created": 0, "owned_by": "dgr",
                          "aliases": sorted(config.model_alias) or [state.model_id],
                          "tags": list(config.model_tags), "meta": node.model_meta()})
-        elif node is not None:
-            info = node.engine_info
-            data.append({"id": state.model_id, "object": "model", "created": 0, "owned_by": "dgr",
-                         "aliases": sorted(config.model_alias) or [state.model_id],
-                         "tags": list(config.model_tags),
-                         "meta": {"architecture": info["architecture"], "n_params": info["n_params"],
-                                  "n_ctx_per_session": node.budgets.kv_cells_per_session,
-                                  "n_vocab": info["n_vocab"]}})
-            data += adapters.model_entries(state)
+            if node.generates:
+                data += adapters.model_entries(state)
         return JSONResponse({"object": "list", "data": data})
 
     async def metrics(request: Request) -> Response:

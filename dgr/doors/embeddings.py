@@ -51,8 +51,8 @@ async def _input_ids(node, entry: Any, field: str) -> list[int]:
     raise BadRequest(f"'{field}' must be a string, token ids, or a list of those", field)
 
 
-async def _inputs(node, body: dict) -> tuple[list[list[int]], str]:
-    """The request's inputs as token ids, and the field they came from."""
+async def _inputs(node, body: dict) -> list[list[int]]:
+    """The request's inputs as token ids."""
     field = "input" if "input" in body else "content"
     value = body.get(field)
     if value is None:
@@ -66,7 +66,7 @@ async def _inputs(node, body: dict) -> tuple[list[list[int]], str]:
     if len(entries) > MAX_INPUTS:
         raise BadRequest(f"'{field}' holds {len(entries)} inputs; a request holds at most "
                          f"{MAX_INPUTS}", field)
-    return [await _input_ids(node, entry, field) for entry in entries], field
+    return [await _input_ids(node, entry, field) for entry in entries]
 
 
 def _norm(body: dict) -> int:
@@ -81,7 +81,7 @@ async def openai_embeddings(request: Request, server: ServerState) -> Response:
     body = json_object(await server.read_json(request))
     check_fields(body, "/v1/embeddings")
     if "input" not in body and "content" in body:  # llama-server's native field
-        return await _native(node, body, server)
+        return await _native(node, body)
     if node.pooling == "none":
         raise BadRequest("pooling 'none' gives a vector per token, which OpenAI's shape cannot "
                          "carry: use /embedding, or start the node with another --pooling")
@@ -94,7 +94,7 @@ async def openai_embeddings(request: Request, server: ServerState) -> Response:
         raise BadRequest(f"this model's vectors have {n_embd} dimensions and it declares no "
                          "shorter ones (Matryoshka truncation): 'dimensions' must be "
                          f"{n_embd} or absent", "dimensions")
-    inputs, _ = await _inputs(node, body)
+    inputs = await _inputs(node, body)
     norm = _norm(body)
     vectors = await node.embed(inputs)
     data = []
@@ -119,11 +119,11 @@ async def llama_embeddings(request: Request, server: ServerState) -> Response:
     node = server.ready_embedder("embedding")
     body = json_object(await server.read_json(request))
     check_fields(body, "/v1/embeddings")
-    return await _native(node, body, server)
+    return await _native(node, body)
 
 
-async def _native(node, body: dict, server: ServerState) -> Response:
-    inputs, _ = await _inputs(node, body)
+async def _native(node, body: dict) -> Response:
+    inputs = await _inputs(node, body)
     norm = _norm(body)
     vectors = await node.embed(inputs)
     out = []
