@@ -103,6 +103,9 @@ cdef class Embedder(Vocabulary):
         cparams.n_ubatch = min(step_tokens, 512) if causal else step_tokens
         cparams.n_seq_max = max_inputs
         cparams.kv_unified = True
+        # sliding-window layers keep every cell (as the generation engine's unified pool):
+        # a window's cells are never reused mid-call, so an input's cells stay in order
+        cparams.swa_full = True
         cparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED
         cparams.embeddings = True
         cparams.pooling_type = POOLING["rank"] if self.ranks else POOLING["none"]
