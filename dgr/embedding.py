@@ -237,9 +237,9 @@ class EmbeddingNode:
                         "max_waiting_tokens": self.max_waiting_tokens},
             "load": {"requests": len(self._requests), "waiting_inputs": len(self._queue),
                      "steps": self.steps_done},
-            "served": {kind: {"inputs": t.inputs.labels(kind)._value.get(),
-                              "tokens": t.tokens.labels(kind)._value.get()}
-                       for kind in ("embedding", "rerank")},
+            "served": {kind: {what: int(t.registry.get_sample_value(
+                f"dgr_embedding_{what}_total", {"kind": kind}) or 0)
+                for what in ("inputs", "tokens")} for kind in ("embedding", "rerank")},
             # whether the patch stack's row-invariance covers the model's weight types and
             # architecture on this CPU (dgr.kernel_coverage), the pooling being dgr's
             "invariance": self.invariance,
