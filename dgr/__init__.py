@@ -5,9 +5,15 @@ bounded admission:
 
     async with dgr.open_node(dgr.NodeConfig(model_path=...)) as node:
         result = await node.generate("Hello", dgr.SamplingParams(max_tokens=32))
+
+and embedding models (dgr.embedding):
+
+    async with dgr.open_embedding_node(dgr.NodeConfig(model_path=...)) as node:
+        [vector] = await node.embed([node.tokenize("Hello")])
 """
 
 from dgr.config import NodeConfig, SamplingParams, load_config
+from dgr.embedding import EmbeddingNode, open_embedding_node
 from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, GenerationFailed,
                         InvalidRequest, ModelLoadError, NodeClosed)
 from dgr.node import Node, open_node
@@ -17,8 +23,8 @@ from dgr.stream import Chunk, GenerationResult, SessionStream
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "FinishReason",
-    "GenerationFailed",
+    "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "EmbeddingNode",
+    "FinishReason", "GenerationFailed",
     "GenerationResult", "InvalidRequest", "ModelLoadError", "Node", "NodeClosed", "NodeConfig",
-    "SamplingParams", "SessionStream", "load_config", "open_node",
+    "SamplingParams", "SessionStream", "load_config", "open_embedding_node", "open_node",
 ]
