@@ -39,9 +39,8 @@ from dgr.errors import AdmissionRejected, BudgetError, DgrError, InvalidRequest,
 MAX_INPUTS = 2048
 # an embedding step's token budget, unless --ctx sets it: the model's context within
 # these bounds. A step packs inputs only up to it: each input's attention is its own, but
-# llama.cpp builds and scans a mask of the step's tokens squared (4,032 tokens of 24
-# inputs in one step took 1.10x their time one by one on a bge-small-shaped encoder;
-# ~1,000 tokens a step, 1.00x)
+# llama.cpp's attention mask spans the step's tokens squared, so a step of many thousand
+# tokens costs more than its inputs one by one
 STEP_TOKENS = (1024, 8192)
 # the waiting tokens an embedding node holds at least: this many steps' worth
 MIN_QUEUE_STEPS = 16
@@ -340,8 +339,11 @@ class EmbeddingNode:
         return request
 
     def _forget(self, request: EmbedRequest) -> None:
-        """A request that ends early: its waiting inputs leave the queue."""
+        """A request that ends: its waiting inputs, if any (it ends early), leave the
+        queue."""
         self._requests.discard(request)
+        if request.left == 0:  # all computed: none waits
+            return
         kept = collections.deque()
         for item in self._queue:
             if item[0] is request:
