@@ -1,6 +1,7 @@
 // Times CPU kernels of a llama.cpp tree on the shapes a serving node runs. Flash attention: a
 // prompt chunk of 512 rows at the end of a causal context (also of 2,048 cells among a 32k-cell
-// pool's), one decode row, and 16 decode rows of 16 sequences in one unified stream. MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
+// pool's), one decode row, and 16 decode rows of 16 sequences in one unified stream; an
+// encoder's non-causal inputs (one of 512 tokens, 16 of 32 in one step). MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
 // shape (2048 -> 768, 128 experts, 8 per token, Q4_K and Q6_K) for 1, 4 and 16 tokens. A
 // 2048 x 2048 matmul of the types the CPU_REPACK buffer type repacks row-invariantly (Q4_0,
 // IQ4_NL, MXFP4, Q4_K), its weights in the plain CPU buffer and repacked, for 1, 16 and 512 columns. Built
@@ -70,9 +71,9 @@ static double median_ms(ggml_context * ctx, ggml_tensor * out, int n_threads, in
 
 // n_seq sequences of len cells each, laid one after the other in one stream of at least pool
 // cells (the rest other sequences' cells, masked); n_rows query rows per sequence at its last
-// positions, causal.
+// positions, causal (or each row seeing all its sequence's cells).
 static double time_case(const shape & s, int n_seq, int len, int n_rows, int n_threads, int repeats,
-                        int pool = 0) {
+                        int pool = 0, bool causal = true) {
     const int n_kv = std::max((n_seq * len + 255) / 256 * 256, pool);
     const int n_q = n_seq * n_rows;
     ggml_init_params p = { (size_t) 64 << 20, nullptr, false };
@@ -92,7 +93,7 @@ static double time_case(const shape & s, int n_seq, int len, int n_rows, int n_t
             const int pos = len - n_rows + r;
             for (int c = 0; c < n_kv; c++) {
                 const int seq = c / len, cpos = c % len;
-                row[c] = seq == sq && cpos <= pos ? zero : minus_inf;
+                row[c] = seq == sq && (cpos <= pos || !causal) ? zero : minus_inf;
             }
         }
     }
@@ -190,13 +191,13 @@ static ggml_backend_buffer_type_t extra_buffer_type(const char * name) {
 static const char * filter = nullptr;
 
 static void run(const shape & s, const char * what, int n_seq, int len, int n_rows, int n_threads, int repeats,
-                int pool = 0) {
+                int pool = 0, bool causal = true) {
     char line[256];
     snprintf(line, sizeof(line), "%-36s %s, kv %5d", s.name, what, len);
     if (filter && !strstr(line, filter)) {
         return;
     }
-    printf("%s: %9.3f ms\n", line, time_case(s, n_seq, len, n_rows, n_threads, repeats, pool));
+    printf("%s: %9.3f ms\n", line, time_case(s, n_seq, len, n_rows, n_threads, repeats, pool, causal));
     fflush(stdout);
 }
 
@@ -218,6 +219,9 @@ int main(int argc, char ** argv) {
         }
         run(s, "decode, 16 rows of 16 sequences (kv each)", 16, 1024, 1, n_threads, repeats * 4);
     }
+    const shape encoder = { "bge-small (d 32, 12 heads, 12 kv)", 32, 12, 12 };
+    run(encoder, "non-causal input of 512 rows", 1, 512, 512, n_threads, repeats, 0, false);
+    run(encoder, "16 non-causal inputs of 32 rows (kv each)", 16, 32, 32, n_threads, repeats, 0, false);
     for (ggml_type type : { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K }) {
         for (int n : { 1, 4, 16 }) {
             char line[256];

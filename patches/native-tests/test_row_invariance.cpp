@@ -383,12 +383,13 @@ static const int FA_HEADS_KV = 1;
 static int pad256(int n) { return (n + 255) / 256 * 256; }
 
 // One sequence: cells at positions 0..len-1 and n_rows query rows at the last n_rows
-// positions (1 for a decode row, more for a prompt chunk), causal; window = 0 for full
-// attention.
+// positions (1 for a decode row, more for a prompt chunk), causal or (an encoder's input)
+// each row seeing every cell; window = 0 for full attention.
 struct fa_rows {
     int len;
     int window;
     int n_rows;
+    bool causal = true;
     std::vector<float> q;  // FA_D * FA_HEADS * n_rows
     std::vector<float> k;  // FA_D * len * FA_HEADS_KV
     std::vector<float> v;
@@ -399,7 +400,7 @@ struct fa_rows {
     }
     bool visible(int row, int pos) const {
         const int qpos = len - n_rows + row;
-        return pos <= qpos && (window == 0 || pos > qpos - window);
+        return !causal || (pos <= qpos && (window == 0 || pos > qpos - window));
     }
 };
 
@@ -608,8 +609,7 @@ static int test_flash_attn() {
 
 // A prompt chunk's rows against the same rows decoded one at a time: row r of a 96-row
 // chunk (which the tiled path takes by default) must give what a lone query row at its
-// position gives over the same cells. With GGML_CPU_FA_TILED=0 (patch 0008) every row takes
-// the one-row path; CTest runs this case with it set.
+// position gives over the same cells; and so must a row of an encoder's non-causal input.
 static int test_flash_attn_prompt_rows() {
     int failures = 0;
     const int n_rows = 96;
@@ -645,6 +645,41 @@ static int test_flash_attn_prompt_rows() {
             printf("\n");
             failures += bad ? 1 : 0;
         }
+    }
+    // an encoder's input (every row sees every cell of its input) packed after another
+    // input in one call, against each row as a lone query over the input's cells
+    for (int len : { 100, 600 }) {
+        fa_rows input(len, 0, len, 8000 + len);
+        input.causal = false;
+        fa_rows before(len / 2 + 3, 0, len / 2 + 3, 9000 + len);
+        before.causal = false;
+        const std::vector<float> rows = fa_placed({ { &input, strided(len, before.len, 1) },
+                                                    { &before, strided(before.len, 0, 1) } });
+        int bad = 0;
+        float worst = 0.0f;
+        for (int r : { 0, 1, 37, 63, 64, len - 1 }) {
+            fa_rows one(len, 0, 1, 0);
+            one.causal = false;
+            one.q.assign(input.q.begin() + (size_t) r * FA_HEADS * FA_D,
+                         input.q.begin() + (size_t) (r + 1) * FA_HEADS * FA_D);
+            one.k = input.k;
+            one.v = input.v;
+            const std::vector<float> alone = fa_placed({ { &one, strided(len, 0, 1) } });
+            const float * in_step = rows.data() + (size_t) r * FA_HEADS * FA_D;
+            if (memcmp(in_step, alone.data(), alone.size() * sizeof(float)) != 0) {
+                bad++;
+                for (size_t i = 0; i < alone.size(); i++) {
+                    worst = fmaxf(worst, fabsf(in_step[i] - alone[i]));
+                }
+            }
+        }
+        printf("flash_attn kv=%4d non-causal %d-row input beside another vs rows alone: %s",
+               len, len, bad ? "DIFFERS" : "bitwise equal");
+        if (bad) {
+            printf(" (%d of 6 rows, max |diff| %g)", bad, worst);
+        }
+        printf("\n");
+        failures += bad ? 1 : 0;
     }
     return failures;
 }
