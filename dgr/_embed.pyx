@@ -187,6 +187,13 @@ cdef class Embedder(Vocabulary):
                 llama_vocab_sep(self.vocab), llama_vocab_get_add_bos(self.vocab),
                 llama_vocab_get_add_eos(self.vocab), llama_vocab_get_add_sep(self.vocab))
 
+    def rerank_template(self):
+        """The model's "rerank" template (its {query} and {document} filled in lay out a
+        pair), or None."""
+        self.check_open()
+        cdef const char * tmpl = llama_model_chat_template(self.model, b"rerank")
+        return None if tmpl == NULL else tmpl.decode("utf-8", "replace")
+
     def run(self, const int32_t[::1] tokens, const int32_t[::1] lengths):
         """Inputs of `lengths` tokens, one after another in `tokens`, in one call:
         every token's hidden state as a (tokens, n_embd) float32 array, or for a

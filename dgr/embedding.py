@@ -263,13 +263,18 @@ class EmbeddingNode:
         """One token's raw bytes, special tokens rendered."""
         return bytes(self._embedder.token_to_piece(token, special=True))
 
-    def rerank_tokens(self, query: list[int], document: list[int]) -> list[int]:
-        """A (query, document) pair as one input, as llama-server joins them: [bos] query
-        [eos] [sep] document [eos] (each as the vocabulary adds them); query and
-        document are tokenized without special tokens."""
+    def rerank_tokens(self, query: str, document: str) -> list[int]:
+        """A (query, document) pair as one input, as llama-server lays it out: the model's
+        "rerank" template with {query} and {document} filled in (special tokens parsed),
+        or else [bos] query [eos] [sep] document [eos], each as the vocabulary adds them."""
+        template = self._embedder.rerank_template()
+        if template is not None:
+            prompt = template.replace("{query}", query).replace("{document}", document)
+            return self.tokenize(prompt, add_special=False, parse_special=True)
         bos, eos, sep, add_bos, add_eos, add_sep = self._embedder.special_tokens()
-        return ([bos] if add_bos else []) + query + ([eos] if add_eos else []) + \
-            ([sep] if add_sep else []) + document + ([eos] if add_eos else [])
+        return ([bos] if add_bos else []) + self.tokenize(query, add_special=False) + \
+            ([eos] if add_eos else []) + ([sep] if add_sep else []) + \
+            self.tokenize(document, add_special=False) + ([eos] if add_eos else [])
 
     # ------------------------------------------------------------------ requests
 

@@ -18,10 +18,12 @@ from dgr.gguf_file import tensors
 COVERED = frozenset({"F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                      "Q5_K", "Q6_K", "IQ4_XS"})
 # served and checked bitwise by a test: random-weight models in tests/test_model_matrix.py
-# (attention, mixture of experts, a hybrid with short convolutions, a state-space model),
-# the default model (Gemma 3) in tests/test_default_model.py, and encoders (embeddings
-# and a reranker) in tests/test_embeddings.py
-TESTED_ARCHITECTURES = frozenset({"llama", "qwen3moe", "lfm2", "mamba", "gemma3", "bert"})
+# (attention with and without q/k norms, mixture of experts, a hybrid with short
+# convolutions, a state-space model), the default model (Gemma 3) in
+# tests/test_default_model.py, and embedders and rerankers (encoders with absolute,
+# rotary and ALiBi positions; decoders pooling their last token) in tests/test_embeddings.py
+TESTED_ARCHITECTURES = frozenset({"llama", "qwen3", "qwen3moe", "lfm2", "mamba", "gemma3",
+                                  "bert", "nomic-bert", "jina-bert-v2"})
 # the CPUs the native invariance tests pass on (scripts/native_tests.py, and with --cpu
 # avx2 | aarch64): a name, the machine, the llama.cpp system_info features that pick the
 # kernels they tested, and those that would pick others (an SVE build's)

@@ -1,8 +1,8 @@
 """Write a tiny random-weight GGUF model for tests: no download, loads in milliseconds.
 
-Architecture "llama" (or "qwen3moe": q/k norms and a mixture of experts; "lfm2": a
-hybrid of short-convolution and attention layers; "mamba": a selective state-space
-model, recurrent only), a few layers, f32 weights drawn from a seeded generator, and
+Architecture "llama" (or "qwen3": q/k norms; "qwen3moe": q/k norms and a mixture of
+experts; "lfm2": a hybrid of short-convolution and attention layers; "mamba": a
+selective state-space model, recurrent only), a few layers, f32 weights drawn from a seeded generator, and
 an SPM tokenizer with byte fallback (every UTF-8 byte has a token, so any text
 encodes), printable ASCII
 characters, a few merged pairs, and ChatML control tokens so that llama.cpp
@@ -23,7 +23,10 @@ from dgr._embed import POOLING
 # gguf token types
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
 
-ARCHITECTURES = ("llama", "qwen3moe", "lfm2", "mamba")
+ARCHITECTURES = ("llama", "qwen3", "qwen3moe", "lfm2", "mamba")
+# write_encoder_model's: BERT, nomic-bert (rotary positions, a gated feed-forward),
+# jina-bert-v2 (ALiBi: no positions, a linear bias by distance in the attention mask)
+ENCODER_ARCHITECTURES = ("bert", "nomic-bert", "jina-bert-v2")
 # LFM2's short convolution: the window of tokens each output mixes (its state keeps
 # the last LFM2_CONV_CACHE - 1)
 LFM2_CONV_CACHE = 3
@@ -34,6 +37,10 @@ CHAT_TEMPLATE = (
     " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% endif %}"
 )
+# a reranker's layout of a (query, document) pair, as Qwen3-Reranker's GGUF carries it
+# (llama-server fills in {query} and {document}; its control tokens are parsed)
+RERANK_TEMPLATE = ("<|im_start|>user\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+                   "<|im_start|>assistant\n")
 
 
 def _vocab() -> tuple[list[str], list[float], list[int]]:
@@ -57,14 +64,19 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
                      n_ctx_train: int = 8192, seed: int = 1234,
                      chat_template: str = CHAT_TEMPLATE, architecture: str = "llama",
                      n_expert: int = 8, n_expert_used: int = 2,
-                     deltas: Optional[dict] = None, pooling: Optional[str] = None) -> Path:
+                     deltas: Optional[dict] = None, pooling: Optional[str] = None,
+                     n_labels: int = 0) -> Path:
     """Write the model to `path` (atomically) and return the path. With architecture
     "qwen3moe" each layer's feed-forward is n_expert experts of n_ff rows, n_expert_used
     of them per token; with "lfm2" every third layer attends and the others are short
     convolutions (recurrent state); "mamba" has no attention at all. `deltas`
     ({tensor name: array}) are added to those weights: a LoRa adapter merged in
     (`write_lora`). `pooling` (a POOLING name) makes it an embedding model's GGUF
-    (Qwen3-Embedding-style: a decoder whose vector is its last token's, say)."""
+    (Qwen3-Embedding-style: a decoder whose vector is its last token's, say). With
+    n_labels (and pooling "rank") it is a Qwen3-Reranker-style reranker: a classifier
+    (cls.output) over the last token's state, and a "rerank" template that lays out a
+    query and a document. llama.cpp soft-maxes a qwen3 reranker's labels, so the first
+    of two ("yes", "no") is the score."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, "
                          f"not {architecture!r}")
@@ -85,6 +97,7 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
         writer.add_tensor = lambda name, array, **kw: add_tensor(
             name, (array + deltas[name]).astype(np.float32) if name in deltas else array, **kw)
     moe = architecture == "qwen3moe"
+    qk_norm = architecture in ("qwen3", "qwen3moe")
     writer.add_name("dgr-tiny-test")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
@@ -93,7 +106,11 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     if pooling is not None:
         writer.add_pooling_type(gguf.PoolingType(POOLING[pooling]))
-    _add_tokenizer(writer, tokens, scores, types, chat_template)
+    _add_tokenizer(writer, tokens, scores, types, chat_template,
+                   rerank_template=RERANK_TEMPLATE if n_labels else None)
+    if n_labels:
+        writer.add_classifier_output_labels([f"label{i}" for i in range(n_labels)])
+        writer.add_tensor("cls.output.weight", weight(n_labels, n_embd, scale=4.0))
     writer.add_tensor("token_embd.weight",
                       rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
     if architecture == "mamba":
@@ -102,7 +119,7 @@ def write_test_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int 
         _lfm2_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff)
     else:
         _attention_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff,
-                          n_expert if moe else 0, n_expert_used)
+                          n_expert if moe else 0, n_expert_used, qk_norm)
     # LFM2 names its final norm token_embd_norm
     writer.add_tensor("token_embd_norm.weight" if architecture == "lfm2" else "output_norm.weight",
                       np.ones(n_embd, dtype=np.float32))
@@ -124,7 +141,7 @@ def _write(writer, tmp: Optional[Path] = None, path: Optional[Path] = None) -> N
 
 
 def _add_tokenizer(writer, tokens, scores, types, chat_template: str,
-                   add_eos: bool = False) -> None:
+                   add_eos: bool = False, rerank_template: Optional[str] = None) -> None:
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -136,12 +153,16 @@ def _add_tokenizer(writer, tokens, scores, types, chat_template: str,
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(add_eos)
     writer.add_add_space_prefix(False)
-    writer.add_chat_template(chat_template)
+    if rerank_template is None:
+        writer.add_chat_template(chat_template)
+    else:  # named templates: tokenizer.chat_template and tokenizer.chat_template.rerank
+        writer.add_chat_template([{"name": "default", "template": chat_template},
+                                  {"name": "rerank", "template": rerank_template}])
 
 
 def _attention_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff,
-                      n_expert, n_expert_used) -> None:
-    """llama's layers, or qwen3moe's with n_expert experts."""
+                      n_expert, n_expert_used, qk_norm) -> None:
+    """llama's layers, qwen3's (qk_norm) or qwen3moe's (and n_expert experts)."""
     head_dim = n_embd // n_head
     writer.add_feed_forward_length(n_ff)
     if n_expert:
@@ -158,13 +179,14 @@ def _attention_layers(writer, weight, n_embd, n_layer, n_head, n_head_kv, n_ff,
         writer.add_tensor(f"blk.{i}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        if qk_norm:
+            writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         if not n_expert:
             writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
             writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
             writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
             continue
-        writer.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         # a router with a wide spread, so that tokens pick experts far from ties
         writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", weight(n_expert, n_embd, scale=4.0))
         for name, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
@@ -233,12 +255,18 @@ QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS", "IQ4_N
 
 def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,
                         n_head: int = 4, n_ff: int = 128, n_ctx_train: int = 512,
-                        pooling: str = "mean", n_labels: int = 0, seed: int = 99) -> Path:
-    """Write a BERT-style encoder (architecture "bert": non-causal attention, absolute
-    positions, layer norms with biases) with the SPM vocabulary above, adding a
-    leading <s> and a trailing </s> to every input, whose GGUF asks for `pooling`.
-    With n_labels a classifier head follows the pooled first token (cls and cls_output,
-    n_labels scores; llama.cpp's "rank" pooling: a reranker)."""
+                        pooling: str = "mean", n_labels: int = 0, seed: int = 99,
+                        architecture: str = "bert") -> Path:
+    """Write a BERT-style encoder (non-causal attention, layer norms with biases) with
+    the SPM vocabulary above, adding a leading <s> and a trailing </s> to every input,
+    whose GGUF asks for `pooling`. Architecture "bert" has absolute positions;
+    "nomic-bert" rotary ones, a fused QKV projection and a gated (SiLU) feed-forward;
+    "jina-bert-v2" ALiBi and a GELU-gated feed-forward. With n_labels a classifier head
+    follows the pooled first token (cls and cls_output, n_labels scores; llama.cpp's
+    "rank" pooling: a reranker)."""
+    if architecture not in ENCODER_ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {', '.join(ENCODER_ARCHITECTURES)}, "
+                         f"not {architecture!r}")
     import gguf
 
     path = Path(path)
@@ -253,8 +281,13 @@ def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: i
                           .astype(np.float32))
         writer.add_tensor(name + ".bias", (0.1 * rng.standard_normal(n_embd)).astype(np.float32))
 
+    def linear(name: str, rows: int, cols: int, bias: bool = True) -> None:
+        writer.add_tensor(name + ".weight", weight(rows, cols))
+        if bias:
+            writer.add_tensor(name + ".bias", weight(rows, scale=0.1))
+
     tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), "bert")
+    writer = gguf.GGUFWriter(str(tmp), architecture)
     writer.add_name("dgr-tiny-encoder")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
@@ -265,27 +298,36 @@ def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: i
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType(POOLING[pooling]))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if architecture == "nomic-bert":
+        writer.add_rope_freq_base(1000.0)
     _add_tokenizer(writer, tokens, scores, types, CHAT_TEMPLATE, add_eos=True)
     writer.add_token_type_count(2)
     if n_labels:
         writer.add_classifier_output_labels([f"label{i}" for i in range(n_labels)])
     writer.add_tensor("token_embd.weight", weight(len(tokens), n_embd, scale=np.sqrt(n_embd)))
     writer.add_tensor("token_types.weight", weight(2, n_embd, scale=np.sqrt(n_embd)))
-    writer.add_tensor("position_embd.weight", weight(n_ctx_train, n_embd, scale=np.sqrt(n_embd)))
+    if architecture == "bert":
+        writer.add_tensor("position_embd.weight",
+                          weight(n_ctx_train, n_embd, scale=np.sqrt(n_embd)))
     norm("token_embd_norm")
     for i in range(n_layer):
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd))
-            writer.add_tensor(f"blk.{i}.{name}.bias", weight(n_embd, scale=0.1))
+        if architecture == "nomic-bert":
+            linear(f"blk.{i}.attn_qkv", 3 * n_embd, n_embd, bias=False)
+            linear(f"blk.{i}.attn_output", n_embd, n_embd, bias=False)
+        else:
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                linear(f"blk.{i}.{name}", n_embd, n_embd)
         norm(f"blk.{i}.attn_output_norm")
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
-        writer.add_tensor(f"blk.{i}.ffn_up.bias", weight(n_ff, scale=0.1))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
-        writer.add_tensor(f"blk.{i}.ffn_down.bias", weight(n_embd, scale=0.1))
+        if architecture == "nomic-bert":
+            linear(f"blk.{i}.ffn_gate", n_ff, n_embd, bias=False)
+            linear(f"blk.{i}.ffn_up", n_ff, n_embd, bias=False)
+            linear(f"blk.{i}.ffn_down", n_embd, n_ff, bias=False)
+        else:  # jina-bert-v2's up projection holds its gate's rows too
+            linear(f"blk.{i}.ffn_up", n_ff * (2 if architecture == "jina-bert-v2" else 1), n_embd)
+            linear(f"blk.{i}.ffn_down", n_embd, n_ff)
         norm(f"blk.{i}.layer_output_norm")
     if n_labels:
-        writer.add_tensor("cls.weight", weight(n_embd, n_embd))
-        writer.add_tensor("cls.bias", weight(n_embd, scale=0.1))
+        linear("cls", n_embd, n_embd)
         writer.add_tensor("cls.output.weight", weight(n_labels, n_embd, scale=4.0))
         writer.add_tensor("cls.output.bias", weight(n_labels, scale=0.1))
     _write(writer, tmp, path)

@@ -38,6 +38,15 @@ def models(tmp_path_factory):
         "llama-last": str(testmodel.write_test_model(folder / "last.gguf", pooling="last")),
         "rank": str(testmodel.write_encoder_model(folder / "rank.gguf", pooling="rank",
                                                   n_labels=1)),
+        "nomic-bert-mean": str(testmodel.write_encoder_model(
+            folder / "nomic.gguf", n_embd=128, n_head=4, n_ff=256, architecture="nomic-bert")),
+        "jina-bert-v2-mean": str(testmodel.write_encoder_model(
+            folder / "jina.gguf", n_embd=128, n_head=4, n_ff=256, architecture="jina-bert-v2")),
+        "qwen3-last": str(testmodel.write_test_model(folder / "qwen3-last.gguf",
+                                                     architecture="qwen3", pooling="last")),
+        "qwen3-rank": str(testmodel.write_test_model(folder / "qwen3-rank.gguf",
+                                                     architecture="qwen3", pooling="rank",
+                                                     n_labels=2)),
     }
 
 
@@ -47,7 +56,8 @@ def config(path, **overrides):
 
 
 @pytest.mark.parametrize("name", ["bert-mean-f32", "bert-mean-q8_0", "bert-mean-q4_k_m",
-                                  "bert-cls", "llama-last", "rank"])
+                                  "bert-cls", "llama-last", "rank", "nomic-bert-mean",
+                                  "jina-bert-v2-mean", "qwen3-last", "qwen3-rank"])
 async def test_vectors_bitwise_alone_together_and_mixed(models, name):
     async with open_embedding_node(config(models[name])) as node:
         ids = [node.tokenize(t) for t in TEXTS]
@@ -74,7 +84,11 @@ async def test_vectors_bitwise_alone_together_and_mixed(models, name):
 
 @pytest.mark.parametrize("name,pooling", [("bert-mean-f32", llama_cpp.LLAMA_POOLING_TYPE_MEAN),
                                           ("bert-cls", llama_cpp.LLAMA_POOLING_TYPE_CLS),
-                                          ("llama-last", llama_cpp.LLAMA_POOLING_TYPE_LAST)])
+                                          ("llama-last", llama_cpp.LLAMA_POOLING_TYPE_LAST),
+                                          ("nomic-bert-mean", llama_cpp.LLAMA_POOLING_TYPE_MEAN),
+                                          ("jina-bert-v2-mean",
+                                           llama_cpp.LLAMA_POOLING_TYPE_MEAN),
+                                          ("qwen3-last", llama_cpp.LLAMA_POOLING_TYPE_LAST)])
 async def test_vectors_match_llama_cpps_own_pooling(models, name, pooling):
     """llama.cpp pools in its graph (a mean by matmul, the first or last row); dgr pools
     the same token states itself: equal within 1e-4 in cosine, each text."""
@@ -89,13 +103,18 @@ async def test_vectors_match_llama_cpps_own_pooling(models, name, pooling):
         assert cosine > 1 - 1e-4
 
 
-async def test_rerank_scores_match_llama_cpp(models):
-    reference = llama_cpp.Llama(models["rank"], embedding=True, n_ctx=512, n_batch=512,
+@pytest.mark.parametrize("name", ["rank", "qwen3-rank"])
+async def test_rerank_scores_match_llama_cpp(models, name):
+    """A BERT-style reranker (its first token's state through a classifier head) and a
+    Qwen3-Reranker-style one (its last token's, the pair laid out by its template)."""
+    reference = llama_cpp.Llama(models[name], embedding=True, n_ctx=512, n_batch=512,
                                 n_ubatch=512, verbose=False)
-    async with open_embedding_node(config(models["rank"])) as node:
-        query = node.tokenize("which animal", add_special=False)
-        inputs = [node.rerank_tokens(query, node.tokenize(t, add_special=False))
-                  for t in TEXTS]
+    async with open_embedding_node(config(models[name])) as node:
+        inputs = [node.rerank_tokens("which animal", t) for t in TEXTS]
+        # the model's rerank template lays the pair out where it has one
+        first = node.tokenize("<|im_start|>" if name == "qwen3-rank" else "",
+                              add_special=name != "qwen3-rank", parse_special=True)
+        assert inputs[0][:1] == first[:1]
         got = [float(s[0]) for s in await node.embed(inputs)]
     # llama-cpp-python's embed() (llama.cpp's rank pooling; its first value is the
     # score) on the same tokens: its tokenizer is given them

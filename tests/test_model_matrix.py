@@ -1,6 +1,7 @@
 """The invariance promise across architectures and weight types: random-weight models
 written at test time (a llama with grouped-query attention and a qwen3moe with 8
-experts, 2 per token, each in nine weight types made by llama.cpp's quantizer; an lfm2
+experts, 2 per token, each in nine weight types made by llama.cpp's quantizer; a dense
+qwen3 in two; an lfm2
 hybrid of short convolutions and attention, and a mamba, in two), every session
 checked by `python -m dgr check-invariance`'s check: alone, 8 at once arriving
 staggered, again (from the prefix cache where the model has one), and at once in a
@@ -40,6 +41,20 @@ async def test_every_session_is_bitwise_alone_together_and_cached(source_models,
                             n_ubatch=256, prefill_chunk=16, n_threads=2)
     report = await invariance.check(config, invariance.PROMPTS, n_new=16)
     assert report["cached_tokens"] > 0  # the third run did take its prompts from the cache
+    assert report["bitwise"], invariance.describe(report)
+
+
+@pytest.mark.parametrize("kind", ["F32", "Q4_K_M"])
+async def test_qwen3_dense_is_bitwise_alone_together_and_cached(tmp_path, kind):
+    """Qwen3's dense decoder (llama's layers with q/k norms: the graph Qwen3-Embedding
+    and Qwen3-Reranker run too) generates bitwise as the matrix's models do."""
+    model = write_test_model(tmp_path / "qwen3-f32.gguf", architecture="qwen3", **SHAPE)
+    if kind != "F32":
+        model = quantize(model, tmp_path / f"qwen3-{kind}.gguf", kind)
+    config = dgr.NodeConfig(model_path=str(model), max_running=8, n_ctx=4096, n_batch=256,
+                            n_ubatch=256, prefill_chunk=16, n_threads=2)
+    report = await invariance.check(config, invariance.PROMPTS, n_new=16)
+    assert report["cached_tokens"] > 0
     assert report["bitwise"], invariance.describe(report)
 
 

@@ -10,6 +10,7 @@ import base64
 from typing import Any
 
 import numpy as np
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -161,9 +162,7 @@ async def rerank(request: Request, server: ServerState) -> Response:
         texts.append(text)
     top_n = read_int(body, "top_n", 1, 1 << 30) or len(texts)
     with_text = read_bool(body, "return_text" if tei else "return_documents")
-    query_ids = await node.tokenize_off_loop(query, add_special=False, parse_special=False)
-    inputs = [node.rerank_tokens(query_ids, await node.tokenize_off_loop(
-        text, add_special=False, parse_special=False)) for text in texts]
+    inputs = [await trio.to_thread.run_sync(node.rerank_tokens, query, text) for text in texts]
     scores = await node.embed(inputs)
     label = "score" if tei else "relevance_score"
     # best first; equal scores keep the documents' order
