@@ -15,6 +15,10 @@ masked cells) and the matmuls are row-invariant (the patch stack).
 An encoder (non-causal attention, no KV cache) computes a call in one ubatch, so
 n_ubatch is the step's token budget; a decoder's call runs in ubatches of 512 tokens
 and its cells are cleared after it.
+
+Beside a generation engine (`beside`), the embedder borrows the engine's model (the
+weights are loaded once) and takes the engine's model lock around each llama_decode,
+so its calls and the batch loop's steps run one at a time, each with every thread.
 Not thread-safe: one caller at a time, but for the vocabulary's read-only methods.
 """
 
@@ -28,19 +32,17 @@ from libc.stdint cimport int32_t
 from libc.string cimport memcpy
 
 from dgr._backend cimport clear_log, error_lines, init_backend
+from dgr._engine cimport Engine
 from dgr._llama cimport *
+from dgr._pthread cimport pthread_mutex_lock, pthread_mutex_t, pthread_mutex_unlock
 from dgr._vocab cimport Vocabulary
 
 from dgr._backend import llama_log_text
 from dgr.errors import ContextError, DecodeError, ModelLoadError
-from dgr.gguf_file import check_model_file, header
+from dgr.gguf_file import POOLING, POOLING_NAMES, check_model_file, header
 from dgr.llama_log import buffer_sizes, flash_attn
 
 cnp.import_array()
-
-# llama.cpp's pooling types (enum llama_pooling_type), by name
-POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
-POOLING_NAMES = {code: name for name, code in POOLING.items()}
 
 
 cdef class Embedder(Vocabulary):
@@ -53,17 +55,21 @@ cdef class Embedder(Vocabulary):
     cdef int max_inputs
     cdef int n_out
     cdef bint ranks
+    cdef Engine beside              # whose model this borrows (None: its own)
+    cdef pthread_mutex_t * lane     # the engine's model lock, or NULL
     cdef readonly dict info
 
     def __cinit__(self):
         self.model = NULL
         self.ctx = NULL
         self.batch.token = NULL
+        self.lane = NULL
 
     def __init__(self, model_path, *, int step_tokens=4096, int max_inputs=64,
-                 pooling=None, n_threads=None):
-        """Load `model_path` and make a context for calls of up to `step_tokens` tokens
-        in `max_inputs` inputs. `pooling` (a POOLING name) overrides the model's."""
+                 pooling=None, n_threads=None, Engine beside=None):
+        """Load `model_path` (or, `beside` a generation engine, borrow its model) and make
+        a context for calls of up to `step_tokens` tokens in `max_inputs` inputs.
+        `pooling` (a POOLING name) overrides the model's."""
         init_backend()
         path = os.fspath(model_path)
         check_model_file(path)
@@ -76,9 +82,15 @@ cdef class Embedder(Vocabulary):
         mparams.use_extra_bufts = False
         cdef bytes bpath = path.encode()
         cdef const char * cpath = bpath
-        clear_log()
-        with nogil:
-            self.model = llama_model_load_from_file(cpath, mparams)
+        if beside is not None:
+            beside.check_open()
+            self.beside = beside
+            self.lane = &beside.model_lock
+            self.model = beside.model
+        else:
+            clear_log()
+            with nogil:
+                self.model = llama_model_load_from_file(cpath, mparams)
         if self.model == NULL:
             raise ModelLoadError(f"cannot load model {path}: "
                                  f"{error_lines() or 'llama.cpp refused it'}")
@@ -134,6 +146,7 @@ cdef class Embedder(Vocabulary):
             "name": self.meta("general.name") or os.path.basename(path),
             "architecture": arch,
             "model_bytes": int(llama_model_size(self.model)),
+            "shares_weights": beside is not None,
             "n_params": int(llama_model_n_params(self.model)),
             "n_vocab": self.vocab_size,
             "n_ctx_train": n_ctx_train,
@@ -157,8 +170,8 @@ cdef class Embedder(Vocabulary):
         self._free()
 
     def close(self):
-        """Free the context and model now, once tokenize calls on other threads have
-        left the vocabulary."""
+        """Free the context and the model (unless borrowed) now, once tokenize calls on
+        other threads have left the vocabulary."""
         while self.tokenizing:
             time.sleep(0.001)
         self._free()
@@ -170,9 +183,11 @@ cdef class Embedder(Vocabulary):
         if self.ctx != NULL:
             llama_free(self.ctx)
             self.ctx = NULL
-        if self.model != NULL:
+        if self.model != NULL and self.beside is None:
             llama_model_free(self.model)
-            self.model = NULL
+        self.model = NULL
+        self.beside = None
+        self.lane = NULL
 
     @property
     def is_open(self):
@@ -226,7 +241,11 @@ cdef class Embedder(Vocabulary):
         cdef const float * src
         cdef bint missing = False
         with nogil:
+            if self.lane != NULL:
+                pthread_mutex_lock(self.lane)
             rc = llama_decode(self.ctx, self.batch)
+            if self.lane != NULL:
+                pthread_mutex_unlock(self.lane)
             if rc == 0:
                 for i in range(n_inputs if self.ranks else n):
                     src = (llama_get_embeddings_seq(self.ctx, i) if self.ranks

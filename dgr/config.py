@@ -15,8 +15,8 @@ import cattrs
 
 from dgr._codes import (MAX_ADAPTERS, MAX_DRAFT, MAX_LOGPROBS, MAX_RUNNING, MAX_STOP_IDS,
                         Speculation)
-from dgr._embed import POOLING
 from dgr.errors import InvalidRequest
+from dgr.gguf_file import POOLING
 from dgr.reasoning import FORMATS as REASONING_FORMATS
 from dgr.weight_repack import MODES as WEIGHT_REPACK_MODES
 
@@ -223,8 +223,9 @@ class NodeConfig:
         "as llama-server's --embeddings; an encoder model (BERT-style) always does.",
         default=False, metadata={"aliases": ("--embedding",)})
     pooling: Optional[str] = option(
-        "--pooling", "An embedding input's vector from its tokens': none (one per token), "
-        "mean, cls (the first), last, rank (a reranker's scores).", "the model's", default=None)
+        "--pooling", "An embedding's vector from its tokens': none (one per token), mean, cls "
+        "(the first), last, rank (a reranker's scores). Alone on a generation model: "
+        "embeddings beside generation.", "the model's", default=None)
     rerank: bool = option("--rerank", "Serve /rerank: --embeddings --pooling rank.",
                           default=False, metadata={"aliases": ("--reranking",)})
 

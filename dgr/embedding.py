@@ -2,7 +2,9 @@
 
 A node whose model is an encoder (non-causal attention: BERT and its kin), or that
 is started with --embeddings (or --rerank), serves vectors rather than text, as
-llama-server does with --embeddings. A request is a list of inputs (token ids);
+llama-server does with --embeddings. A generation model given --pooling alone serves
+both: an embedding node beside its generation node, on the same loaded weights, whose
+steps take turns with the batch loop's (dgr._embed: the engine's model lock). A request is a list of inputs (token ids);
 each input is computed whole in one step, and a step packs as many waiting inputs,
 oldest first, as its token budget and input slots hold (dgr._embed.Embedder.run,
 one llama_decode on the engine thread). A step's token states are pooled here,
@@ -68,23 +70,36 @@ def serves_embeddings(config: NodeConfig) -> bool:
     return metadata.get(f"{arch}.attention.causal", True) is False
 
 
-def load_embedder(config: NodeConfig) -> Embedder:
-    """The model in an embedding context sized by the config (blocking)."""
+def embeds_beside(config: NodeConfig) -> bool:
+    """Whether a generation node also serves embeddings, beside its sessions: --pooling
+    on a generation model, without --embeddings."""
+    return config.pooling is not None and not serves_embeddings(config)
+
+
+def load_embedder(config: NodeConfig, beside=None) -> Embedder:
+    """The model in an embedding context sized by the config (blocking). Beside a
+    generation node (dgr.node.Node), the context is on that node's model, its step is
+    STEP_TOKENS[0] tokens, and it fits in what the node's budget leaves."""
     metadata, arch = _metadata(config)
     trained = int(metadata.get(f"{arch}.context_length", STEP_TOKENS[0]))
-    step_tokens = config.n_ctx or min(max(trained, STEP_TOKENS[0]), STEP_TOKENS[1])
+    step_tokens = (STEP_TOKENS[0] if beside is not None else
+                   config.n_ctx or min(max(trained, STEP_TOKENS[0]), STEP_TOKENS[1]))
     embedder = Embedder(resolve_model_path(config.model_path), step_tokens=step_tokens,
                         max_inputs=config.max_running,
                         pooling="rank" if config.rerank else config.pooling,
-                        n_threads=config.n_threads)
+                        n_threads=config.n_threads,
+                        beside=beside.open_engine() if beside is not None else None)
     info = embedder.info
-    need = info["model_bytes"] + info["kv_bytes"] + info["compute_bytes"] + info["output_bytes"]
+    held, what = ((beside.engine_info["budgeted_bytes"], "the generation node")
+                  if beside is not None else (info["model_bytes"], "weights"))
+    need = held + info["kv_bytes"] + info["compute_bytes"] + info["output_bytes"]
     if need > config.memory_budget:
         embedder.close()
-        raise BudgetError(f"weights ({info['model_bytes']}) + KV ({info['kv_bytes']}) + scratch "
+        raise BudgetError(f"{what} ({held}) + KV ({info['kv_bytes']}) + scratch "
                           f"({info['compute_bytes'] + info['output_bytes']}) = {need} bytes "
                           f"exceed the memory budget of {config.memory_budget} bytes; a smaller "
-                          "--ctx (the step's tokens) takes less")
+                          + ("--ctx or --cache-ram leaves more" if beside is not None else
+                             "--ctx (the step's tokens) takes less"))
     return embedder
 
 
@@ -227,7 +242,8 @@ class EmbeddingNode:
                       "n_ctx_train": info["n_ctx_train"], "task": self.task,
                       "pooling": self.pooling, "model_pooling": info["model_pooling"],
                       "n_embd": info["n_embd"], "n_labels": info["n_labels"],
-                      "causal_attention": info["causal"]},
+                      "causal_attention": info["causal"],
+                      "shares_weights": info["shares_weights"]},
             "engine": {"n_threads": info["n_threads"], "flash_attn": info["flash_attn"],
                        "compute_bytes": info["compute_bytes"], "kv_bytes": info["kv_bytes"]},
             "budgets": {"max_input_tokens": self.max_input_tokens,
@@ -485,13 +501,14 @@ def normalize(vector: np.ndarray, norm: int) -> np.ndarray:
 
 
 @contextlib.asynccontextmanager
-async def open_embedding_node(config: NodeConfig) -> AsyncIterator[EmbeddingNode]:
-    """Load the model in an embedding context, start the step loop and yield the node.
-    Leaving the block refuses the requests in the node, waits for a step in flight
-    and frees the model."""
+async def open_embedding_node(config: NodeConfig, beside=None) -> AsyncIterator[EmbeddingNode]:
+    """Load the model in an embedding context (on the model of `beside`, a generation
+    node, which must outlive it), start the step loop and yield the node. Leaving the
+    block refuses the requests in the node, waits for a step in flight and frees the
+    context (and the model it loaded)."""
     thread = EngineThread()
     try:
-        embedder = await thread.run(load_embedder, config)
+        embedder = await thread.run(load_embedder, config, beside)
         try:
             async with trio.open_nursery() as nursery:
                 node = EmbeddingNode(config, embedder, thread)

@@ -17,6 +17,10 @@ TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8:
               26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
               35: "TQ2_0", 39: "MXFP4"}
 
+# llama.cpp's pooling types (enum llama_pooling_type, a GGUF's {arch}.pooling_type), by name
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+POOLING_NAMES = {code: name for name, code in POOLING.items()}
+
 # GGUF metadata value types: fixed sizes and struct formats; 8 is a string, 9 an array
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",

@@ -149,18 +149,18 @@ class Node:
     @property
     def eog_tokens(self) -> list[int]:
         """The vocabulary's end-of-generation tokens."""
-        return list(self._open_engine().eog_tokens)
+        return list(self.open_engine().eog_tokens)
 
-    def _open_engine(self):
-        """The engine, for the vocabulary; NodeClosed once the node has shut down
-        (the model is freed then)."""
+    def open_engine(self):
+        """The engine (its vocabulary; its model, for an embedding node beside it);
+        NodeClosed once the node has shut down (the model is freed then)."""
         if not self._engine.is_open:
             raise NodeClosed("the node is shut down")
         return self._engine
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of text; parse_special reads control-token text (chat templates)."""
-        return self._open_engine().tokenize(text, add_special=add_special,
+        return self.open_engine().tokenize(text, add_special=add_special,
                                             parse_special=parse_special).tolist()
 
     async def tokenize_off_loop(self, text: str, add_special: bool = True,
@@ -179,7 +179,7 @@ class Node:
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids, as a prompt given as ids reads (special tokens removed)."""
         try:
-            return self._open_engine().detokenize(tokens)
+            return self.open_engine().detokenize(tokens)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
 
@@ -190,24 +190,24 @@ class Node:
     def token_bytes(self, token: int) -> bytes:
         """One token's raw bytes: a byte-fallback token (part of a multi-byte
         character) is its own byte, not a replacement character."""
-        return bytes(self._open_engine().token_to_piece(token, special=True))
+        return bytes(self.open_engine().token_to_piece(token, special=True))
 
     def chat_prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
                     continue_final: bool = False,
                     thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
         """The prompt of a chat (dgr.chat.ChatRenderer.prompt)."""
-        self._open_engine()
+        self.open_engine()
         return self._chat.prompt(messages, tools, add_generation_prompt, continue_final,
                                  thinking)
 
     def chat_template(self) -> str | None:
         """The chat template prompts are rendered with (configured, or the model's)."""
-        self._open_engine()
+        self.open_engine()
         return self._chat.source
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render messages of role and content with the chat template alone."""
-        self._open_engine()
+        self.open_engine()
         return self._chat.apply(messages, add_generation_prompt)
 
     @contextlib.asynccontextmanager

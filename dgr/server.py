@@ -11,6 +11,7 @@ mid-stream cancels its session.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import math
@@ -35,7 +36,7 @@ from dgr.doors.fields import BadRequest
 from dgr.doors.problems import TooLarge, Unavailable, error_response
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.doors.vertex import VertexSettings, predict_endpoint
-from dgr.embedding import open_embedding_node, serves_embeddings
+from dgr.embedding import embeds_beside, open_embedding_node, serves_embeddings
 from dgr.node import Node, open_node
 
 log = logging.getLogger("dgr.server")
@@ -82,7 +83,9 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
         # dgr's own families, then the routers' gauges (read from those, so in a
         # registry of their own), then llama-server's
         node = state.node
-        response = Response(node.telemetry.exposition() + generate_latest(state.gateway_metrics)
+        beside = state.embedder.telemetry.exposition() if state.embedder is not None else b""
+        response = Response(node.telemetry.exposition() + beside
+                            + generate_latest(state.gateway_metrics)
                             + (llama_metrics.exposition(node) if node.generates else b""),
                             media_type=CONTENT_TYPE_LATEST)
         # in llama-server's case (Starlette would lower it; some clients read it as written)
@@ -94,6 +97,8 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
             raise Unavailable("the model is loading")
         report = state.node.capabilities()
         report["bounds"] |= state.responses.statistics()
+        if state.embedder is not None:
+            report["embeddings"] = state.embedder.capabilities()
         return JSONResponse(report)
 
     async def health(request: Request) -> Response:
@@ -353,7 +358,12 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
         urls = await nursery.start(run_http)
         log.info("listening on %s", ", ".join(urls))
         embedding = await trio.to_thread.run_sync(serves_embeddings, node_config)
-        async with (open_embedding_node if embedding else open_node)(node_config) as node:
+        beside = await trio.to_thread.run_sync(embeds_beside, node_config)
+        async with (open_embedding_node if embedding else open_node)(node_config) as node, \
+                contextlib.AsyncExitStack() as embeddings:
+            if beside:
+                state.embedder = await embeddings.enter_async_context(
+                    open_embedding_node(node_config, beside=node))
             state.model_id = min(server_config.model_alias, default=node.engine_info["name"])
             if node.generates:
                 node.adapters.base_names |= {state.model_id, *server_config.model_alias}
@@ -366,6 +376,8 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
             deadline = trio.current_time() + server_config.grace_s
             await _until_requests_stop(state, server_config.drain_quiet_s, deadline)
             drained = await node.drain(max(0.0, deadline - trio.current_time()))
+            if state.embedder is not None:
+                drained &= await state.embedder.drain(max(0.0, deadline - trio.current_time()))
             log.info("drained" if drained else "grace period over: cancelling remaining sessions")
         stop_http.set()
         with trio.move_on_after(hconfig.graceful_timeout + 2):

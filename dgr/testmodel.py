@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from dgr._embed import POOLING
+from dgr.gguf_file import POOLING
 
 # gguf token types
 _NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6

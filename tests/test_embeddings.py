@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import dgr
-from dgr import testmodel
+from dgr import invariance, testmodel
 from dgr.embedding import MAX_INPUTS, open_embedding_node
 from dgr.errors import AdmissionRejected, InvalidRequest
 from test_server import start_server  # noqa: F401  (the fixture)
@@ -300,3 +300,53 @@ async def test_a_pooling_the_model_cannot_do_is_refused(start_server, models):  
         assert len(rows[0]["embedding"]) == len(ids)  # a vector per token
         assert (await client.post("/detokenize", json={"tokens": ids})).status_code == 200
         assert (await client.post("/tokenize", json={"prompt": "hi"})).status_code == 501
+
+
+async def test_embeddings_beside_generation_share_weights_and_stay_bitwise(tmp_path):
+    """--pooling alone on a generation model: one copy of the weights serves sessions
+    and embeddings, their calls taking turns. Each vector is bitwise the one an
+    embedding-only node gives, and each session's tokens and log-probabilities are
+    those it gets with nothing beside it."""
+    path = str(testmodel.write_test_model(tmp_path / "gen.gguf"))
+    beside = config(path, pooling="mean")
+    greedy = dgr.SamplingParams(max_tokens=24, logprobs=2, ignore_eos=True)
+    prompts = invariance.PROMPTS[:4]
+    together = [None] * len(prompts)
+    async with dgr.open_node(beside) as node:
+        solo = [await node.generate(p, greedy) for p in prompts]
+        async with open_embedding_node(beside, beside=node) as embedder:
+            assert embedder.engine_info["shares_weights"]
+            ids = [embedder.tokenize(t) for t in TEXTS]
+            vectors = []
+
+            async def session(i):
+                together[i] = await node.generate(prompts[i], greedy)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(prompts)):
+                    nursery.start_soon(session, i)
+                for _ in range(4):
+                    vectors += await embedder.embed(ids)
+    async with open_embedding_node(config(path, embeddings=True, pooling="mean")) as alone:
+        assert not alone.engine_info["shares_weights"]
+        expected = await alone.embed(ids)
+    for a, b in zip(solo, together):
+        assert invariance.first_difference(a, b) is None
+    for i, vector in enumerate(vectors):
+        assert np.array_equal(vector, expected[i % len(ids)]), i
+
+
+async def test_one_server_generates_and_embeds_with_pooling(start_server, tmp_path):  # noqa: F811
+    path = str(testmodel.write_test_model(tmp_path / "gen.gguf"))
+    server = await start_server({"model_path": path, "pooling": "last", "n_ctx": 1024})
+    async with server.client() as http:
+        chat = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert chat.status_code == 200 and chat.json()["choices"][0]["message"]
+        got = await http.post("/v1/embeddings", json={"input": ["hello world", "again"]})
+        assert got.status_code == 200 and len(got.json()["data"][1]["embedding"]) == 64
+        report = (await http.get("/capabilities")).json()
+        assert report["embeddings"]["model"]["pooling"] == "last"
+        assert "dgr_embedding_requests_total" in (await http.get("/metrics")).text
+        refused = await http.post("/rerank", json={"query": "q", "documents": ["d"]})
+        assert refused.status_code == 501

@@ -27,6 +27,7 @@ class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.node: Optional[Node | EmbeddingNode] = None
+        self.embedder: Optional[EmbeddingNode] = None  # beside a generation node (--pooling)
         self.model_id = "dgr"
         self.responses = ResponseStore(config.responses_stored, config.responses_store_bytes)
         self.request_shutdown = lambda: None  # set by dgr.server.serve: drain, then exit
@@ -50,14 +51,18 @@ class ServerState:
         return node
 
     def ready_embedder(self, task: str) -> "EmbeddingNode":
-        """The node, if it serves `task` ("embedding" or "rerank")."""
+        """The node that serves `task` ("embedding" or "rerank"): the node, or the
+        embedding node beside it."""
         node = self.ready_vocabulary()
+        if node.generates and self.embedder is not None:
+            node = self.embedder
         if not node.generates and node.task == task:
             return node
         if task == "rerank":
             raise NotServed("this server does not rerank: start it with --rerank on a "
                             "reranking model")
-        raise NotServed("this server does not serve embeddings: start it with --embeddings"
+        raise NotServed("this server does not serve embeddings: start it with --embeddings, "
+                        "or with --pooling to serve them beside generation"
                         + (" (it serves a reranker: use /rerank)" if not node.generates else ""))
 
     def ready_vocabulary(self):
