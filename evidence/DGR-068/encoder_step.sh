@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # encoder_step.cpp built against llama.cpp's own static libraries (vendor/build-peers:
 # what llama-server runs) and against dgr's patched ones (build/native-patched: the
-# native tests' build of the patch stack), then run alternating on one model.
+# native tests' build of the patch stack), then run alternating on one model, for each
+# input length in N (a comma-separated list).
 #   sh evidence/DGR-068/encoder_step.sh MODEL [N] [ROUNDS]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -18,6 +19,8 @@ build pristine vendor/llama.cpp vendor/build-peers
 build patched vendor/llama.cpp-patched build/native-patched/llama
 for round in $(seq "$rounds"); do
     for build in pristine patched; do
-        printf '%s: ' "$build"; "$out/$build" "$model" "$n" 10 2
+        for length in $(echo "$n" | tr ',' ' '); do
+            printf '%s: ' "$build"; "$out/$build" "$model" "$length" 10 2
+        done
     done
 done
