@@ -512,6 +512,8 @@ async def open_embedding_node(config: NodeConfig, beside=None) -> AsyncIterator[
         try:
             async with trio.open_nursery() as nursery:
                 node = EmbeddingNode(config, embedder, thread)
+                if beside is not None:  # its weights and kernels: the generation node's report
+                    node.invariance = beside.engine_info["invariance"]
                 nursery.start_soon(node.run)
                 try:
                     yield node

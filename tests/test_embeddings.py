@@ -347,6 +347,8 @@ async def test_one_server_generates_and_embeds_with_pooling(start_server, tmp_pa
         assert got.status_code == 200 and len(got.json()["data"][1]["embedding"]) == 64
         report = (await http.get("/capabilities")).json()
         assert report["embeddings"]["model"]["pooling"] == "last"
+        assert report["embeddings"]["model"]["shares_weights"]
+        assert report["embeddings"]["invariance"] == report["invariance"]  # the same weights
         assert "dgr_embedding_requests_total" in (await http.get("/metrics")).text
         refused = await http.post("/rerank", json={"query": "q", "documents": ["d"]})
         assert refused.status_code == 501
