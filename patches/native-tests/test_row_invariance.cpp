@@ -607,6 +607,29 @@ static int test_flash_attn() {
     return failures + test_flash_attn_spread_cells();
 }
 
+// Row r of `rows` (FA_HEADS * FA_D floats a row) against the same row computed alone:
+// a difference counts in bad, its largest |diff| in worst.
+static void compare_row(const std::vector<float> & rows, int r, const std::vector<float> & alone,
+                        int & bad, float & worst) {
+    const float * got = rows.data() + (size_t) r * FA_HEADS * FA_D;
+    if (memcmp(got, alone.data(), alone.size() * sizeof(float)) != 0) {
+        bad++;
+        for (size_t i = 0; i < alone.size(); i++) {
+            worst = fmaxf(worst, fabsf(got[i] - alone[i]));
+        }
+    }
+}
+
+// Prints the verdict on 6 rows compared by compare_row; 1 if any differed.
+static int report_rows(const char * what, int bad, float worst) {
+    printf("flash_attn %s: %s", what, bad ? "DIFFERS" : "bitwise equal");
+    if (bad) {
+        printf(" (%d of 6 rows, max |diff| %g)", bad, worst);
+    }
+    printf("\n");
+    return bad ? 1 : 0;
+}
+
 // A prompt chunk's rows against the same rows decoded one at a time: row r of a 96-row
 // chunk (which the tiled path takes by default) must give what a lone query row at its
 // position gives over the same cells; and so must a row of an encoder's non-causal input.
@@ -628,22 +651,12 @@ static int test_flash_attn_prompt_rows() {
                              chunk.q.begin() + (size_t) (r + 1) * FA_HEADS * FA_D);
                 one.k.assign(chunk.k.begin(), chunk.k.begin() + (size_t) one.len * FA_D);  // FA_HEADS_KV == 1
                 one.v.assign(chunk.v.begin(), chunk.v.begin() + (size_t) one.len * FA_D);
-                const std::vector<float> alone = fa_placed({ { &one, strided(one.len, 0, 1) } });
-                const float * in_chunk = rows.data() + (size_t) r * FA_HEADS * FA_D;
-                if (memcmp(in_chunk, alone.data(), alone.size() * sizeof(float)) != 0) {
-                    bad++;
-                    for (size_t i = 0; i < alone.size(); i++) {
-                        worst = fmaxf(worst, fabsf(in_chunk[i] - alone[i]));
-                    }
-                }
+                compare_row(rows, r, fa_placed({ { &one, strided(one.len, 0, 1) } }), bad, worst);
             }
-            printf("flash_attn kv=%4d window=%3d 96-row prompt chunk vs rows decoded alone: %s",
-                   len, window, bad ? "DIFFERS" : "bitwise equal");
-            if (bad) {
-                printf(" (%d of 6 rows, max |diff| %g)", bad, worst);
-            }
-            printf("\n");
-            failures += bad ? 1 : 0;
+            char what[96];
+            snprintf(what, sizeof(what), "kv=%4d window=%3d 96-row prompt chunk vs rows decoded alone",
+                     len, window);
+            failures += report_rows(what, bad, worst);
         }
     }
     // an encoder's input (every row sees every cell of its input) packed after another
@@ -664,22 +677,12 @@ static int test_flash_attn_prompt_rows() {
                          input.q.begin() + (size_t) (r + 1) * FA_HEADS * FA_D);
             one.k = input.k;
             one.v = input.v;
-            const std::vector<float> alone = fa_placed({ { &one, strided(len, 0, 1) } });
-            const float * in_step = rows.data() + (size_t) r * FA_HEADS * FA_D;
-            if (memcmp(in_step, alone.data(), alone.size() * sizeof(float)) != 0) {
-                bad++;
-                for (size_t i = 0; i < alone.size(); i++) {
-                    worst = fmaxf(worst, fabsf(in_step[i] - alone[i]));
-                }
-            }
+            compare_row(rows, r, fa_placed({ { &one, strided(len, 0, 1) } }), bad, worst);
         }
-        printf("flash_attn kv=%4d non-causal %d-row input beside another vs rows alone: %s",
-               len, len, bad ? "DIFFERS" : "bitwise equal");
-        if (bad) {
-            printf(" (%d of 6 rows, max |diff| %g)", bad, worst);
-        }
-        printf("\n");
-        failures += bad ? 1 : 0;
+        char what[96];
+        snprintf(what, sizeof(what), "kv=%4d non-causal %d-row input beside another vs rows alone",
+                 len, len);
+        failures += report_rows(what, bad, worst);
     }
     return failures;
 }
