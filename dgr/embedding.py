@@ -4,12 +4,12 @@ A node whose model is an encoder (non-causal attention: BERT and its kin), or th
 is started with --embeddings (or --rerank), serves vectors rather than text, as
 llama-server does with --embeddings. A generation model given --pooling alone serves
 both: an embedding node beside its generation node, on the same loaded weights, whose
-steps take turns with the batch loop's (dgr._embed: the engine's model lock). A request is a list of inputs (token ids);
-each input is computed whole in one step, and a step packs as many waiting inputs,
-oldest first, as its token budget and input slots hold (dgr._embed.Embedder.run,
-one llama_decode on the engine thread). A step's token states are pooled here,
-input by input, in an order that does not depend on what shared the step, so a
-vector is bitwise the same whoever else the node serves.
+steps take turns with the batch loop's (dgr._embed: the engine's model lock). A
+request is a list of inputs (token ids); each input is computed whole in one step,
+and a step packs as many waiting inputs, oldest first, as its token budget and input
+slots hold (dgr._embed.Embedder.run, one llama_decode on the engine thread). A step's
+token states are pooled here, input by input, in an order that does not depend on
+what shared the step, so a vector is bitwise the same whoever else the node serves.
 
 Bounds (the generation node's reasons and HTTP statuses): an input longer than a
 step holds, or than the model's position table, is `never_fits`; at most

@@ -2,10 +2,10 @@
 
 Architecture "llama" (or "qwen3": q/k norms; "qwen3moe": q/k norms and a mixture of
 experts; "lfm2": a hybrid of short-convolution and attention layers; "mamba": a
-selective state-space model, recurrent only), a few layers, f32 weights drawn from a seeded generator, and
-an SPM tokenizer with byte fallback (every UTF-8 byte has a token, so any text
-encodes), printable ASCII
-characters, a few merged pairs, and ChatML control tokens so that llama.cpp
+selective state-space model, recurrent only), a few layers, f32 weights drawn from a
+seeded generator, and an SPM tokenizer with byte fallback (every UTF-8 byte has a
+token, so any text encodes), printable ASCII characters, a few merged pairs, and
+ChatML control tokens so that llama.cpp
 recognizes its chat template. `quantize` turns one into another weight type with
 the installed llama.cpp's quantizer.
 """
