@@ -352,3 +352,19 @@ async def test_one_server_generates_and_embeds_with_pooling(start_server, tmp_pa
         assert "dgr_embedding_requests_total" in (await http.get("/metrics")).text
         refused = await http.post("/rerank", json={"query": "q", "documents": ["d"]})
         assert refused.status_code == 501
+
+
+async def test_embeddings_beside_fit_in_what_the_generation_node_leaves(tmp_path):
+    """The embedding context beside a generation node is checked against what that
+    node's budget leaves; by default its host KV tier takes what the budget leaves (up
+    to 8 GiB), and the refusal says so."""
+    path = str(testmodel.write_test_model(tmp_path / "gen.gguf"))
+    squeezed = config(path, pooling="mean", memory_budget_bytes=1 << 30)
+    async with dgr.open_node(squeezed) as node:
+        with pytest.raises(dgr.DgrError, match="--cache-ram"):
+            async with open_embedding_node(squeezed, beside=node):
+                pass
+        assert (await node.generate("still serving", dgr.SamplingParams(max_tokens=2))).token_ids
+    room = config(path, pooling="mean", memory_budget_bytes=1 << 30, cache_ram_bytes=64 << 20)
+    async with dgr.open_node(room) as node, open_embedding_node(room, beside=node) as embedder:
+        assert len((await embedder.embed([embedder.tokenize("hello")]))[0]) == 64
