@@ -80,6 +80,9 @@ def load_embedder(config: NodeConfig, beside=None) -> Embedder:
     """The model in an embedding context sized by the config (blocking). Beside a
     generation node (dgr.node.Node), the context is on that node's model, its step is
     STEP_TOKENS[0] tokens, and it fits in what the node's budget leaves."""
+    if beside is not None and config.rpc_workers:
+        raise DgrError("embeddings beside generation run on this machine's weights alone, not "
+                       "with --rpc workers' layers: serve them from a node of their own")
     metadata, arch = _metadata(config)
     trained = int(metadata.get(f"{arch}.context_length", STEP_TOKENS[0]))
     step_tokens = (STEP_TOKENS[0] if beside is not None else

@@ -14,7 +14,7 @@ import trio
 
 import dgr
 from dgr import invariance, testmodel
-from dgr.embedding import MAX_INPUTS, open_embedding_node
+from dgr.embedding import MAX_INPUTS, load_embedder, open_embedding_node
 from dgr.errors import AdmissionRejected, InvalidRequest
 from test_server import start_server  # noqa: F401  (the fixture)
 
@@ -368,3 +368,11 @@ async def test_embeddings_beside_fit_in_what_the_generation_node_leaves(tmp_path
     room = config(path, pooling="mean", memory_budget_bytes=1 << 30, cache_ram_bytes=64 << 20)
     async with dgr.open_node(room) as node, open_embedding_node(room, beside=node) as embedder:
         assert len((await embedder.embed([embedder.tokenize("hello")]))[0]) == 64
+
+
+def test_embeddings_beside_generation_refuse_rpc_workers(tmp_path):
+    """Layers on RPC workers are the generation node's alone: a clear refusal at start."""
+    path = str(testmodel.write_test_model(tmp_path / "gen.gguf"))
+    with pytest.raises(dgr.DgrError, match="--rpc"):
+        load_embedder(config(path, pooling="mean", rpc_workers=("127.0.0.1:50052",)),
+                      beside=object())
