@@ -24,8 +24,7 @@ for placed in "CPU       " "CPU_REPACK"; do
         >/dev/null 2>&1
     kernel=$(perf report -i "$out/perf.data" --no-children --sort symbol 2>/dev/null \
         | grep -E "gemm|tiled_run" | head -1 | sed 's/.*\] //; s/  .*//')
-    printf '%s: %s:' "$placed" "$kernel"
-    perf annotate -i "$out/perf.data" --stdio -s "$kernel" 2>/dev/null \
-        | grep -oE "vpdpbusd|vpmaddubsw|vpmaddwd" | sort | uniq -c | tr -s ' \n' ' '
-    echo
+    counts=$(perf annotate -i "$out/perf.data" --stdio -s "$kernel" 2>/dev/null \
+        | grep -oE "vpdpbusd|vpmaddubsw|vpmaddwd" | sort | uniq -c | tr -s ' \n' ' ')
+    echo "$placed: $kernel:${counts% }"
 done
