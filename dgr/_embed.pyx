@@ -34,7 +34,7 @@ from libc.string cimport memcpy
 from dgr._backend cimport clear_log, error_lines, init_backend
 from dgr._engine cimport Engine
 from dgr._llama cimport *
-from dgr._pthread cimport pthread_mutex_lock, pthread_mutex_t, pthread_mutex_unlock
+from dgr._pthread cimport pthread_mutex_lock, pthread_mutex_unlock
 from dgr._vocab cimport Vocabulary
 
 from dgr._backend import llama_log_text
@@ -55,15 +55,13 @@ cdef class Embedder(Vocabulary):
     cdef int max_inputs
     cdef int n_out
     cdef bint ranks
-    cdef Engine beside              # whose model this borrows (None: its own)
-    cdef pthread_mutex_t * lane     # the engine's model lock, or NULL
+    cdef Engine beside              # whose model (and model lock) this borrows; None: its own
     cdef readonly dict info
 
     def __cinit__(self):
         self.model = NULL
         self.ctx = NULL
         self.batch.token = NULL
-        self.lane = NULL
 
     def __init__(self, model_path, *, int step_tokens=4096, int max_inputs=64,
                  pooling=None, n_threads=None, Engine beside=None):
@@ -85,7 +83,6 @@ cdef class Embedder(Vocabulary):
         if beside is not None:
             beside.check_open()
             self.beside = beside
-            self.lane = &beside.model_lock
             self.model = beside.model
         else:
             clear_log()
@@ -187,7 +184,6 @@ cdef class Embedder(Vocabulary):
             llama_model_free(self.model)
         self.model = NULL
         self.beside = None
-        self.lane = NULL
 
     @property
     def is_open(self):
@@ -240,12 +236,13 @@ cdef class Embedder(Vocabulary):
         cdef float * dst = <float *> out.data
         cdef const float * src
         cdef bint missing = False
+        cdef Engine beside = self.beside
         with nogil:
-            if self.lane != NULL:
-                pthread_mutex_lock(self.lane)
+            if beside is not None:
+                pthread_mutex_lock(&beside.model_lock)
             rc = llama_decode(self.ctx, self.batch)
-            if self.lane != NULL:
-                pthread_mutex_unlock(self.lane)
+            if beside is not None:
+                pthread_mutex_unlock(&beside.model_lock)
             if rc == 0:
                 for i in range(n_inputs if self.ranks else n):
                     src = (llama_get_embeddings_seq(self.ctx, i) if self.ranks

@@ -70,12 +70,6 @@ def serves_embeddings(config: NodeConfig) -> bool:
     return metadata.get(f"{arch}.attention.causal", True) is False
 
 
-def embeds_beside(config: NodeConfig) -> bool:
-    """Whether a generation node also serves embeddings, beside its sessions: --pooling
-    on a generation model, without --embeddings."""
-    return config.pooling is not None and not serves_embeddings(config)
-
-
 def load_embedder(config: NodeConfig, beside=None) -> Embedder:
     """The model in an embedding context sized by the config (blocking). Beside a
     generation node (dgr.node.Node), the context is on that node's model, its step is
@@ -172,11 +166,16 @@ class EmbeddingNode:
 
     generates = False
 
-    def __init__(self, config: NodeConfig, embedder, thread: EngineThread) -> None:
+    def __init__(self, config: NodeConfig, embedder, thread: EngineThread,
+                 invariance: Optional[dict] = None) -> None:
+        """`invariance`: the coverage report of the generation node whose weights the
+        embedder shares (the same kernels); by default this model's own."""
         self.config = config
         self._embedder = embedder
         self._thread = thread
         info = embedder.info
+        # the pair layout of a reranker's inputs, if the model has one (rerank_inputs)
+        self._rerank_template = embedder.rerank_template()
         self.pooling = info["pooling"]
         self.max_input_tokens = info["max_input_tokens"]
         self.step_tokens = info["step_tokens"]
@@ -192,7 +191,7 @@ class EmbeddingNode:
         self.failure: Optional[str] = None
         self.steps_done = 0
         self.telemetry = EmbeddingTelemetry(self)
-        self.invariance = kernel_coverage.report(
+        self.invariance = invariance or kernel_coverage.report(
             info["path"], frozenset(), info | {"weight_repack": "off", "memory": "attention"},
             system_info())
 
@@ -282,18 +281,21 @@ class EmbeddingNode:
         """One token's raw bytes, special tokens rendered."""
         return bytes(self._embedder.token_to_piece(token, special=True))
 
-    def rerank_tokens(self, query: str, document: str) -> list[int]:
-        """A (query, document) pair as one input, as llama-server lays it out: the model's
-        "rerank" template with {query} and {document} filled in (special tokens parsed),
-        or else [bos] query [eos] [sep] document [eos], each as the vocabulary adds them."""
-        template = self._embedder.rerank_template()
-        if template is not None:
-            prompt = template.replace("{query}", query).replace("{document}", document)
-            return self.tokenize(prompt, add_special=False, parse_special=True)
+    def rerank_inputs(self, query: str, documents: Sequence[str]) -> list[list[int]]:
+        """Each (query, document) pair as one input, as llama-server lays it out: the
+        model's "rerank" template with {query} and {document} filled in (special tokens
+        parsed), or else [bos] query [eos] [sep] document [eos], each as the vocabulary
+        adds them (blocking: it tokenizes)."""
+        if self._rerank_template is not None:
+            return [self.tokenize(self._rerank_template.replace("{query}", query)
+                                  .replace("{document}", document),
+                                  add_special=False, parse_special=True)
+                    for document in documents]
         bos, eos, sep, add_bos, add_eos, add_sep = self._embedder.special_tokens()
-        return ([bos] if add_bos else []) + self.tokenize(query, add_special=False) + \
-            ([eos] if add_eos else []) + ([sep] if add_sep else []) + \
-            self.tokenize(document, add_special=False) + ([eos] if add_eos else [])
+        head = ([bos] if add_bos else []) + self.tokenize(query, add_special=False) + \
+            ([eos] if add_eos else []) + ([sep] if add_sep else [])
+        return [head + self.tokenize(document, add_special=False) + ([eos] if add_eos else [])
+                for document in documents]
 
     # ------------------------------------------------------------------ requests
 
@@ -514,9 +516,8 @@ async def open_embedding_node(config: NodeConfig, beside=None) -> AsyncIterator[
         embedder = await thread.run(load_embedder, config, beside)
         try:
             async with trio.open_nursery() as nursery:
-                node = EmbeddingNode(config, embedder, thread)
-                if beside is not None:  # its weights and kernels: the generation node's report
-                    node.invariance = beside.engine_info["invariance"]
+                node = EmbeddingNode(config, embedder, thread,
+                                     beside.engine_info["invariance"] if beside else None)
                 nursery.start_soon(node.run)
                 try:
                     yield node

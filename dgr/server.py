@@ -36,7 +36,7 @@ from dgr.doors.fields import BadRequest
 from dgr.doors.problems import TooLarge, Unavailable, error_response
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.doors.vertex import VertexSettings, predict_endpoint
-from dgr.embedding import embeds_beside, open_embedding_node, serves_embeddings
+from dgr.embedding import open_embedding_node, serves_embeddings
 from dgr.node import Node, open_node
 
 log = logging.getLogger("dgr.server")
@@ -358,7 +358,8 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
         urls = await nursery.start(run_http)
         log.info("listening on %s", ", ".join(urls))
         embedding = await trio.to_thread.run_sync(serves_embeddings, node_config)
-        beside = await trio.to_thread.run_sync(embeds_beside, node_config)
+        # --pooling on a generation model (no --embeddings): embeddings beside generation
+        beside = not embedding and node_config.pooling is not None
         async with (open_embedding_node if embedding else open_node)(node_config) as node, \
                 contextlib.AsyncExitStack() as embeddings:
             if beside:

@@ -110,7 +110,7 @@ async def test_rerank_scores_match_llama_cpp(models, name):
     reference = llama_cpp.Llama(models[name], embedding=True, n_ctx=512, n_batch=512,
                                 n_ubatch=512, verbose=False)
     async with open_embedding_node(config(models[name])) as node:
-        inputs = [node.rerank_tokens("which animal", t) for t in TEXTS]
+        inputs = node.rerank_inputs("which animal", TEXTS)
         # the model's rerank template lays the pair out where it has one
         first = node.tokenize("<|im_start|>" if name == "qwen3-rank" else "",
                               add_special=name != "qwen3-rank", parse_special=True)
@@ -318,15 +318,24 @@ async def test_embeddings_beside_generation_share_weights_and_stay_bitwise(tmp_p
             assert embedder.engine_info["shares_weights"]
             ids = [embedder.tokenize(t) for t in TEXTS]
             vectors = []
+            sessions_done = trio.Event()
+            overlapped = 0  # embedding calls that ended while the sessions ran
+
+            async def sessions():
+                async with trio.open_nursery() as inner:
+                    for i in range(len(prompts)):
+                        inner.start_soon(session, i)
+                sessions_done.set()
 
             async def session(i):
                 together[i] = await node.generate(prompts[i], greedy)
 
             async with trio.open_nursery() as nursery:
-                for i in range(len(prompts)):
-                    nursery.start_soon(session, i)
-                for _ in range(4):
+                nursery.start_soon(sessions)
+                while not sessions_done.is_set():
                     vectors += await embedder.embed(ids)
+                    overlapped += not sessions_done.is_set()
+            assert overlapped >= 1
     async with open_embedding_node(config(path, embeddings=True, pooling="mean")) as alone:
         assert not alone.engine_info["shares_weights"]
         expected = await alone.embed(ids)

@@ -162,7 +162,7 @@ async def rerank(request: Request, server: ServerState) -> Response:
         texts.append(text)
     top_n = read_int(body, "top_n", 1, 1 << 30) or len(texts)
     with_text = read_bool(body, "return_text" if tei else "return_documents")
-    inputs = [await trio.to_thread.run_sync(node.rerank_tokens, query, text) for text in texts]
+    inputs = await trio.to_thread.run_sync(node.rerank_inputs, query, texts)
     scores = await node.embed(inputs)
     label = "score" if tei else "relevance_score"
     # best first; equal scores keep the documents' order
