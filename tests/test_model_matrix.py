@@ -131,7 +131,7 @@ def test_the_named_modes_repack_the_weights_whose_repacked_kernels_are_row_invar
         source_models, tmp_path, arch, kind, mode):
     """The matrix runs these models with --weight-repack invariant (the default) and
     Q4_K_M also with "decode": their layer weights are in llama.cpp's CPU_REPACK
-    buffer type; "off" repacks none, and "invariant" no Q4_K."""
+    buffer type; "off" repacks none, and "invariant" Q4_K only with AVX-512 VNNI."""
     model = str(quantize(source_models[arch], tmp_path / f"{arch}-{kind}.gguf", kind))
     names = repacked_tensors(dgr.NodeConfig(model_path=model, weight_repack=mode), model)
     if "AVX2 = 1" not in _engine.system_info():
@@ -146,4 +146,5 @@ def test_the_named_modes_repack_the_weights_whose_repacked_kernels_are_row_invar
         engine.close()
     assert repacked_tensors(dgr.NodeConfig(model_path=model, weight_repack="off"), model) == []
     if kind == "Q4_K_M":
-        assert repacked_tensors(dgr.NodeConfig(model_path=model), model) == []
+        by_default = repacked_tensors(dgr.NodeConfig(model_path=model), model)
+        assert (by_default == names) == ("AVX512_VNNI = 1" in _engine.system_info())
