@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Patch 0019's gain and cost: bench_kernels linked twice against the patch stack's static
 # libraries (build/native-patched), once with x86's repack kernels as the stack builds them
-# and once with patch 0019 taken out of that file, run alternating: a 2048 x 2048 Q4_K matmul
-# of 1, 16 and 512 columns, as loaded (the stack's tiled kernel) and repacked (CPU_REPACK).
+# and once with patch 0019 taken out of that file, run alternating: Q4_K matmuls (k x rows:
+# 2048 x 2048, and a 1B Llama's feed-forward 2048 x 8192 and 8192 x 2048) of 1, 16 and 512
+# columns, as loaded (the stack's tiled kernel) and repacked (CPU_REPACK).
 #   sh evidence/DGR-065/gemm_vnni_ab.sh [ROUNDS]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -27,7 +28,9 @@ for build in with without; do
 done
 for round in $(seq "$rounds"); do
     for build in with without; do
-        "$out/bench-kernels-$build" 2 10 "mul_mat 2048x2048 q4_K" 2>/dev/null \
-            | grep columns | sed "s/^/patch 0019 $build: /"
+        for shape in 2048x2048 2048x8192 8192x2048; do
+            "$out/bench-kernels-$build" 2 10 "mul_mat $shape q4_K" 2>/dev/null \
+                | grep columns | sed "s/^/patch 0019 $build: /"
+        done
     done
 done

@@ -4,7 +4,8 @@
 // encoder's non-causal inputs (one of 512 tokens, 16 of 32 in one step). MoE expert matmuls (mul_mat_id) of Qwen3-30B-A3B's
 // shape (2048 -> 768, 128 experts, 8 per token, Q4_K and Q6_K) for 1, 4 and 16 tokens. A
 // 2048 x 2048 matmul of the types the CPU_REPACK buffer type repacks row-invariantly (Q4_0,
-// IQ4_NL, MXFP4, Q4_K), its weights in the plain CPU buffer and repacked, for 1, 16 and 512 columns. Built
+// IQ4_NL, MXFP4, Q4_K; Q4_K also in a 1B Llama's feed-forward shapes), its weights in the plain
+// CPU buffer and repacked, for 1, 16 and 512 columns. Built
 // against each tree to compare, run alternating:
 //
 //   bench-kernels [n_threads] [repeats] [case]
@@ -131,10 +132,10 @@ static double time_moe(ggml_type type, int n, int n_threads, int repeats) {
     return median_ms(ctx, out, n_threads, repeats);
 }
 
-// The median milliseconds of a 2048 x 2048 `type` matmul of n columns through the CPU backend,
-// its weights placed in `buft`
-static double time_placed(ggml_backend_buffer_type_t buft, ggml_type type, int n, int n_threads, int repeats) {
-    const int k = 2048, rows = 2048;
+// The median milliseconds of a matmul of `rows` x `k` `type` weights by n columns through the CPU
+// backend, its weights placed in `buft`
+static double time_placed(ggml_backend_buffer_type_t buft, ggml_type type, int k, int rows, int n, int n_threads,
+                          int repeats) {
     ggml_init_params p = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * wctx = ggml_init(p);
     ggml_context * ctx = ggml_init(p);
@@ -233,15 +234,23 @@ int main(int argc, char ** argv) {
         }
     }
     ggml_backend_buffer_type_t repack = extra_buffer_type("CPU_REPACK");
+    // k x rows: square, and a 1B Llama's feed-forward up (or gate) and down weights
+    const int placed_shapes[3][2] = { { 2048, 2048 }, { 2048, 8192 }, { 8192, 2048 } };
     for (ggml_type type : { GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K }) {
-        for (int n : { 1, 16, 512 }) {
-            for (ggml_backend_buffer_type_t buft : { ggml_backend_cpu_buffer_type(), repack }) {
-                char line[256];
-                snprintf(line, sizeof(line), "mul_mat 2048x2048 %-6s %-10s %3d columns", ggml_type_name(type),
-                         buft ? ggml_backend_buft_name(buft) : "CPU_REPACK", n);
-                if ((!filter || strstr(line, filter)) && buft) {
-                    printf("%s: %9.3f ms\n", line, time_placed(buft, type, n, n_threads, n == 512 ? repeats : repeats * 4));
-                    fflush(stdout);
+        for (const auto & kr : placed_shapes) {
+            if (kr[0] != kr[1] && type != GGML_TYPE_Q4_K) {
+                continue;
+            }
+            for (int n : { 1, 16, 512 }) {
+                for (ggml_backend_buffer_type_t buft : { ggml_backend_cpu_buffer_type(), repack }) {
+                    char line[256];
+                    snprintf(line, sizeof(line), "mul_mat %dx%d %-6s %-10s %3d columns", kr[0], kr[1],
+                             ggml_type_name(type), buft ? ggml_backend_buft_name(buft) : "CPU_REPACK", n);
+                    if ((!filter || strstr(line, filter)) && buft) {
+                        printf("%s: %9.3f ms\n", line, time_placed(buft, type, kr[0], kr[1], n, n_threads,
+                                                                  n == 512 ? repeats : repeats * 4));
+                        fflush(stdout);
+                    }
                 }
             }
         }
