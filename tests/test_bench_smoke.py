@@ -34,4 +34,4 @@ def test_repacking_cost_and_gain_runs_each_pair_of_modes(tmp_path, capsys):
                                "--q4-k", str(model), "--only-q4-k"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines[1:]] == ["prefill", "decode"]
-    assert all("invariant/decode:" in line for line in lines[1:])
+    assert all("Q4_K as loaded/decode:" in line for line in lines[1:])
