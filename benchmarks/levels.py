@@ -26,7 +26,7 @@ import httpx
 import trio
 
 from benchmarks.completions import PROMPTS, pct, stream_one, whole_one
-from benchmarks.servers import NO_REPACK, dgr_server, free_port, llama_server
+from benchmarks.servers import PEER_REPACK, PEER_REPACK_OFF, dgr_server, free_port, llama_server
 from dgr._step import step
 from dgr.consistency import Verdict
 from dgr.telemetry import STEP_PHASES
@@ -83,7 +83,7 @@ def run(report, peers, model, levels, n_new, threads, rounds, bar) -> None:
                 report["llama_server"].append(theirs)
             report["level_rounds"].append({"round": r, "c": c, "dgr": ours["gen_tok_s"],
                                            "llama_server": theirs["gen_tok_s"]})
-    llm = llama_without_repack(model, threads)
+    llm = llama_peer(model, threads)
     for c in levels:
         report["llama_cpp_python"].append(llama_cpp_python_level(llm, c, n_new))
         bar.update()
@@ -199,12 +199,15 @@ async def corruption_check(url, n_new, c):
     return result
 
 
-def llama_without_repack(model, threads):
-    """llama_cpp.Llama with weight repacking off, like the other peers (NO_REPACK):
-    Llama has no parameter for it, so its model-parameter defaults are wrapped."""
+def llama_peer(model, threads):
+    """llama_cpp.Llama as the other peers run (PEER_REPACK): its defaults, but weight
+    repacking off on CPUs with AMX. Llama has no parameter for that, so there its
+    model-parameter defaults are wrapped."""
     import llama_cpp.llama_cpp as lowlevel
     from llama_cpp import Llama
 
+    if not PEER_REPACK_OFF:
+        return Llama(model_path=model, n_ctx=2048, n_threads=threads, verbose=False)
     defaults = lowlevel.llama_model_default_params
 
     def no_repack():
@@ -243,12 +246,15 @@ def llama_cpp_python_level(llm, c, n_new):
 
 def engine_decode_rate(model, levels, n_new, threads):
     """dgr's engine alone, in this process: decode tokens/s with c rows per step
-    (dgr's default split KV, no repacking), to compare with batched-bench's
+    (dgr's default split KV and weight repacking), to compare with batched-bench's
     ceiling without HTTP, Python serving work or the client sharing the CPU."""
-    from dgr import _engine
+    from dgr import NodeConfig, _engine, weight_repack
+    from dgr.engine import repacked_tensors
 
+    repacked = repacked_tensors(NodeConfig(model_path=model), model)
     engine = _engine.Engine(model, n_ctx=max(levels) * 512, n_seq_max=max(levels), n_batch=512,
-                           n_ubatch=512, n_threads=threads)
+                           n_ubatch=512, n_threads=threads,
+                           repack=weight_repack.patterns(repacked))
     rates = {}
     prompt = list(engine.tokenize(PROMPTS[0]))
     for c in levels:
@@ -274,7 +280,7 @@ def batched_bench(binary, model, levels, n_new, threads, n_prompt=64, env=None):
     n_ctx = max(levels) * max(512, n_prompt + n_new)
     out = subprocess.run([str(binary), "-m", model, "-c", str(n_ctx), "-b", "512",
                           "-ub", "512", "-npp", str(n_prompt), "-ntg", str(n_new),
-                          "-npl", ",".join(map(str, levels)), "-t", str(threads), *NO_REPACK],
+                          "-npl", ",".join(map(str, levels)), "-t", str(threads), *PEER_REPACK],
                          capture_output=True, text=True, check=True,
                          env={**os.environ, **(env or {})}).stdout
     rates = {}

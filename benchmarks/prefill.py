@@ -1,10 +1,10 @@
 """The prefill case of `python -m benchmarks`: cold prompts at c = 1, dgr's defaults
-against llama-server's defaults from the pristine pin, both up side by side. Two
-settings differ from the defaults: llama-server's weight repacking is off, as in dgr
-(its default crashes here on CPUs with AMX, benchmarks/servers.py), and dgr's host
-tier is off (--cache-ram 0): the earlier requests' prompts fill the pool, and saving
-the one a request evicts (up to 32k tokens of KV) would land in that request's time;
-the kv_tier case measures that tier.
+against llama-server's defaults from the pristine pin, both up side by side. dgr's
+host tier is off (--cache-ram 0): the earlier requests' prompts fill the pool, and
+saving the one a request evicts (up to 32k tokens of KV) would land in that request's
+time; the kv_tier case measures that tier. On CPUs with AMX, llama-server's weight
+repacking is off (its default crashes there, benchmarks/servers.py); the report says
+which ran.
 
 Each round sends every prompt length to both servers, one request at a time, the
 server that goes first alternating by round. A prompt is token ids drawn from the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.servers import NO_REPACK, ServerProcess, free_port
+from benchmarks.servers import PEER_REPACK, PEER_REPACK_OFF, ServerProcess, free_port
 
 LENGTHS = (512, 2048, 8192)
 # token ids of ordinary text pieces in the default model's vocabulary (Gemma 3: the
@@ -82,7 +82,7 @@ def servers(peers, model: str, threads: int, lengths, dgr_extra=()) -> dict:
                                      "--log-level", "WARNING", *extra], dgr_port),
         "llama-server": ServerProcess("llama-server", [str(peers["llama-server"]), "-m", model,
                                                        "--port", str(peer_port),
-                                                       "-t", str(threads), *NO_REPACK],
+                                                       "-t", str(threads), *PEER_REPACK],
                                         peer_port),
     }
 
@@ -92,7 +92,7 @@ def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=N
     """{"lengths", "rounds": [{length: {server: tokens/s}}]}; prompts drawn from
     `id_range` of the model's vocabulary; dgr started with `dgr_extra` options."""
     procs = servers(peers, model, threads, lengths, dgr_extra)
-    result = {"lengths": list(lengths), "rounds": []}
+    result = {"lengths": list(lengths), "rounds": [], "peer_repack_off": PEER_REPACK_OFF}
     with procs["dgr"] as dgr, procs["llama-server"] as peer:
         urls = {"dgr": dgr.url, "llama-server": peer.url}
         request = 0
@@ -114,7 +114,8 @@ def run(peers, model: str, threads: int, lengths=LENGTHS, rounds: int = 3, bar=N
 
 def markdown(result: dict) -> list[str]:
     model = f", {result['model']}" if result.get("model") else ""
-    lines = ["", f"## Cold prefill at c = 1 (dgr, no host tier, vs llama-server, no repack){model}", "",
+    peer = "llama-server, no repack" if result.get("peer_repack_off") else "llama-server's defaults"
+    lines = ["", f"## Cold prefill at c = 1 (dgr, no host tier, vs {peer}){model}", "",
              f"Prompt tokens/s over {len(result['rounds'])} alternating rounds (a 1-token "
              "completion of a prompt nothing is cached of):", "",
              "| prompt tokens | dgr (median) | llama-server (median) | dgr / llama-server "

@@ -3,18 +3,29 @@ on a free loopback port, healthy before it is used and stopped after."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
-# Weight repacking off for the llama.cpp peers: on CPUs with AMX the pinned build's AMX
-# repacked matmul crashes (a general protection fault at its ldtilecfg, seen here in
-# ggml_backend_amx_mul_mat). dgr repacks only Q4_0, IQ4_NL and MXFP4 layer weights
-# (dgr/weight_repack.py), none of which the default model has.
-NO_REPACK = ["--no-repack"]
+
+def cpu_has_amx() -> bool:
+    """Whether this machine's CPU has AMX tiles (/proc/cpuinfo's amx_tile flag)."""
+    try:
+        return re.search(r"\bamx_tile\b", Path("/proc/cpuinfo").read_text()) is not None
+    except OSError:
+        return False
+
+
+# The llama.cpp peers run with their defaults, weight repacking included, but on CPUs with
+# AMX: there the pinned build's AMX repacked matmul crashes (a general protection fault at
+# its ldtilecfg, in ggml_backend_amx_mul_mat), and the peers run without repacking.
+PEER_REPACK_OFF = cpu_has_amx()
+PEER_REPACK = ["--no-repack"] if PEER_REPACK_OFF else []
 
 
 def free_port() -> int:
@@ -69,4 +80,4 @@ def llama_server(binary, model, c, ctx_per_slot, threads, port, log=None):
     return ServerProcess("llama-server", [str(binary), "-m", model, "--port", str(port),
                                           "-np", str(c), "-c", str(c * ctx_per_slot),
                                           "-t", str(threads), "-b", "512", "-ub", "512",
-                                          *NO_REPACK], port, log)
+                                          *PEER_REPACK], port, log)
