@@ -11,8 +11,10 @@ import pytest
 import trio
 
 import dgr
+from dgr import _engine
 from dgr.errors import DgrError
 from dgr.invariance import first_difference
+from dgr.testmodel import quantize, write_test_model
 
 SYSTEMS = ["You are a terse assistant who answers in one line. ",
            "The following is a conversation between a pirate and a parrot about the sea. "]
@@ -71,19 +73,42 @@ async def run_storm(node, plan, params_for):
     return results, prompts
 
 
+@pytest.fixture(scope="module")
+def q4_k_model(tmp_path_factory):
+    """A small llama in Q4_K_M: its Q4_K layer weights repacked by default on CPUs with
+    AVX-512 VNNI (dgr.weight_repack)."""
+    folder = tmp_path_factory.mktemp("storm")
+    source = write_test_model(folder / "llama-f32.gguf", n_embd=256, n_layer=2, n_head=4,
+                              n_head_kv=2, n_ff=256)
+    return str(quantize(source, folder / "llama-Q4_K_M.gguf", "Q4_K_M"))
+
+
 @pytest.mark.parametrize("seed", [11, 12, 13, 14, 15])
 async def test_every_completed_session_of_a_storm_on_a_small_pool_is_bitwise(seed, tiny_model):
+    await check_storm(seed, tiny_model)
+
+
+async def test_a_storm_on_q4_k_weights_is_bitwise(q4_k_model):
+    """The same on Q4_K_M weights: rows of every batch width take the repacked kernels
+    (or, without VNNI, the tiled ones) and keep their bits."""
+    await check_storm(11, q4_k_model, repacked="AVX512_VNNI = 1" in _engine.system_info())
+
+
+async def check_storm(seed: int, model: str, repacked: bool = False) -> None:
+    """Every session of storm_plan(seed) that completes on the small pool is bitwise its
+    solo run on a node with room to spare (whose weights are repacked, if `repacked`)."""
     plan = storm_plan(seed)
 
     def params_for(request):
         return dgr.SamplingParams(max_tokens=request["max_tokens"], ignore_eos=True, logprobs=2)
 
-    async with dgr.open_node(dgr.NodeConfig(model_path=tiny_model, **POOL)) as node:
+    async with dgr.open_node(dgr.NodeConfig(model_path=model, **POOL)) as node:
+        assert node.engine_info["repacked_bytes"] > 0 or not repacked
         results, prompts = await run_storm(node, plan, params_for)
         moves = node._loop.batch.tier_figures
     assert len(results) >= len(plan) // 2  # most of the storm completed
     assert moves["moves_failed"] == 0
-    big = dgr.NodeConfig(model_path=tiny_model, **(POOL | {"n_ctx": 8192}), prefix_cache=False)
+    big = dgr.NodeConfig(model_path=model, **(POOL | {"n_ctx": 8192}), prefix_cache=False)
     async with dgr.open_node(big) as alone:
         for i, result in sorted(results.items()):
             solo = await alone.generate(prompts[i], params_for(plan[i]))
