@@ -8,13 +8,15 @@ token's expert output, the bits it gets alone (patches/native-tests:
 repacked_mul_mat). The first three run faster than the plain kernels on x86
 (bench-kernels measures it): the "invariant" mode places them in CPU_REPACK, by
 name. Q4_K's repacked kernels run one to three columns faster than dgr's tiled
-kernel; four and more as fast with AVX-512 VNNI (patch 0019), slower without
-(docs/design.md has the figures). So "invariant" adds Q4_K on CPUs with AVX-512
-VNNI, and the "decode" mode adds it everywhere, for nodes that serve one session
-at a time. For Q2_K the repacked matmul rounds a column differently in a group
-of four than alone, and llama.cpp's AMX buffer type crashes on some machines:
-both modes leave everything else (and the AMX buffer type) as loaded.
+kernel, and four and more within a few per cent of it with AVX-512 VNNI (patch
+0019), at about half its speed without (docs/design.md has the figures). So
+"invariant" adds Q4_K on CPUs with AVX-512 VNNI, and the "decode" mode adds it
+everywhere, for nodes that serve one session at a time. For Q2_K the repacked
+matmul rounds a column differently in a group of four than alone, and llama.cpp's
+AMX buffer type crashes on some machines: both modes leave everything else (and
+the AMX buffer type) as loaded.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,7 +30,7 @@ MODES = ("invariant", "decode", "off", "all")
 # row-invariant for MUL_MAT and MUL_MAT_ID
 TYPES = {"invariant": frozenset({"Q4_0", "IQ4_NL", "MXFP4"}),
          "decode": frozenset({"Q4_0", "IQ4_NL", "MXFP4", "Q4_K"})}
-# with AVX-512 VNNI, repacked Q4_K's batch kernel keeps pace with the tiled one
+# with AVX-512 VNNI, repacked Q4_K's batch kernel nearly keeps pace with the tiled one
 _FAST_Q4_K_BATCHES = "AVX512_VNNI = 1"
 # layer weights that every architecture multiplies by F32 activations (MUL_MAT, or
 # MUL_MAT_ID for MoE experts): the only ops the repacked buffer type computes
@@ -40,7 +42,7 @@ _ROW_GROUP = 8
 
 def invariant_tensors(model_path: str, system_info: str, mode: str = "invariant") -> list[str]:
     """The names of the weights `mode` ("invariant" or "decode") repacks: layer
-    matmul weights of TYPES[mode] (and Q4_K where its batches run as fast) whose rows
+    matmul weights of TYPES[mode] (and Q4_K where its batches run nearly as fast) whose rows
     fill the tiles; none on CPUs without AVX2 (x86's repacked kernels need it; other
     CPUs' are not checked), and none from a file whose header cannot be read (loading
     it says what is wrong)."""
