@@ -168,10 +168,11 @@ async def test_node_sessions_still_batch_through_a_worker(deep_model):
 @pytest.mark.default_model
 async def test_default_model_through_a_worker_equals_local(default_model):
     """Gemma 3 270M, half its layers on a worker process: the same tokens and
-    log-probabilities as local, sessions decoded together."""
+    log-probabilities as local with no weights repacked (a node with workers repacks
+    none), sessions decoded together."""
     params = dgr.SamplingParams(max_tokens=16, logprobs=1, ignore_eos=True)
     base = dict(model_path=default_model, max_running=4, max_waiting=4, n_ctx=2048, n_threads=2)
-    async with dgr.open_node(dgr.NodeConfig(**base)) as node:
+    async with dgr.open_node(dgr.NodeConfig(**base, weight_repack="off")) as node:
         local = await generate_together(node, params)
     with worker(threads=2) as endpoint:
         async with dgr.open_node(dgr.NodeConfig(**base, rpc_workers=(endpoint,))) as node:
