@@ -16,11 +16,11 @@ g++ -O2 -std=c++17 -Wno-deprecated-declarations patches/native-tests/bench_kerne
     "$lib/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl
 for round in $(seq "$rounds"); do
     for placed in "CPU       " "CPU_REPACK"; do
-        "$out/bench-kernels" 2 3 "q4_K   $placed 512" 2>/dev/null | grep columns
+        "$out/bench-kernels" 2 3 "2048x2048 q4_K   $placed 512" 2>/dev/null | grep columns
     done
 done
 for placed in "CPU       " "CPU_REPACK"; do
-    perf record -q -o "$out/perf.data" "$out/bench-kernels" 2 3 "q4_K   $placed 512" \
+    perf record -q -o "$out/perf.data" "$out/bench-kernels" 2 3 "2048x2048 q4_K   $placed 512" \
         >/dev/null 2>&1
     kernel=$(perf report -i "$out/perf.data" --no-children --sort symbol 2>/dev/null \
         | grep -E "gemm|tiled_run" | head -1 | sed 's/.*\] //; s/  .*//')
