@@ -37,6 +37,6 @@ def test_the_verdict_says_which_run_differs_and_where():
     # what the node claims here, beside what the run showed
     assert text.endswith("does not claim the invariance for this model here: "
                          "flash attention is disabled")
-    covered = report | {"coverage": {"covered": True, "cpu": "x86-64 with AVX-512"}}
+    covered = report | {"coverage": {"covered": True, "cpu": "x86-64 with AVX-512 and VNNI"}}
     assert describe(covered).endswith("claims the invariance for this model on this CPU "
-                                      "(x86-64 with AVX-512)")
+                                      "(x86-64 with AVX-512 and VNNI)")

@@ -52,11 +52,13 @@ def test_each_setting_outside_what_tests_show_is_a_reason(tmp_path, change, reas
 
 def test_only_the_cpus_the_native_tests_ran_on_are_covered(tmp_path):
     path = write(tmp_path / "m.gguf", {"a.weight": (np.ones((4, 32), dtype=np.float32), None)})
-    assert cpu_kind(AVX512, "x86_64") == "x86-64 with AVX-512"
+    assert cpu_kind(AVX512, "x86_64") == "x86-64 with AVX-512 and VNNI"
     assert cpu_kind("CPU : AVX = 1 | AVX2 = 1 | FMA = 1 |", "x86_64") == "x86-64 with AVX2"
     arm = "CPU : NEON = 1 | ARM_FMA = 1 | MATMUL_INT8 = 1 | DOTPROD = 1 |"
     assert cpu_kind(arm, "aarch64") == "aarch64 with NEON, dotprod and i8mm"
+    # AVX-512 without VNNI takes kernel paths neither x86 build tested
     for features, machine in (("CPU : SSE3 = 1 | AVX = 1 |", "x86_64"),
+                              ("CPU : AVX = 1 | AVX2 = 1 | FMA = 1 | AVX512 = 1 |", "x86_64"),
                               ("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 |", "aarch64"),
                               (arm + " SVE = 1 |", "aarch64")):
         assert cpu_kind(features, machine) is None
