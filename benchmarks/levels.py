@@ -206,8 +206,6 @@ def llama_peer(model, threads):
     import llama_cpp.llama_cpp as lowlevel
     from llama_cpp import Llama
 
-    if not PEER_REPACK_OFF:
-        return Llama(model_path=model, n_ctx=2048, n_threads=threads, verbose=False)
     defaults = lowlevel.llama_model_default_params
 
     def no_repack():
@@ -215,7 +213,8 @@ def llama_peer(model, threads):
         params.use_extra_bufts = False
         return params
 
-    lowlevel.llama_model_default_params = no_repack
+    if PEER_REPACK_OFF:
+        lowlevel.llama_model_default_params = no_repack
     try:
         return Llama(model_path=model, n_ctx=2048, n_threads=threads, verbose=False)
     finally:
