@@ -290,8 +290,8 @@ class AdapterTable:
                            "this_architecture": self._architecture in TESTED_ARCHITECTURES,
                            "base_weight_types": ["F32", "Q4_K_M (the default model)"],
                            "adapter_types": ["F32"], "weights": "2-D layer weights",
-                           "cpus": "x86-64 with AVX-512 and VNNI (the invariance report covers others "
-                                   "without adapters)"}}
+                           "cpus": "x86-64 with AVX-512 and VNNI (the invariance report "
+                                   "covers others without adapters)"}}
 
     def report(self) -> list[dict]:
         """Each loaded adapter: name, id, file, rank, alpha, weights, bytes, scales and
