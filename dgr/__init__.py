@@ -12,15 +12,16 @@ and embedding models (dgr.embedding):
         [vector] = await node.embed([node.tokenize("Hello")])
 """
 
-from dgr.config import NodeConfig, SamplingParams, load_config
+__version__ = "0.1.0"  # first: modules that name the build import it from here
+
+from dgr.config import NodeConfig, load_config
+from dgr.spec import SamplingParams
 from dgr.embedding import EmbeddingNode, open_embedding_node
 from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, GenerationFailed,
                         InvalidRequest, ModelLoadError, NodeClosed)
 from dgr.node import Node, open_node
 from dgr.sequence import FinishReason
 from dgr.stream import Chunk, GenerationResult, SessionStream
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "EmbeddingNode",

@@ -22,7 +22,7 @@ from cython.parallel cimport prange, threadid
 from dgr._codes cimport MAX_STOP_IDS, WANT_CHAIN, WANT_LOGPROBS, WANT_SCORE
 from dgr._llama cimport *
 
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 
 cdef extern from "dgr_argmax.h" nogil:
     int dgr_argmax(const float * x, int n)

@@ -63,7 +63,7 @@ from libc.string cimport memcpy, memset
 
 from dgr._events cimport event_record
 
-from dgr.config import SPECULATION_MODES
+from dgr.spec import SPECULATION_MODES
 
 
 cdef class Scheduler:

@@ -41,14 +41,14 @@ class ChatRenderer:
                                      f"{exc}") from None
         elif config.chat_template is not None:
             try:
-                self.apply([{"role": "user", "content": "hi"}])
+                self.apply([{"role": "user", "content": "hi"}], True, ThinkingSwitch())
             except ValueError as exc:
                 raise ModelLoadError(f"chat template {config.chat_template!r}: {exc}") from None
         # the tool-call format the template renders (dgr.tool_formats)
         self.tool_format = tool_formats.for_template(self.source, special)
 
-    def apply(self, messages: list[dict], add_generation_prompt: bool = True,
-              thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+    def apply(self, messages: list[dict], add_generation_prompt: bool,
+              thinking: ThinkingSwitch) -> str:
         """Messages of role and content as the template renders them (a leading BOS
         text left to the tokenizer, which adds it); a thinking model's thinking off
         as its template renders it with enable_thinking false, or, by llama.cpp's
@@ -66,16 +66,20 @@ class ChatRenderer:
             text = reasoning.without_thinking(text)
         return text
 
-    def prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-               continue_final: bool = False,
-               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+    def prompt(self, messages: list[dict], tools, add_generation_prompt: bool,
+               continue_final: bool, thinking: ThinkingSwitch) -> str:
         """The prompt of a chat (messages as dgr.doors.request.chat_message makes them)
         with the request's tools (a dgr.tools.ToolSpec, or None) in their format.
         continue_final: the last message, the assistant's, is continued: the chat
-        before it prompts the assistant's turn, which begins with its text."""
+        before it prompts the assistant's turn, which begins with its text. With the
+        thinking off, a generation prompt that still opens the thinking (a template
+        that reads no switch: DeepSeek-R1's distills) has it closed before the model
+        writes, as llama.cpp closes it."""
         if continue_final:
             *earlier, last = messages
-            return self.prompt(earlier, tools) + last["content"]
+            return self.prompt(earlier, tools, True, False, thinking) + last["content"]
         tool_format = tools.format if tools is not None else tool_calls.GENERIC
-        return tool_format.render(messages, tools, self.apply, add_generation_prompt,
-                                  thinking)
+        text = tool_format.render(messages, tools, self.apply, add_generation_prompt, thinking)
+        if not thinking.enabled and add_generation_prompt and reasoning.opened_in_prompt(text):
+            text = reasoning.close_thinking(text)
+        return text

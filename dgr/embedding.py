@@ -21,21 +21,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import time
 from typing import AsyncIterator, Optional, Sequence
 
 import attrs
 import numpy as np
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from dgr import gguf_file, kernel_coverage
 from dgr._backend import system_info
 from dgr._embed import Embedder
 from dgr.config import NodeConfig
+from dgr.embedding_telemetry import EmbeddingTelemetry
 from dgr.engine import EngineThread, resolve_model_path
 from dgr.errors import AdmissionRejected, BudgetError, DgrError, InvalidRequest, ModelLoadError
+from dgr.pooling import pool
 
 # inputs one request may carry (OpenAI's limit for /v1/embeddings)
 MAX_INPUTS = 2048
@@ -46,7 +46,6 @@ MAX_INPUTS = 2048
 STEP_TOKENS = (1024, 8192)
 # the waiting tokens an embedding node holds at least: this many steps' worth
 MIN_QUEUE_STEPS = 16
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 def _metadata(config: NodeConfig) -> tuple[dict, str]:
@@ -115,50 +114,6 @@ class EmbedRequest:
     def __attrs_post_init__(self) -> None:
         self.outputs = [None] * len(self.inputs)
         self.left = len(self.inputs)
-
-
-class EmbeddingTelemetry:
-    """The node's embedding figures, as Prometheus families of their own registry."""
-
-    def __init__(self, node: "EmbeddingNode") -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter("dgr_embedding_requests", "Embedding and rerank requests "
-                                "answered, by kind and outcome", ["kind", "outcome"], registry=r)
-        self.inputs = Counter("dgr_embedding_inputs", "Inputs computed, by kind", ["kind"],
-                              registry=r)
-        self.tokens = Counter("dgr_embedding_tokens", "Input tokens computed, by kind", ["kind"],
-                              registry=r)
-        self.steps = Counter("dgr_embedding_steps", "Embedding steps (llama_decode calls)",
-                             registry=r)
-        self.latency = Histogram("dgr_embedding_request_seconds", "Seconds from a request's "
-                                 "admission to its last vector, by kind", ["kind"],
-                                 buckets=_LATENCY_BUCKETS, registry=r)
-        self.step_seconds = Histogram("dgr_embedding_step_seconds", "Seconds of one embedding "
-                                      "step", buckets=_LATENCY_BUCKETS, registry=r)
-        waiting = Gauge("dgr_embedding_waiting", "Inputs and their tokens waiting for a step",
-                        ["what"], registry=r)
-        waiting.labels("inputs").set_function(lambda: len(node._queue))
-        waiting.labels("tokens").set_function(lambda: node._waiting_tokens)
-        Gauge("dgr_embedding_requests_in_node", "Requests admitted and not yet answered",
-              registry=r).set_function(lambda: len(node._requests))
-        self._answered: collections.deque = collections.deque(maxlen=64)
-
-    def answered(self, request: EmbedRequest, outcome: str) -> None:
-        self.requests.labels(request.kind, outcome).inc()
-        if outcome == "ok":
-            self.latency.labels(request.kind).observe(time.perf_counter() - request.queued_at)
-        self._answered.append(time.monotonic())
-
-    def drain_rate(self) -> float:
-        """Requests answered per second lately (a full queue's Retry-After)."""
-        if len(self._answered) < 2:
-            return 0.0
-        span = self._answered[-1] - self._answered[0]
-        return (len(self._answered) - 1) / span if span > 0 else 0.0
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 class EmbeddingNode:
@@ -472,37 +427,6 @@ class EmbeddingNode:
         error = AdmissionRejected("draining", "the node shut down")
         for request in list(self._requests):
             self._finish(request, error)
-
-
-def pool(rows: np.ndarray, pooling: str) -> np.ndarray:
-    """One input's vector from its token rows (tokens x n_embd, float32): their mean,
-    the first's, the last's, or all of them (none). Computed from these rows alone,
-    so the same rows give the same bits."""
-    if pooling == "mean":
-        return (np.add.reduce(rows, axis=0, dtype=np.float32)
-                / np.float32(len(rows))).astype(np.float32)
-    if pooling == "cls":
-        return rows[0].copy()
-    if pooling == "last":
-        return rows[-1].copy()
-    return rows.copy()
-
-
-def normalize(vector: np.ndarray, norm: int) -> np.ndarray:
-    """llama.cpp's embedding normalizations (embd_normalize): -1 none, 0 by the
-    largest magnitude to int16's range, 1 taxicab, 2 euclidean, p > 2 the p-norm.
-    Sums in double, as llama.cpp's."""
-    values = vector.astype(np.float64)
-    if norm < 0:
-        return vector
-    if norm == 0:
-        total = float(np.abs(values).max()) / 32760.0 if values.size else 0.0
-    elif norm == 2:
-        total = math.sqrt(float(np.dot(values, values)))
-    else:
-        total = float(np.sum(np.abs(values) ** norm)) ** (1.0 / norm)
-    scale = 1.0 / total if total > 0.0 else 0.0
-    return (values * scale).astype(np.float32)
 
 
 @contextlib.asynccontextmanager

@@ -18,7 +18,7 @@ import trio
 
 from dgr.config import NodeConfig
 from dgr.node import open_node
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 
 PROMPTS = (
     "The history of the printing press begins",

@@ -71,8 +71,7 @@ class ChatTemplate:
         self._special = {"bos_token": bos_token, "eos_token": eos_token}
 
     def render(self, messages: list[dict], tools: Optional[list[dict]] = None,
-               add_generation_prompt: bool = True,
-               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+               add_generation_prompt: bool = True, *, thinking: ThinkingSwitch) -> str:
         # the request's thinking switch and effort, as llama.cpp and vLLM render templates
         # (dgr.reasoning.ThinkingSwitch)
         # and today's date, in the two forms llama.cpp gives templates

@@ -21,7 +21,10 @@ from typing import Optional, Sequence
 import numpy as np
 import trio
 
-from dgr.kv_tier import BlobError, DiskTier, HostTier, Prefix, pack, unpack
+from dgr._engine import system_info
+from dgr.errors import InvalidRequest
+from dgr.kv_tier import (BlobError, DiskTier, HostTier, Prefix, kv_layout, llama_libraries,
+                         node_key, pack, unpack)
 from dgr.telemetry import Telemetry
 
 log = logging.getLogger("dgr.kv_tiers")
@@ -198,3 +201,85 @@ class Tiers:
             "min_restore_tokens": self.min_restore,
             "key": self.key,
         }
+
+
+class NodePrefixes:
+    """A node's stored prefixes as its API offers them: flushed by tier, exported as a
+    blob, imported from one, the disk tier opened at start and the pool persisted at
+    shutdown. It reaches the pool through the step loop (its saves and flushes) and
+    the placement (which slot caches which tokens); `tiers` is None on a node that
+    keeps no tier beyond its pool."""
+
+    def __init__(self, tiers: Optional[Tiers], loop, placement, engine):
+        self.tiers = tiers
+        self._loop = loop
+        self._placement = placement
+        self._engine = engine
+        self._key_lock = trio.Lock()
+
+    async def flush(self, tiers: Sequence[str]) -> None:
+        """Empty the named tiers (dgr.Node.flush_prefix_cache)."""
+        unknown = set(tiers) - {"pool", "host", "disk"}
+        if unknown:
+            raise InvalidRequest(f"unknown tier(s) {sorted(unknown)}: pool, host, disk")
+        if "pool" in tiers:
+            await self._loop.flush_cache(save="host" not in tiers)
+        if self.tiers is not None:
+            disk = self.tiers.disk
+            if "disk" in tiers and disk is not None:
+                await trio.to_thread.run_sync(disk.clear)
+            self.tiers.clear(host="host" in tiers, disk=False)
+
+    async def key(self) -> str:
+        """The node key of prefix blobs and files (dgr.kv_tier.node_key), computed
+        once, off the Trio loop (it reads the model file)."""
+        if self.tiers is None:
+            raise InvalidRequest("this node keeps no KV tier (cache_ram_bytes 0, no prefix "
+                                 "cache or RPC workers): prefixes cannot be exported or "
+                                 "imported")
+        async with self._key_lock:
+            if self.tiers.key is None:
+                self.tiers.key = await trio.to_thread.run_sync(
+                    node_key, self._engine.model_path, llama_libraries(), system_info(),
+                    kv_layout(self._engine.info))
+        return self.tiers.key
+
+    async def open_disk(self, root, max_bytes: int) -> None:
+        """The disk tier under `root` (its files of this node's key)."""
+        key = await self.key()
+        self.tiers.disk = await trio.to_thread.run_sync(DiskTier, root, max_bytes, key)
+
+    async def export(self, tokens: np.ndarray) -> Optional[bytes]:
+        """A blob of the longest stored prefix of `tokens` (dgr.Node.export_prefix)."""
+        await self.key()  # the blob carries it; refuses a node without tiers
+        stored, name, n_stored = self.tiers.held_prefix(tokens)
+        slot, n_pool = self._placement.cached_within(tokens)
+        if slot is not None and n_pool > n_stored:
+            # the pool holds more: saved into the host tier (as an eviction would) first
+            await self._loop.save_to_host(slot)
+            stored, name, n_stored = self.tiers.held_prefix(tokens)
+        if stored is None and name is not None:
+            stored = await trio.to_thread.run_sync(self.tiers.disk.read, name)
+        return None if stored is None else self.tiers.blob_of(stored)
+
+    async def import_blob(self, blob: bytes) -> int:
+        """A prefix blob into the host tier (dgr.Node.import_prefix): its token count."""
+        await self.key()
+        try:
+            return len(self.tiers.import_blob(blob).tokens)
+        except BlobError as e:
+            raise InvalidRequest(f"prefix refused: {e}") from None
+
+    def persist(self) -> None:
+        """Once the batch loop has stopped: host memory's prefixes and the pool's
+        cached ones into the disk tier, so a restarted node finds them (blocking)."""
+        cache = self._placement.cache
+        pool = []
+        for slot in cache.cached_slots:
+            tokens = cache.tokens(slot)
+            if len(tokens) >= self.tiers.min_restore:
+                try:
+                    pool.append(Prefix(tokens.copy(), self._engine.save_slot(slot)))
+                except Exception:  # a shutdown goes on: this entry is not kept
+                    log.exception("saving slot %d at shutdown failed", slot)
+        self.tiers.persist(pool)

@@ -31,13 +31,12 @@ import trio
 from dgr import _engine, capabilities
 from dgr.adapters import AdapterTable, adapter_files
 from dgr.admission import Admission, Budgets
-from dgr.config import NodeConfig, SamplingParams
+from dgr.config import NodeConfig
 from dgr.chat import ChatRenderer
 from dgr.engine import EngineThread, load_engine, python_yields
 from dgr.errors import AdmissionRejected, GenerationFailed, InvalidRequest, NodeClosed
-from dgr.kv_tier import (MIN_RESTORE_TOKENS, BlobError, DiskTier, HostTier, Prefix, kv_layout,
-                         llama_libraries, node_key)
-from dgr.kv_tiers import Tiers
+from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier
+from dgr.kv_tiers import NodePrefixes, Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.reasoning import ThinkingSwitch
 from dgr.placement import Placement
@@ -45,7 +44,7 @@ from dgr.prefix_cache import PrefixCache
 from dgr.reply import PROGRESS_SLOTS, Reply
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
-from dgr.spec import SessionSpec
+from dgr.spec import SamplingParams, SessionSpec
 from dgr.stream import GenerationResult, SessionStream
 from dgr.telemetry import Telemetry
 
@@ -111,10 +110,10 @@ class Node:
             unavailable="LoRa adapters are not served with RPC workers (--rpc)"
             if config.rpc_workers else None)
         self._loop.adapters = self.adapters
+        self.prefixes = NodePrefixes(self.tiers, self._loop, self._admission.placement, engine)
         self.telemetry.watch_adapters(self.adapters)
         # the steps timed as the engine opened: what a long draft costs before one ran
         self._loop.row_times.calibrate(row_probes)
-        self._key_lock = trio.Lock()
         self._ids = itertools.count(1)
         self._closing = False
         self.telemetry.kv_cells_total.set(budgets.kv_cells_total)
@@ -192,9 +191,8 @@ class Node:
         character) is its own byte, not a replacement character."""
         return bytes(self.open_engine().token_to_piece(token, special=True))
 
-    def chat_prompt(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-                    continue_final: bool = False,
-                    thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+    def chat_prompt(self, messages: list[dict], tools, add_generation_prompt: bool,
+                    continue_final: bool, thinking: ThinkingSwitch) -> str:
         """The prompt of a chat (dgr.chat.ChatRenderer.prompt)."""
         self.open_engine()
         return self._chat.prompt(messages, tools, add_generation_prompt, continue_final,
@@ -204,11 +202,6 @@ class Node:
         """The chat template prompts are rendered with (configured, or the model's)."""
         self.open_engine()
         return self._chat.source
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render messages of role and content with the chat template alone."""
-        self.open_engine()
-        return self._chat.apply(messages, add_generation_prompt)
 
     @contextlib.asynccontextmanager
     async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
@@ -370,58 +363,22 @@ class Node:
         """Empty the named tiers of stored prefixes: "pool" evicts every cached
         prompt prefix (running sessions keep what they use; into the host tier
         when "host" is not flushed too), "host" and "disk" empty those tiers."""
-        unknown = set(tiers) - {"pool", "host", "disk"}
-        if unknown:
-            raise InvalidRequest(f"unknown tier(s) {sorted(unknown)}: pool, host, disk")
-        if "pool" in tiers:
-            await self._loop.flush_cache(save="host" not in tiers)
-        if self.tiers is not None:
-            disk = self.tiers.disk
-            if "disk" in tiers and disk is not None:
-                await trio.to_thread.run_sync(disk.clear)
-            self.tiers.clear(host="host" in tiers, disk=False)
-
-    async def _kv_key(self) -> str:
-        """The node key of prefix blobs and files (dgr.kv_tier.node_key), computed
-        once, off the Trio loop (it reads the model file)."""
-        if self.tiers is None:
-            raise InvalidRequest("this node keeps no KV tier (cache_ram_bytes 0, no prefix "
-                                 "cache or RPC workers): prefixes cannot be exported or "
-                                 "imported")
-        async with self._key_lock:
-            if self.tiers.key is None:
-                self.tiers.key = await trio.to_thread.run_sync(
-                    node_key, self._engine.model_path, llama_libraries(),
-                    _engine.system_info(), kv_layout(self._engine.info))
-        return self.tiers.key
+        await self.prefixes.flush(tiers)
 
     async def export_prefix(self, token_ids: Sequence[int]) -> Optional[bytes]:
         """A blob (dgr.kv_tier's format) of the longest prefix of `token_ids` this
         node holds, in its pool's cache, host memory or on disk, whose tokens all
         begin `token_ids` (so it carries nothing of another conversation); None
         if it holds none. Another node with the same key imports it."""
-        await self._kv_key()  # the blob carries it; refuses a node without tiers
         tokens = np.asarray(self._checked_ids(token_ids), dtype=np.int32)
-        stored, name, n_stored = self.tiers.held_prefix(tokens)
-        slot, n_pool = self._admission.placement.cached_within(tokens)
-        if slot is not None and n_pool > n_stored:
-            # the pool holds more: saved into the host tier (as an eviction would) first
-            await self._loop.save_to_host(slot)
-            stored, name, n_stored = self.tiers.held_prefix(tokens)
-        if stored is None and name is not None:
-            stored = await trio.to_thread.run_sync(self.tiers.disk.read, name)
-        return None if stored is None else self.tiers.blob_of(stored)
+        return await self.prefixes.export(tokens)
 
     async def import_prefix(self, blob: bytes) -> int:
         """A prefix blob (from export_prefix, here or on another node with the same
         key) into the host tier, to be used as any stored prefix; returns its token
         count. InvalidRequest if it is not one this node may restore (checksum,
         key, format, size)."""
-        await self._kv_key()
-        try:
-            return len(self.tiers.import_blob(blob).tokens)
-        except BlobError as e:
-            raise InvalidRequest(f"prefix refused: {e}") from None
+        return await self.prefixes.import_blob(blob)
 
     async def kv_cells_in_use(self) -> int:
         """KV cells holding tokens after the batch loop's last published step
@@ -532,20 +489,6 @@ class Node:
         self._loop.admit(replies)
         return opened
 
-    def _persist(self) -> None:
-        """Once the batch loop has stopped: host memory's prefixes and the pool's
-        cached ones into the disk tier, so a restarted node finds them (blocking)."""
-        cache = self._admission.placement.cache
-        pool = []
-        for slot in cache.cached_slots:
-            tokens = cache.tokens(slot)
-            if len(tokens) >= MIN_RESTORE_TOKENS:
-                try:
-                    pool.append(Prefix(tokens.copy(), self._engine.save_slot(slot)))
-                except Exception:  # a shutdown goes on: this entry is not kept
-                    log.exception("saving slot %d at shutdown failed", slot)
-        self.tiers.persist(pool)
-
     def _shutdown(self) -> None:
         """End every session as cancelled and stop the batch loop at once."""
         self._closing = True
@@ -575,9 +518,7 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
                         await node.adapters.load(file.name, file.path, file.scale,
                                                  file.global_scale)
                     if node.tiers is not None and config.cache_dir is not None:
-                        key = await node._kv_key()
-                        node.tiers.disk = await trio.to_thread.run_sync(
-                            DiskTier, config.cache_dir, config.cache_disk_bytes, key)
+                        await node.prefixes.open_disk(config.cache_dir, config.cache_disk_bytes)
                         nursery.start_soon(node.tiers.run)
                     nursery.start_soon(node._loop.run, engine_thread)
                     try:
@@ -588,7 +529,7 @@ async def open_node(config: NodeConfig) -> AsyncIterator[Node]:
                 # the batch loop has returned (it ran in the nursery): the engine is idle
                 if node is not None and node.tiers is not None and node.tiers.disk is not None \
                         and node._loop.stopped:
-                    node._persist()
+                    node.prefixes.persist()
                 engine.close()
     finally:
         engine_thread.join()

@@ -75,8 +75,14 @@ def without_thinking(prompt: str) -> str:
     """The prompt with the thinking closed, empty (Qwen3's template's own form when
     enable_thinking is false): the output is the answer."""
     if opened_in_prompt(prompt):
-        return prompt + "\n" + CLOSE + "\n\n"
+        return close_thinking(prompt)
     return prompt + OPEN + "\n\n" + CLOSE + "\n\n"
+
+
+def close_thinking(prompt: str) -> str:
+    """A prompt that leaves the thinking open, with it closed: the output is the answer
+    (llama.cpp's form: the end tag after the open one's line)."""
+    return prompt + ("" if prompt.endswith("\n") else "\n") + CLOSE
 
 
 def after_thinking(grammar: str, opened: bool) -> str:

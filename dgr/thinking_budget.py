@@ -26,19 +26,21 @@ CLOSE_TEXT = "\n" + CLOSE + "\n\n"
 
 
 class BudgetedStream:
-    """A session's stream (`first`, already open) with its thinking bounded; read
-    it as a SessionStream (next_chunks, read_all, finish_reason, the usage
+    """A session's stream (`first`, already open) of a chat turn (`turn`:
+    dgr.doors.chat_turn.ChatTurn, its thinking's budget) with its thinking bounded;
+    read it as a SessionStream (next_chunks, read_all, finish_reason, the usage
     figures); `aclose` ends the session that follows the cut, if one did. The
-    second session's grammar is `answer_grammar` (the first's applies after its
-    thinking: dgr.reasoning.after_thinking)."""
+    second session's grammar is the request's own, of the answer (the first's
+    applies after its thinking: dgr.reasoning.after_thinking)."""
 
-    def __init__(self, node, first, budget: int, opened: bool,
-                 answer_grammar: Optional[str] = None):
+    def __init__(self, node, first, turn):
+        thinking = turn.thinking
         self._node = node
         self._first = self._current = first
-        self._budget = budget
-        self._answer_grammar = answer_grammar  # the second session's: it writes the answer
-        self._splitter = ThinkSplitter(opened)
+        self._budget = thinking.budget
+        # the second session's: it writes the answer
+        self._answer_grammar = thinking.answer_grammar
+        self._splitter = ThinkSplitter(thinking.opened)
         self._tokens: list[int] = []  # the output's tokens up to the cut
         self._thought = 0
         self._cut = False

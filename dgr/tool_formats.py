@@ -45,7 +45,8 @@ def for_template(source: Optional[str], special: dict):
         return GENERIC
     try:
         template = ChatTemplate(source, **special)
-        probe = template.render([{"role": "user", "content": "hi"}], tools=[_PROBE])
+        probe = template.render([{"role": "user", "content": "hi"}], tools=[_PROBE],
+                                thinking=ThinkingSwitch())
     except TemplateError as exc:
         log.warning("the chat template mentions %s but cannot render tools (%s): tools use "
                     "the generic format", OPEN, exc)
@@ -65,8 +66,7 @@ class HermesFormat:
         self._bos = bos_token
 
     def render(self, messages: list[dict], spec: Optional[ToolSpec], apply_template,
-               add_generation_prompt: bool = True,
-               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+               add_generation_prompt: bool, thinking: ThinkingSwitch) -> str:
         """The prompt, by the model's own template: the tools as it describes them,
         calls (their arguments as JSON values) and tool results as it renders
         them. A leading BOS text is left to the tokenizer, which adds it."""

@@ -176,8 +176,7 @@ class GenericFormat:
 
     @staticmethod
     def render(messages: list[dict], spec: Optional[ToolSpec], apply_template,
-               add_generation_prompt: bool = True,
-               thinking: ThinkingSwitch = ThinkingSwitch()) -> str:
+               add_generation_prompt: bool, thinking: ThinkingSwitch) -> str:
         """The prompt of a chat (messages as dgr.doors.request.chat_message makes them) through
         `apply_template` (messages of role and content, add_generation_prompt -> text): the tools
         described in the system message, the calls as the JSON the model answers in."""

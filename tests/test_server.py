@@ -8,6 +8,7 @@ import trio
 
 import dgr
 from dgr.config import ServerConfig
+from dgr.reasoning import ThinkingSwitch
 from dgr.server import serve
 
 
@@ -395,7 +396,8 @@ async def test_each_parameter_changes_what_it_should_and_nothing_else(start_serv
     async with dgr.open_node(node_config(**SERVER_NODE)) as node, server.client() as client:
         for chat, (path, prompt) in endpoints.items():
             base_body = prompt | {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
-            prompt_ids = (node.tokenize(node.apply_chat_template(prompt["messages"]),
+            prompt_ids = (node.tokenize(node.chat_prompt(prompt["messages"], None, True, False,
+                                                         ThinkingSwitch()),
                                         parse_special=True) if chat else words)
             ref = (await node.generate(prompt_ids, dgr.SamplingParams(
                 max_tokens=10, ignore_eos=True))).token_ids

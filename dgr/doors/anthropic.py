@@ -19,7 +19,7 @@ from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                named_values, prompt_ending, sampling, tool_call)
-from dgr.doors.prompts import Thinking, chat_ids, thinking_prompt
+from dgr.doors import chat_turn
 from dgr.doors.problems import anthropic_error, ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
 
@@ -155,12 +155,10 @@ def _event(kind: str, **fields) -> str:
 
 
 class _Blocks:
-    """The answer's content blocks as they stream: a thinking model's thinking, text,
-    then tool_use blocks."""
+    """The answer's content blocks as they stream, from its parts (dgr.doors.chat_turn):
+    a thinking model's thinking, text, then tool_use blocks."""
 
-    def __init__(self, reader, splitter=None):
-        self.reader = reader  # dgr.tools.AnswerReader, or None without tools
-        self.splitter = splitter  # a dgr.reasoning splitter, where thinking is split off
+    def __init__(self):
         self.index = -1
         self.open: Optional[str] = None
 
@@ -176,54 +174,40 @@ class _Blocks:
         self.open = None
         return [_event("content_block_stop", index=self.index)]
 
-    def _text(self, text: str) -> list[str]:
-        events = [] if self.open == "text" else self._start({"type": "text", "text": ""})
-        return events + [_event("content_block_delta", index=self.index,
-                                delta={"type": "text_delta", "text": text})]
-
-    def feed(self, text: str, final: bool = False) -> list[str]:
+    def write(self, parts: list) -> list[str]:
         events = []
-        if self.splitter is not None:
-            thought, text = self.splitter.feed(text, final)
-            if thought:
+        for part in parts:
+            if isinstance(part, chat_turn.Thought):
                 if self.open != "thinking":
-                    events += self._start({"type": "thinking", "thinking": "",
-                                           "signature": ""})
-                events.append(_event("content_block_delta", index=self.index, delta={
-                    "type": "thinking_delta", "thinking": thought}))
-        if self.reader is None:
-            return events + (self._text(text) if text else [])
-        for piece in self.reader.feed(text):
-            if isinstance(piece, tool_calls.ContentPiece):
-                events += self._text(piece.text) if piece.text else []
-            elif isinstance(piece, tool_calls.CallStarted):
-                events += self._start({"type": "tool_use", "id": piece.id, "name": piece.name,
+                    events += self._start({"type": "thinking", "thinking": "", "signature": ""})
+                delta = {"type": "thinking_delta", "thinking": part.text}
+            elif isinstance(part, chat_turn.Answer):
+                if self.open != "text":
+                    events += self._start({"type": "text", "text": ""})
+                delta = {"type": "text_delta", "text": part.text}
+            elif isinstance(part, tool_calls.CallStarted):
+                events += self._start({"type": "tool_use", "id": part.id, "name": part.name,
                                        "input": {}})
+                continue
             else:
-                events.append(_event("content_block_delta", index=self.index, delta={
-                    "type": "input_json_delta", "partial_json": piece.text}))
+                delta = {"type": "input_json_delta", "partial_json": part.text}
+            events.append(_event("content_block_delta", index=self.index, delta=delta))
         return events
 
 
-def _content(text: str, reader, thinking: Thinking) -> tuple[list[dict], bool]:
-    """(content blocks, whether the answer is tool calls) of a whole answer."""
-    thought = ""
-    if thinking.split:
-        thought, text = thinking.splitting.split(text)
-    blocks = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
-    if reader is None:
-        return blocks + ([{"type": "text", "text": text}] if text else []), False
-    reader.feed(text)
-    content, calls = reader.result()
-    blocks += [{"type": "text", "text": content}] if content else []
-    for call in calls:
+def _content(answer: chat_turn.WholeChoice) -> list[dict]:
+    """The content blocks of a whole answer."""
+    blocks = ([{"type": "thinking", "thinking": answer.thought, "signature": ""}]
+              if answer.thought else [])
+    blocks += [{"type": "text", "text": answer.content}] if answer.content else []
+    for call in answer.calls:
         try:
             arguments = json.loads(call["function"]["arguments"], strict=False)
         except ValueError:
             arguments = {}  # cut short by max_tokens
         blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                        "input": arguments})
-    return blocks, bool(calls) and reader.whole
+    return blocks
 
 
 def _stop(chunks, tool_use: bool) -> tuple[str, Optional[str]]:
@@ -238,15 +222,12 @@ async def messages(request: Request, server: "ServerState") -> Response:
     """One chat session, answered as a message or as Anthropic's stream events."""
     node = server.ready_node()
     parsed = parse_messages(await server.read_body(request, "/v1/messages"), node.tool_format)
-    prompt, thinking = thinking_prompt(node, parsed, server.config)
-    parsed = thinking.request(parsed)
-    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+    turn = chat_turn.render(node, parsed, server.config)
+    ids = await turn.tokens(node)
     opened = contextlib.AsyncExitStack()
-    session = await opened.enter_async_context(node.stream(
-        ids, parsed.params, whole=not parsed.stream and thinking.budget is None))
-    chunks, = await opened.enter_async_context(thinking.bounded(node, [session]))
+    chunks, = await opened.enter_async_context(turn.sessions(node, ids))
     message_id = "msg_" + uuid.uuid4().hex
-    reader = parsed.tools.format.reader() if parsed.tools is not None else None
+    reader = turn.reader()
     head = {"id": message_id, "type": "message", "role": "assistant",
             "model": server.model_name(parsed.params)}
     cached = chunks.cached_tokens
@@ -255,42 +236,43 @@ async def messages(request: Request, server: "ServerState") -> Response:
         return {"input_tokens": chunks.prompt_tokens - cached, "output_tokens": output_tokens,
                 "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
-    generated = [0]
     if parsed.stream:
         async def produce(emit) -> None:
             await emit(_event("message_start", message=head | {
                 "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage(0)}))
             await emit(_event("ping"))
-            blocks = _Blocks(reader, thinking.splitter() if thinking.split else None)
+            blocks = _Blocks()
+            generated = 0
             while batch := await chunks.next_chunks():
+                events = []
                 for chunk in batch:
                     if chunk.token_id is not None:
-                        generated[0] += 1
-                        request.scope["dgr.tokens"] = generated[0]
-                    if chunk.finish_reason != "error" and (chunk.text or chunk.finish_reason):
-                        events = blocks.feed(chunk.text, chunk.finish_reason is not None)
-                        if events:
-                            await emit("".join(events))
+                        generated += 1
+                        request.scope["dgr.tokens"] = generated
+                    if chunk.finish_reason != "error":
+                        events += blocks.write(reader.feed(chunk.text, chunk.token_id is not None,
+                                                           chunk.finish_reason is not None))
+                if events:
+                    await emit("".join(events))
             problem = ended([chunks])
             if problem is not None:
                 await emit(_event("error", error=anthropic_error(problem)["error"]))
                 return
-            tool_use = reader is not None and reader.calls > 0 and reader.whole
-            reason, sequence = _stop(chunks, tool_use)
+            reason, sequence = _stop(chunks, reader.tool_use)
             await emit("".join(blocks.stop()) + _event(
                 "message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                usage={"output_tokens": generated[0]}) + _event("message_stop"))
+                usage={"output_tokens": generated}) + _event("message_stop"))
 
         return SessionEvents(produce, close=opened.aclose)
-    tokens: list[int] = []
     try:
-        text = await read_one(request, chunks, tokens)
+        got = await read_one(request, chunks)
     finally:
         await opened.aclose()
-    blocks, tool_use = _content(text, reader, thinking)
-    reason, sequence = _stop(chunks, tool_use)
-    return JSONResponse(head | {"content": blocks, "stop_reason": reason,
-                                "stop_sequence": sequence, "usage": usage(len(tokens))})
+    answer = reader.whole(got)
+    reason, sequence = _stop(chunks, answer.tool_use)
+    return JSONResponse(head | {"content": _content(answer), "stop_reason": reason,
+                                "stop_sequence": sequence, "usage": usage(
+                                    sum(chunk.token_id is not None for chunk in got))})
 
 
 async def count_tokens(request: Request, server: "ServerState") -> Response:
@@ -298,5 +280,5 @@ async def count_tokens(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     parsed = parse_messages(await server.read_json(request), node.tool_format,
                             "/v1/messages/count_tokens")
-    ids = await chat_ids(node, parsed)
+    ids = await chat_turn.render(node, parsed, server.config).tokens(node)
     return JSONResponse({"input_tokens": len(ids)})

@@ -1,6 +1,6 @@
 """The OpenAI completions and chat completions doors: a body into its sessions
-(dgr.doors.openai), admitted together, their output as one response or as
-stream chunks, each naming its choice."""
+(dgr.doors.openai; a chat through dgr.doors.chat_turn), admitted together, their
+output as one response or as stream chunks, each naming its choice."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from dgr.doors import chat_turn
 from dgr.doors.context import ServerState
 from dgr.doors.openai import (CompletionBuilder, parse_chat, parse_completion, progress_timings,
                              prompt_progress, timings)
-from dgr.doors.prompts import Thinking, thinking_prompt
 from dgr.doors.problems import ended, model_failed, openai_error
 from dgr.doors.sse import SSE_DONE, SessionEvents, read_whole, sse_event
 from dgr.node import Node
@@ -25,62 +25,60 @@ from dgr.stream import Chunk
 async def completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
     parsed = parse_completion(await server.read_body(request, "/v1/completions"))
-    return await _generate(request, server, node, parsed, parsed.prompts)
+    sessions = node.stream_group(parsed.prompts, parsed.params, parsed.n,
+                                 whole=not parsed.stream,
+                                 progress=parsed.stream and parsed.return_progress)
+    return await _generate(request, server, node, parsed, parsed.prompts, sessions)
 
 
 async def chat_completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
     parsed = parse_chat(await server.read_body(request, "/v1/chat/completions"), node.tool_format)
-    prompt, thinking = thinking_prompt(node, parsed, server.config)
-    parsed = thinking.request(parsed)
-    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
+    turn = chat_turn.render(node, parsed, server.config)
+    ids = await turn.tokens(node)
     # llama-server's `verbose`: the answer shows the prompt the chat became
-    shown = ({"__verbose": {"prompt": prompt}} if parsed.verbose or server.config.echo_prompts
-             else {})
-    return await _generate(request, server, node, parsed, [ids], shown, thinking)
+    shown = ({"__verbose": {"prompt": turn.prompt}}
+             if parsed.verbose or server.config.echo_prompts else {})
+    return await _generate(request, server, node, turn.request, [ids], turn.sessions(node, ids),
+                           shown, turn)
 
 
 async def _generate(request: Request, server: ServerState, node: Node, parsed,
-                    prompts: list, extra: Optional[dict] = None,
-                    thinking: Thinking = Thinking()) -> Response:
-    """One choice per prompt and sample (n), admitted together (dgr.Node.stream_group);
-    `extra`: fields a whole answer carries besides; `thinking`: a chat's
-    (dgr.doors.prompts.Thinking)."""
+                    prompts: list, sessions, extra: Optional[dict] = None,
+                    turn: Optional[chat_turn.ChatTurn] = None) -> Response:
+    """One choice per prompt and sample (n), admitted together (`sessions`, not yet
+    entered: dgr.Node.stream_group or a chat turn's); `extra`: fields a whole answer
+    carries besides; `turn`: a chat's (dgr.doors.chat_turn)."""
     builder = CompletionBuilder(server.model_name(parsed.params), parsed.chat, node.token_text,
-                                node.token_bytes, parsed.top_logprobs, parsed.tools,
-                                thinking.splitting if thinking.split else None,
-                                parsed.include_reasoning)
+                                node.token_bytes, parsed.top_logprobs,
+                                turn is not None and turn.thinking.split)
     # echo: each choice's text begins with its prompt (choice i samples prompt i // n)
     echoes = [(p if isinstance(p, str) else node.detokenize(p)) if parsed.echo else ""
               for p in prompts for _ in range(parsed.n)]
     if parsed.stream:
         # Admission happens before the 200 goes out, so a refusal is a real status code.
         opened = contextlib.AsyncExitStack()
-        sessions = await opened.enter_async_context(node.stream_group(
-            prompts, parsed.params, parsed.n, progress=parsed.return_progress))
-        streams = await opened.enter_async_context(thinking.bounded(node, sessions))
+        streams = await opened.enter_async_context(sessions)
         return SessionEvents(
-            lambda emit: completion_events(request, streams, builder, parsed, echoes, emit),
+            lambda emit: completion_events(request, streams, builder, parsed, echoes, emit, turn),
             close=opened.aclose)
-    texts: list[list[str]] = [[echo] for echo in echoes]
-    rows: list[list[Chunk]] = [[] for _ in texts]
+    got: list[list[Chunk]] = [[] for _ in echoes]
 
     async def collect(i, chunks):
-        got = await chunks.read_all()
-        texts[i] += [chunk.text for chunk in got]
-        rows[i] = [chunk for chunk in got if chunk.token_id is not None]
-        request.scope["dgr.tokens"] = sum(map(len, rows))
+        got[i] = await chunks.read_all()
+        request.scope["dgr.tokens"] = sum(
+            chunk.token_id is not None for choice in got for chunk in choice)
 
-    # a bounded thinking is read as it comes (its cut is made there)
-    async with (node.stream_group(prompts, parsed.params, parsed.n,
-                                  whole=thinking.budget is None) as sessions,
-                thinking.bounded(node, sessions) as streams):
+    async with sessions as streams:
         await read_whole(request, streams, collect)
     reasons = [chunks.finish_reason for chunks in streams]
-    completion = sum(map(len, rows))
+    rows = [[chunk for chunk in choice if chunk.token_id is not None] for choice in got]
+    answers = ([turn.reader().whole(choice) for choice in got] if turn is not None else
+               [echo + "".join(chunk.text for chunk in choice)
+                for echo, choice in zip(echoes, got)])
     return JSONResponse(builder.full(
-        [("".join(t), r, reason) for t, r, reason in zip(texts, rows, reasons)],
-        prompt_tokens(streams, parsed.n), completion, cached_tokens(streams, parsed.n),
+        list(zip(answers, rows, reasons)), prompt_tokens(streams, parsed.n), sum(map(len, rows)),
+        cached_tokens(streams, parsed.n),
         [scored_prompt(c) for c in streams] if scores_prompt(parsed) else None)
         | {"timings": timings(streams[0])} | (extra or {}))
 
@@ -132,10 +130,11 @@ class TextEvents:
 
 
 async def completion_events(request, streams, builder: CompletionBuilder, parsed, echoes,
-                            emit) -> None:
+                            emit, turn: Optional[chat_turn.ChatTurn] = None) -> None:
     """The choices' chunks as they come, each event naming its choice's index; a
-    choice's first event carries its echo. The events of the chunks there were
-    to take at once go out in one write."""
+    choice's first event carries its echo; a chat's choices are read into parts
+    (dgr.doors.chat_turn). The events of the chunks there were to take at once go
+    out in one write."""
     completion, failed = 0, False
 
     async def forward(index, chunks, send):
@@ -165,10 +164,10 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
         progress_started: dict = {}  # each choice's first report's time
 
         text_event = TextEvents(builder)
-        readers: dict = {}  # with tools: each choice's answer reader
-        splitters: dict = {}  # a thinking model's: each choice's thinking splitter
-        held: dict = {}  # stream_reasoning false: each choice's thinking until it ends
-        thought_tokens = 0
+        # a chat's: each choice's reader (its thinking, answer and tool calls)
+        readers = [turn.reader() for _ in streams] if turn is not None else None
+        if readers is not None and readers[0].plain:
+            readers = None
         events: list[str] = []  # the events of one batch of chunks
         async with merged as receive:
             async for batch in receive:
@@ -182,34 +181,29 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
                         continue
                     if chunk.token_id is not None:
                         completion += 1
-                    answer = chunk.text
-                    if builder.thinking is not None and chunk.finish_reason != "error":
-                        splitter = splitters.setdefault(index, builder.splitter())
-                        thought, answer = splitter.feed(chunk.text,
-                                                        chunk.finish_reason is not None)
-                        thought_tokens += splitter.thinking and chunk.token_id is not None
-                        if thought and not parsed.stream_reasoning:
-                            held[index] = held.get(index, "") + thought
-                            thought = ""
-                        if index in held and (not splitter.inside
-                                              or chunk.finish_reason is not None):
-                            thought = held.pop(index)
-                        if thought and builder.include_reasoning:
-                            events.append(sse_event(builder.reasoning_chunk(thought, index)))
-                    if parsed.tools is not None and chunk.finish_reason != "error":
-                        if index not in readers:
-                            readers[index] = parsed.tools.format.reader()
-                        reader = readers[index]
-                        objs = builder.tool_deltas(reader.feed(answer), index)
-                        if chunk.finish_reason is not None:
-                            objs += builder.tool_finish(reader, chunk.finish_reason, index)
-                        events.extend(sse_event(obj) for obj in objs)
-                        continue
-                    rows = [chunk] if chunk.token_id is not None else []
                     if chunk.finish_reason == "error":
                         events.append(sse_event(openai_error(model_failed(chunk.error))))
                         failed = True
                         break
+                    answer = chunk.text
+                    if readers is not None:
+                        reader = readers[index]
+                        answer = ""
+                        for part in reader.feed(chunk.text, chunk.token_id is not None,
+                                                chunk.finish_reason is not None):
+                            if isinstance(part, chat_turn.Thought):
+                                events.append(sse_event(builder.reasoning_chunk(part.text, index)))
+                            elif parsed.tools is not None:
+                                events.append(sse_event(builder.tool_delta(part, index)))
+                            else:
+                                answer += part.text
+                        if parsed.tools is not None:
+                            if chunk.finish_reason is not None:
+                                events.append(sse_event(builder.finish_chunk(
+                                    index, "tool_calls" if reader.tool_use
+                                    else chunk.finish_reason)))
+                            continue
+                    rows = [chunk] if chunk.token_id is not None else []
                     text = echoes[index] + answer if index in first else answer
                     if (index not in first and text and not parsed.timings_per_token
                             and (not rows or rows[0].top_logprobs is None)):
@@ -235,6 +229,7 @@ async def completion_events(request, streams, builder: CompletionBuilder, parsed
     if problem is not None:
         await emit(sse_event(openai_error(problem)))
     elif not failed and parsed.include_usage:
+        thought_tokens = sum(reader.thought_tokens for reader in readers or ())
         await emit(sse_event(builder.usage_chunk(prompt_tokens(streams, parsed.n), completion,
                                                  cached_tokens(streams, parsed.n), thought_tokens)
                              | {"timings": timings(streams[0])}))

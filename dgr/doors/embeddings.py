@@ -16,7 +16,8 @@ from starlette.responses import JSONResponse, Response
 
 from dgr.doors.context import ServerState
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, read_int
-from dgr.embedding import MAX_INPUTS, normalize
+from dgr.embedding import MAX_INPUTS
+from dgr.pooling import normalize
 
 
 async def _input_ids(node, entry: Any, field: str) -> list[int]:

@@ -22,6 +22,12 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "t
              "speculation", "timings_per_token", "return_progress", "n_predict", "lora",
              "skip_special_tokens"}
 
+# the chat door's fields that make a chat's prompt (the endpoints that show a chat's
+# prompt or tokens take these, as the chat door reads them)
+CHAT_PROMPT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls",
+                      "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                      "reasoning_effort", "thinking_budget_tokens", "reasoning_budget_tokens"}
+
 FIELDS = {
     "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
     "/v1/chat/completions": _SAMPLING | {"messages", "logprobs", "top_logprobs",
@@ -51,9 +57,8 @@ FIELDS = {
                     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
                     "logit_bias", "grammar", "json_schema", "return_tokens", "timings_per_token",
                     "return_progress", "response_fields", "model", "lora"},
-    "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt", "messages",
-                  "add_special_tokens", "add_generation_prompt", "continue_final_message",
-                  "return_token_strs"},
+    "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt",
+                  "add_special_tokens", "return_token_strs"} | CHAT_PROMPT_FIELDS,
     "/detokenize": {"tokens"},
     # OpenAI's embeddings, and llama-server's native /embedding (content, embd_normalize)
     "/v1/embeddings": {"input", "content", "model", "encoding_format", "dimensions",

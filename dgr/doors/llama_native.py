@@ -12,11 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr._codes import MAX_LOGPROBS
-from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, read_int
+from dgr.doors.fields import (CHAT_PROMPT_FIELDS, BadRequest, check_fields, json_object,
+                              read_bool, read_int)
+from dgr.doors import chat_turn
 from dgr.doors.openai import parse_chat, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, gbnf, named_values, prompt_list, sampling,
                                schema_grammar)
-from dgr.doors.prompts import thinking_prompt
 from dgr.doors.problems import ended, error_response, llama_error
 from dgr.doors.sse import SessionEvents, read_one, read_whole, sse_event
 
@@ -200,9 +201,11 @@ async def completion(request: Request, server: "ServerState") -> Response:
             await emit(sse_event(final | {"content": last}))
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-    rows: list = []
     async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
-        text = await read_one(request, chunks, tokens, rows)
+        got = await read_one(request, chunks)
+    rows = [chunk for chunk in got if chunk.token_id is not None]
+    tokens += [chunk.token_id for chunk in rows]
+    text = "".join(chunk.text for chunk in got)
     result = _result(parsed, chunks, text, tokens, server.model_name(parsed.params), return_tokens, node)
     if parsed.params.logprobs:
         result["completion_probabilities"] = [_probabilities(node, row) for row in rows]
@@ -281,8 +284,6 @@ async def apply_template(request: Request, server: "ServerState") -> Response:
     body = await server.read_json(request)
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         raise BadRequest("'messages' must be a list", "messages")
-    chat = parse_chat({k: body[k] for k in ("messages", "tools", "tool_choice",
-                                            "add_generation_prompt", "continue_final_message")
-                       if k in body}, node.tool_format)
-    # as a chat completion renders it: the thinking off where --reasoning-budget is 0
-    return JSONResponse({"prompt": thinking_prompt(node, chat, server.config)[0]})
+    # the fields that make a chat's prompt, as the chat door renders it
+    chat = parse_chat({k: body[k] for k in CHAT_PROMPT_FIELDS if k in body}, node.tool_format)
+    return JSONResponse({"prompt": chat_turn.render(node, chat, server.config).prompt})

@@ -11,8 +11,8 @@ import time
 import uuid
 from typing import Any, Optional
 
+from dgr import __version__
 from dgr._codes import MAX_LOGPROBS
-from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool, read_int
 from dgr.doors.request import (MAX_CHOICES, GenerationRequest, chat_message, checked_chat, gbnf,
@@ -38,6 +38,9 @@ SAMPLING_NAMES = {
     "model": "model", "lora": "lora", "skip_special_tokens": "skip_special_tokens",
 }
 CHAT_SAMPLING_NAMES = SAMPLING_NAMES | {"max_completion_tokens": "max_tokens"}
+# OpenAI's system_fingerprint, the build that answers, in llama-server's form ("b" and
+# the build)
+SYSTEM_FINGERPRINT = f"b{__version__}-dgr"
 
 
 def _outputs(body: dict, n_prompts: int) -> dict:
@@ -209,8 +212,7 @@ class CompletionBuilder:
     """Builds the OpenAI response objects of one completions or chat request."""
 
     def __init__(self, model: str, chat: bool, token_text, token_bytes=None, top_logprobs: int = 0,
-                 tools: Optional[tool_calls.ToolSpec] = None,
-                 thinking: Optional[reasoning.Splitting] = None, include_reasoning: bool = True):
+                 reports_thinking: bool = False):
         self.model = model
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -219,15 +221,14 @@ class CompletionBuilder:
         self._token_bytes = token_bytes or (lambda t: token_text(t).encode())
         self._top = top_logprobs  # chat: alternatives per token
         self._offsets: dict[int, int] = {}  # choice index -> text offset so far
-        self._tools = tools  # chat: answers are parsed for tool calls
-        # chat: how the thinking is found, None where none is split off
-        # (dgr.doors.prompts.thinking_prompt)
-        self.thinking = thinking
-        self.include_reasoning = include_reasoning  # vLLM's: the thinking is returned
+        # chat: the thinking is split off (usage counts its tokens)
+        self._reports_thinking = reports_thinking
 
-    def splitter(self):
-        """A choice's thinking splitter, where thinking is split off."""
-        return None if self.thinking is None else self.thinking.splitter()
+    def _object(self, kind: str) -> dict:
+        """The fields every object of the request begins with (OpenAI's
+        system_fingerprint: the build that answers)."""
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
 
     def _logprobs(self, chunks: list[Chunk], index: int = 0,
                   prompt: Optional[list] = None) -> Optional[dict]:
@@ -280,43 +281,36 @@ class CompletionBuilder:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                  "total_tokens": prompt_tokens + completion_tokens,
                  "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-        if self.thinking is not None:
+        if self._reports_thinking:
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return usage
 
-    def full(self, choices: list[tuple[str, list[Chunk], str]], prompt_tokens: int,
-             completion_tokens: int, cached_tokens: int = 0,
-             prompts: Optional[list] = None) -> dict:
-        """choices: (text, token chunks, finish reason) of each choice, by index;
+    def full(self, choices: list[tuple], prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int = 0, prompts: Optional[list] = None) -> dict:
+        """choices: (answer, token chunks, finish reason) of each choice, by index, the
+        answer a completion's text or a chat's dgr.doors.chat_turn.WholeChoice;
         prompts: each choice's scored prompt (echo with logprobs; see _with_prompt)."""
         out = []
         thought_tokens = 0
-        for index, (text, chunks, finish_reason) in enumerate(choices):
+        for index, (answer, chunks, finish_reason) in enumerate(choices):
             logprobs = self._logprobs(chunks, index, prompts[index] if prompts else None)
             if self.chat:
                 message: dict = {"role": "assistant"}
-                if self.thinking is not None:
-                    thought_tokens += self.thinking.thought_tokens([c.text for c in chunks])
-                    thought, text = self.thinking.split(text)
-                    if thought and self.include_reasoning:
-                        message["reasoning_content"] = thought
-                message["content"] = text
-                if self._tools is not None:
-                    reader = self._tools.format.reader()
-                    reader.feed(text)
-                    message["content"], calls = reader.result()
-                    if calls:
-                        message["tool_calls"] = calls
-                        finish_reason = "tool_calls" if reader.whole else finish_reason
+                thought_tokens += answer.thought_tokens
+                if answer.thought:
+                    message["reasoning_content"] = answer.thought
+                message["content"] = answer.content
+                if answer.calls:
+                    message["tool_calls"] = answer.calls
+                    finish_reason = "tool_calls" if answer.tool_use else finish_reason
                 out.append({"index": index, "message": message,
                             "logprobs": logprobs, "finish_reason": finish_reason})
             else:
-                out.append({"index": index, "text": text, "logprobs": logprobs,
+                out.append({"index": index, "text": answer, "logprobs": logprobs,
                             "finish_reason": finish_reason})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": out,
-                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens,
-                                    thought_tokens)}
+        return self._object("chat.completion" if self.chat else "text_completion") | {
+            "choices": out,
+            "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens, thought_tokens)}
 
     def delta(self, text: str, chunks: list[Chunk], finish_reason: Optional[str] = None,
               index: int = 0, prompt: Optional[list] = None,
@@ -333,15 +327,13 @@ class CompletionBuilder:
             choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             obj = "text_completion"
-        chunk = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                 "choices": [choice]}
+        chunk = self._object(obj) | {"choices": [choice]}
         return chunk if timing is None else chunk | {"timings": timing}
 
     def progress_chunk(self, progress: dict, timing: Optional[dict] = None) -> dict:
         """A report of the prompt's prefill (return_progress): no choice yet."""
-        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else
-                 "text_completion", "created": self.created, "model": self.model,
-                 "choices": [], "prompt_progress": progress}
+        chunk = self._object("chat.completion.chunk" if self.chat else "text_completion") | {
+            "choices": [], "prompt_progress": progress}
         return chunk if timing is None else chunk | {"timings": timing}
 
     def reasoning_chunk(self, text: str, index: int) -> dict:
@@ -352,46 +344,33 @@ class CompletionBuilder:
         """A chat choice's first chunk: its role, no content yet."""
         return self._chunk(index, {"role": "assistant", "content": None})
 
-    def tool_deltas(self, pieces: list, index: int) -> list[dict]:
-        """A streamed answer's pieces with tools (dgr.tools.AnswerReader) as chunks,
-        as OpenAI streams them: a call's id, type and name with empty arguments,
-        then its arguments' text piece by piece; a text answer's content."""
-        out = []
-        for piece in pieces:
-            if isinstance(piece, tool_calls.ContentPiece):
-                delta: dict = {"content": piece.text}
-            elif isinstance(piece, tool_calls.CallStarted):
-                delta = {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
-                                         "function": {"name": piece.name, "arguments": ""}}]}
-            else:
-                delta = {"tool_calls": [{"index": piece.index,
-                                         "function": {"arguments": piece.text}}]}
-            out.append(self._chunk(index, delta))
-        return out
+    def tool_delta(self, part, index: int) -> dict:
+        """A part of a chat answer read for tool calls (dgr.doors.chat_turn) as OpenAI
+        streams it: text as content; a call's id, type and name with empty arguments;
+        then its arguments' text piece by piece."""
+        if isinstance(part, tool_calls.CallStarted):
+            delta: dict = {"tool_calls": [{"index": part.index, "id": part.id, "type": "function",
+                                           "function": {"name": part.name, "arguments": ""}}]}
+        elif isinstance(part, tool_calls.ArgumentsPiece):
+            delta = {"tool_calls": [{"index": part.index, "function": {"arguments": part.text}}]}
+        else:
+            delta = {"content": part.text}
+        return self._chunk(index, delta)
 
-    def tool_finish(self, reader, finish_reason: str, index: int) -> list[dict]:
-        """The end of a streamed answer with tools: "tool_calls" once its calls are
-        whole; an answer that said nothing yet (an empty response, or one cut short
-        before a call's name) is sent as content, as it is unstreamed."""
-        out = []
-        if not reader.sent_any:
-            out.append(self._chunk(index, {"content": reader.result()[0]}))
-        elif reader.calls and reader.whole:
-            finish_reason = "tool_calls"
-        return out + [self._chunk(index, {}, finish_reason)]
+    def finish_chunk(self, index: int, finish_reason: str) -> dict:
+        """A chat choice's last chunk: its finish reason, no delta."""
+        return self._chunk(index, {}, finish_reason)
 
     def _chunk(self, index: int, delta: dict, finish_reason: Optional[str] = None) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                "model": self.model, "choices": [{"index": index, "delta": delta,
-                                                  "logprobs": None,
-                                                  "finish_reason": finish_reason}]}
+        return self._object("chat.completion.chunk") | {
+            "choices": [{"index": index, "delta": delta, "logprobs": None,
+                         "finish_reason": finish_reason}]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
                     cached_tokens: int = 0, reasoning_tokens: int = 0) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [],
-                "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens,
-                                    reasoning_tokens)}
+        return self._object("chat.completion.chunk" if self.chat else "text_completion") | {
+            "choices": [],
+            "usage": self.usage(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens)}
 
 
 def timings(stream) -> dict:

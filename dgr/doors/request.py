@@ -15,7 +15,7 @@ import attrs
 
 from dgr import reasoning
 from dgr import tools as tool_calls
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 from dgr.doors.fields import BadRequest, read_bool, read_int
 from dgr.errors import InvalidRequest
 

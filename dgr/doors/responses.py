@@ -19,12 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr import tools as tool_calls
+from dgr.doors import chat_turn
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.openai import ROLES, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                json_object_grammar, named_values, prompt_ending,
                                reasoning_fields, sampling, schema_grammar, tool_call)
-from dgr.doors.prompts import Thinking, thinking_prompt
 from dgr.doors.response_store import ResponseStore
 from dgr.doors.problems import ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
@@ -186,16 +186,17 @@ def parse_response_request(body: Any, store: ResponseStore,
 
 
 class ResponsesBuilder:
-    """One response's object and stream events."""
+    """One response's object and stream events, from its answer's parts
+    (dgr.doors.chat_turn)."""
 
-    def __init__(self, model: str, request: ResponseRequest, thinking: Thinking = Thinking()):
+    def __init__(self, model: str, request: ResponseRequest, plain: bool):
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
         self.reasoning_id = "rs_" + uuid.uuid4().hex
-        # a thinking model's thinking, split off into a reasoning item that comes first
-        # (streamed: its splitter, and the output index of the items after it)
-        self._thinking = thinking
-        self._splitter = thinking.splitter() if thinking.split else None
+        # a plain answer (no thinking split off, no tools) opens its message at once;
+        # else a thinking model's thinking comes first, as a reasoning item (streamed:
+        # the output index of the items after it), and the answer says what follows
+        self._plain = plain
         self._base = 0
         self._thought_text = ""
         self._message_opened = False
@@ -204,33 +205,28 @@ class ResponsesBuilder:
         self._request = request
         self._sequence = 0
         self.extra: dict = {}  # fields every event carries from now on (llama-server's timings)
-        # with tools, the answer as read so far (streamed: piece by piece), the ids of
-        # its function_call items, and the item being streamed (its kind and index)
-        spec = request.chat.tools
-        self._reader = spec.format.reader() if spec is not None else None
+        # with tools: the ids of the answer's function_call items, each call as streamed
+        # so far (its id, name and arguments' text), and the item being streamed (its
+        # kind and index)
         self._call_items: list[str] = []
+        self._calls: list[dict] = []
         self._open: Optional[tuple[str, int]] = None
 
-    def answer(self, text: str) -> tuple[list[dict], dict]:
+    def answer(self, choice: chat_turn.WholeChoice) -> tuple[list[dict], dict]:
         """The output items of the model's whole answer and the assistant message a
         next turn continues from: a thinking model's reasoning item, then a message,
         or (with tools) function calls (their ids made once: the stream, the
         response and the stored conversation share them)."""
-        first = []
-        if self._thinking.split:
-            thought, text = self._thinking.splitting.split(text)
-            first = [self.reasoning_item("completed", thought)] if thought else []
-        if self._reader is None:
-            return first + [self.item("completed", text)], chat_message("assistant", text)
-        if self._reader.text != text:  # unstreamed: read whole here
-            self._reader.feed(text[len(self._reader.text):])
-        content, calls = self._reader.result()
-        if not calls:
+        first = [self.reasoning_item("completed", choice.thought)] if choice.thought else []
+        if not choice.calls:
+            content = choice.content or ""
             return first + [self.item("completed", content)], chat_message("assistant", content)
-        items = first + [self._call_item(i, call, "completed") for i, call in enumerate(calls)]
+        items = first + [self._call_item(i, call, "completed")
+                         for i, call in enumerate(choice.calls)]
         return items, chat_message("assistant", "", [
             tool_call(call["id"], call["function"]["name"],
-                      _arguments(call["function"]["arguments"], strict=False)) for call in calls])
+                      _arguments(call["function"]["arguments"], strict=False))
+            for call in choice.calls])
 
     def _call_item(self, index: int, call: dict, status: str) -> dict:
         while len(self._call_items) <= index:
@@ -239,10 +235,10 @@ class ResponsesBuilder:
                 "call_id": call["id"], "name": call["function"]["name"],
                 "arguments": call["function"]["arguments"] if status == "completed" else ""}
 
-    def response(self, status: str, text: Optional[str] = None,
+    def response(self, status: str, choice: Optional[chat_turn.WholeChoice] = None,
                  finish_reason: Optional[str] = None, usage: Optional[dict] = None) -> dict:
         params, spec = self._request.chat.params, self._request.chat.tools
-        output = [] if text is None else self.answer(text)[0]
+        output = [] if choice is None else self.answer(choice)[0]
         incomplete = None
         if status == "completed" and finish_reason == "length":
             status, incomplete = "incomplete", {"reason": "max_output_tokens"}
@@ -290,7 +286,7 @@ class ResponsesBuilder:
     def opening(self) -> list[str]:
         started = [self.event("response.created", response=self.response("in_progress")),
                    self.event("response.in_progress", response=self.response("in_progress"))]
-        if self._reader is not None or self._splitter is not None:
+        if not self._plain:
             return started  # the answer says which output items follow
         return started + self._open_message(0)
 
@@ -302,42 +298,36 @@ class ResponsesBuilder:
                 self.event("response.content_part.added", item_id=self.item_id,
                            output_index=index, content_index=0, part=self.part(""))]
 
-    def delta(self, text: str, final: bool = False) -> list[str]:
-        """The events a piece of the model's text makes (`final`: the last): a
-        thinking model's thinking, a reasoning item's text; then without tools, a
-        text delta; with tools, what the answer read so far adds (a text delta of a
-        text answer, a function call's item once its name is read, then its
-        arguments' pieces)."""
+    def delta(self, parts: list) -> list[str]:
+        """The events of an answer's parts: a thinking model's thinking, a reasoning
+        item's text; answer text, a message's text delta; a function call's item once
+        its name is read, then its arguments' pieces."""
         events = []
-        if self._splitter is not None:
-            thought, text = self._splitter.feed(text, final)
-            if thought:
+        for part in parts:
+            if isinstance(part, chat_turn.Thought):
                 if self._open is None:
                     self._open, self._base = ("reasoning", 0), 1
                     events.append(self.event("response.output_item.added", output_index=0,
                                              item=self.reasoning_item("in_progress", None)))
-                self._thought_text += thought
+                self._thought_text += part.text
                 events.append(self.event("response.reasoning_text.delta", output_index=0,
                                          item_id=self.reasoning_id, content_index=0,
-                                         delta=thought))
-            if not text:
-                return events
-        if self._reader is None:
-            return events + self._text_delta(self._base, text)
-        for piece in self._reader.feed(text):
-            index = self._base + getattr(piece, "index", 0)
-            if isinstance(piece, tool_calls.ContentPiece):
-                events += self._text_delta(self._base, piece.text)
-            elif isinstance(piece, tool_calls.CallStarted):
+                                         delta=part.text))
+            elif isinstance(part, chat_turn.Answer):
+                events += self._text_delta(self._base, part.text)
+            elif isinstance(part, tool_calls.CallStarted):
                 events += self._close_open()
-                call = {"id": piece.id, "function": {"name": piece.name}}
-                self._open = ("call", index)
-                events.append(self.event("response.output_item.added", output_index=index,
-                                         item=self._call_item(piece.index, call, "in_progress")))
+                call = {"id": part.id, "function": {"name": part.name, "arguments": ""}}
+                self._calls.append(call)
+                self._open = ("call", self._base + part.index)
+                events.append(self.event("response.output_item.added",
+                                         output_index=self._base + part.index,
+                                         item=self._call_item(part.index, call, "in_progress")))
             else:
+                self._calls[part.index]["function"]["arguments"] += part.text
                 events.append(self.event("response.function_call_arguments.delta",
-                                         item_id=self._call_items[piece.index],
-                                         output_index=index, delta=piece.text))
+                                         item_id=self._call_items[part.index],
+                                         output_index=self._base + part.index, delta=part.text))
         return events
 
     def _text_delta(self, index: int, text: str) -> list[str]:
@@ -366,28 +356,21 @@ class ResponsesBuilder:
             return [self.event("response.output_text.done", text=text, **where),
                     self.event("response.content_part.done", part=self.part(text), **where),
                     self.event("response.output_item.done", item=item, output_index=index)]
-        content, calls = self._reader.result()
-        item = self._call_item(index - self._base, calls[index - self._base], "completed")
+        item = self._call_item(index - self._base, self._calls[index - self._base], "completed")
         return [self.event("response.function_call_arguments.done", item_id=item["id"],
                            output_index=index, arguments=item["arguments"]),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
-    def closing(self, text: str, finish_reason: str, usage: dict) -> list[str]:
-        final = self.response("completed", text, finish_reason, usage)
+    def closing(self, choice: chat_turn.WholeChoice, finish_reason: str,
+                usage: dict) -> list[str]:
+        """The last events, once the answer's final part is written (`delta`)."""
+        final = self.response("completed", choice, finish_reason, usage)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        # a thinking's text held back (a tag's start) goes out, and its item closes
-        events = self.delta("", final=True) if self._splitter is not None else []
+        events = []
         if self._open is not None and self._open[0] == "reasoning":
             events += self._close_open()
-        if self._reader is None and not self._message_opened:
-            events += self._open_message(self._base)  # an answer with no text after its thinking
-        elif self._reader is not None and not self._reader.sent_any:
-            # an answer that said nothing yet (an empty text answer, or one cut short
-            # before a call's name): its text as one message
-            events += self._open_message(self._base)
-            content = final["output"][self._base]["content"][0]["text"]
-            if content:
-                events += self._text_delta(self._base, content)
+        if not self._message_opened and not choice.calls:
+            events += self._open_message(self._base)  # an answer with no text
         return events + self._close_open(final["output"]) + [self.event(kind, response=final)]
 
 
@@ -397,33 +380,27 @@ async def responses(request: Request, server: "ServerState") -> Response:
     store = server.responses
     parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
                                     node.tool_format)
-    prompt, thinking = thinking_prompt(node, parsed.chat, server.config, "input")
-    parsed = attrs.evolve(parsed, chat=thinking.request(parsed.chat))
-    ids = await node.tokenize_off_loop(prompt, add_special=True, parse_special=True)
-    builder = ResponsesBuilder(server.model_name(parsed.chat.params), parsed, thinking)
-    generated: list[int] = []
-    pieces: list[str] = []  # each token's text, for the thinking's token count
+    turn = chat_turn.render(node, parsed.chat, server.config, "input")
+    ids = await turn.tokens(node)
+    chat = turn.request
+    reader = turn.reader()
+    builder = ResponsesBuilder(server.model_name(chat.params), parsed, reader.plain)
 
-    def finished(text: str, chunks) -> dict:
-        thought = thinking.splitting.thought_tokens(pieces) if thinking.split else 0
-        usage = builder.usage(chunks.prompt_tokens, len(generated), chunks.cached_tokens,
-                              thought)
+    def finished(choice: chat_turn.WholeChoice, chunks, generated: int) -> dict:
+        usage = builder.usage(chunks.prompt_tokens, generated, chunks.cached_tokens,
+                              choice.thought_tokens)
         if parsed.store:
-            store.put(builder.id, parsed.conversation + [builder.answer(text)[1]])
+            store.put(builder.id, parsed.conversation + [builder.answer(choice)[1]])
         return usage
 
-    chat = parsed.chat
     opened = contextlib.AsyncExitStack()
-    session = await opened.enter_async_context(node.stream(
-        ids, chat.params, whole=not chat.stream and thinking.budget is None,
-        progress=chat.stream and chat.return_progress))
-    chunks, = await opened.enter_async_context(thinking.bounded(node, [session]))
+    chunks, = await opened.enter_async_context(turn.sessions(node, ids))
     if chat.stream:
 
         async def produce(emit) -> None:
             for event in builder.opening():
                 await emit(event)
-            texts = []
+            generated = 0
             started = None  # the first progress report's time
             while batch := await chunks.next_chunks():
                 for chunk in batch:
@@ -436,29 +413,30 @@ async def responses(request: Request, server: "ServerState") -> Response:
                             prompt_progress=prompt_progress(chunk.progress, started), **timing))
                         continue
                     if chunk.token_id is not None:
-                        generated.append(chunk.token_id)
-                        pieces.append(chunk.text)
-                        request.scope["dgr.tokens"] = len(generated)
+                        generated += 1
+                        request.scope["dgr.tokens"] = generated
                     if chat.timings_per_token:  # llama-server's: on each event from here on
                         builder.extra = {"timings": timings(chunks)}
-                    if chunk.text and chunk.finish_reason != "error":
-                        texts.append(chunk.text)
-                        for event in builder.delta(chunk.text):
+                    if chunk.finish_reason != "error":
+                        for event in builder.delta(reader.feed(
+                                chunk.text, chunk.token_id is not None,
+                                chunk.finish_reason is not None)):
                             await emit(event)
             problem = ended([chunks])
             if problem is not None:
                 await emit(builder.event("error", code=problem.code, message=problem.message))
                 return
-            text = "".join(texts)
-            for event in builder.closing(text, chunks.finish_reason, finished(text, chunks)):
+            choice = reader.result()
+            for event in builder.closing(choice, chunks.finish_reason,
+                                         finished(choice, chunks, generated)):
                 await emit(event)
 
         return SessionEvents(produce, close=opened.aclose)
-    rows: list = []
     try:
-        text = await read_one(request, chunks, generated, rows)
+        got = await read_one(request, chunks)
     finally:
         await opened.aclose()
-    pieces.extend(chunk.text for chunk in rows)
-    return JSONResponse(builder.response("completed", text, chunks.finish_reason,
-                                         finished(text, chunks)))
+    choice = reader.whole(got)
+    generated = sum(chunk.token_id is not None for chunk in got)
+    return JSONResponse(builder.response("completed", choice, chunks.finish_reason,
+                                         finished(choice, chunks, generated)))

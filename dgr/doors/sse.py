@@ -79,22 +79,16 @@ async def read_whole(request: Request, streams, collect) -> None:
         raise SessionEnded(problem)
 
 
-async def read_one(request: Request, chunks, tokens: list[int],
-                   rows: Optional[list] = None) -> str:
-    """One session's whole answer (read_whole): its text, with its token ids appended
-    to `tokens` (and their chunks to `rows`)."""
-    texts: list[str] = []
+async def read_one(request: Request, stream) -> list:
+    """One session's whole answer (read_whole): its chunks (dgr.stream.Chunk)."""
+    got: list = []
 
-    async def collect(_, stream):
-        got = await stream.read_all()
-        texts.extend(chunk.text for chunk in got)
-        tokens.extend(chunk.token_id for chunk in got if chunk.token_id is not None)
-        if rows is not None:
-            rows.extend(chunk for chunk in got if chunk.token_id is not None)
-        request.scope["dgr.tokens"] = len(tokens)
+    async def collect(_, chunks):
+        got.extend(await chunks.read_all())
+        request.scope["dgr.tokens"] = sum(chunk.token_id is not None for chunk in got)
 
-    await read_whole(request, [chunks], collect)
-    return "".join(texts)
+    await read_whole(request, [stream], collect)
+    return got
 
 
 async def cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:

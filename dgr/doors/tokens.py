@@ -10,10 +10,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from dgr.doors import chat_turn
 from dgr.doors.context import ServerState
-from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
+from dgr.doors.fields import (CHAT_PROMPT_FIELDS, BadRequest, check_fields, json_object,
+                              read_bool)
 from dgr.doors.openai import parse_chat, parse_completion
-from dgr.doors.prompts import chat_ids
 from dgr.doors.responses import parse_response_request
 
 
@@ -21,15 +22,20 @@ async def tokenize(request: Request, server: ServerState) -> Response:
     node = server.ready_vocabulary()
     body = await server.read_json(request)
     if isinstance(body, dict) and ("prompt" in body or "messages" in body):
-        ids = await vllm_tokens(server.ready_node(), body)
+        ids = await vllm_tokens(server, body)
+        strs = ([node.token_text(t) for t in ids] if read_bool(body, "return_token_strs")
+                else None)
+        tokens = (_pieces(node, ids) if read_bool(body, "with_pieces") else ids)
         return JSONResponse({"count": len(ids), "max_model_len": node.engine_info["n_ctx_seq"],
-                             "tokens": ids, "token_strs": None})
+                             "tokens": tokens, "token_strs": strs})
     content, add_special, with_pieces = parse_tokenize(body)
     ids = await node.tokenize_off_loop(content, add_special=add_special, parse_special=True)
-    if with_pieces:
-        return JSONResponse({"tokens": [{"id": t, "piece": token_piece(node.token_bytes(t))}
-                                        for t in ids]})
-    return JSONResponse({"tokens": ids})
+    return JSONResponse({"tokens": _pieces(node, ids) if with_pieces else ids})
+
+
+def _pieces(node, ids: list[int]) -> list[dict]:
+    """llama-server's with_pieces: each token's id and piece."""
+    return [{"id": t, "piece": token_piece(node.token_bytes(t))} for t in ids]
 
 
 async def render_completion(request: Request, server: ServerState) -> Response:
@@ -60,19 +66,22 @@ async def _chat_body_tokens(request: Request, server: ServerState) -> list[int]:
     body = await server.read_json(request)
     if "/responses/" in request.url.path:
         parsed = parse_response_request(body, server.responses, node.tool_format)
-        return await chat_ids(node, parsed.chat, "input")
-    return await chat_ids(node, parse_chat(body, node.tool_format))
+        return await chat_turn.render(node, parsed.chat, server.config, "input").tokens(node)
+    return await chat_turn.render(node, parse_chat(body, node.tool_format),
+                                  server.config).tokens(node)
 
 
-async def vllm_tokens(node, body: dict) -> list[int]:
+async def vllm_tokens(server: ServerState, body: dict) -> list[int]:
     """vLLM's /tokenize: a prompt ({"model", "prompt"}) or a chat ({"model",
-    "messages"}) as the completions and chat doors tokenize it."""
+    "messages"} and what else says how the chat door makes its prompt: tools, the
+    thinking switch and budget) as the completions and chat doors tokenize it."""
+    node = server.ready_node()
     check_fields(body, "/tokenize")
     if "messages" in body:
-        chat = parse_chat({k: body[k] for k in ("messages", "add_generation_prompt",
-                                                "continue_final_message") if k in body},
+        chat = parse_chat({k: body[k] for k in CHAT_PROMPT_FIELDS if k in body},
                           node.tool_format)
-        return await chat_ids(node, chat)
+        return await chat_turn.render(node, chat, server.config).tokens(node)
+    _no_chat_fields(body, "prompt")
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string", "prompt")
@@ -92,13 +101,21 @@ def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
     """llama-server's POST /tokenize: (content, add_special, with_pieces)."""
     body = json_object(body)
     check_fields(body, "/tokenize")
-    if body.get("add_generation_prompt") is not None or body.get("return_token_strs"):
-        raise BadRequest("'add_generation_prompt' and 'return_token_strs' go with vLLM's "
-                         "'prompt' or 'messages'", "content")
+    if body.get("return_token_strs"):
+        raise BadRequest("'return_token_strs' goes with vLLM's 'prompt' or 'messages'",
+                         "return_token_strs")
+    _no_chat_fields(body, "content")
     content = body.get("content")
     if not isinstance(content, str):
         raise BadRequest("'content' must be a string", "content")
     return content, read_bool(body, "add_special"), read_bool(body, "with_pieces")
+
+
+def _no_chat_fields(body: dict, given: str) -> None:
+    """Refuse the fields of a chat's tokens beside a text's (`given`)."""
+    for name in sorted(CHAT_PROMPT_FIELDS - {"messages"}):
+        if body.get(name) is not None:
+            raise BadRequest(f"'{name}' goes with 'messages', not '{given}'", name)
 
 
 def parse_detokenize(body: Any) -> list[int]:

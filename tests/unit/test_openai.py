@@ -5,11 +5,12 @@ import json
 import pytest
 
 from dgr._codes import MAX_LOGPROBS
-from dgr.config import MAX_STOP_STRINGS
+from dgr.spec import MAX_STOP_STRINGS
 from dgr.doors.completions import TextEvents
 from dgr.doors.sse import sse_event
 from dgr.doors.fields import BadRequest
 from dgr.doors.openai import CompletionBuilder, parse_chat, parse_completion
+from dgr.reasoning import ThinkingSwitch
 from dgr.stream import Chunk
 from dgr.tools import GENERIC
 
@@ -167,7 +168,8 @@ def test_message_roles_are_openais_and_developer_is_system():
                                           "function": {"name": "f", "arguments": {}}}]
     assert messages[2]["tool_call_id"] == "c1"
     # the generic format renders the call as the JSON the model answers in
-    rendered = GENERIC.render(messages, None, lambda plain, add, thinking: plain)
+    rendered = GENERIC.render(messages, None, lambda plain, add, thinking: plain, True,
+                              ThinkingSwitch())
     assert json.loads(rendered[1]["content"]) == {"tool_calls": [{"name": "f", "arguments": {}}]}
     assert all(set(m) == {"role", "content"} for m in rendered)
     with pytest.raises(BadRequest) as exc:
@@ -225,7 +227,8 @@ def test_tools_become_a_grammar_and_a_system_message():
                                    "tools": [WEATHER], "tool_choice": "required"})
     assert parsed.tools.choice == "required" and parsed.tools.names == ["get_weather"]
     rendered = GENERIC.render(parsed.messages, parsed.tools,
-                              lambda plain, add_generation_prompt, enable_thinking: plain)
+                              lambda plain, add_generation_prompt, enable_thinking: plain, True,
+                              ThinkingSwitch())
     assert rendered[0]["role"] == "system" and "get_weather" in rendered[0]["content"]
     assert "tool_calls" in parsed.params.grammar and "response" not in parsed.params.grammar
     auto = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]})

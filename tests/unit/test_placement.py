@@ -6,7 +6,7 @@ import numpy as np
 
 from dgr.adapters import Adapter
 from dgr.admission import Admission, Budgets
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
 from dgr.placement import Evict, Placement, Save, Start
 from dgr.prefix_cache import PrefixCache

@@ -2,7 +2,7 @@
 
 import trio
 
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 from dgr.reply import Reply
 from dgr.sequence import FinishReason, Session
 from dgr.spec import SessionSpec

@@ -6,7 +6,7 @@ import pytest
 from dgr import _scheduler
 from dgr._codes import NO_LOGITS
 from dgr.admission import Admission, Budgets
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 from dgr.errors import AdmissionRejected, BudgetError
 from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled
 from dgr.sequence import FinishReason, Phase, Session

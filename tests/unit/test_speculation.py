@@ -6,7 +6,7 @@ import pytest
 from dgr import _drafts, _scheduler
 from dgr._codes import (MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource,
                         WordKind)
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 from dgr.events import Decoded, Finished, Sampled
 from dgr.spec import SessionSpec
 

@@ -12,7 +12,7 @@ import trio
 
 from dgr._codes import WORKER_LOST, FinishCode
 from dgr.admission import Admission, Budgets
-from dgr.config import SamplingParams
+from dgr.spec import SamplingParams
 from dgr.engine import EngineThread
 from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded, StepFigures
 from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix

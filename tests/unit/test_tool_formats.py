@@ -8,6 +8,7 @@ import random
 import pytest
 
 from dgr.jinja_template import MAX_RENDERED, ChatTemplate, TemplateError
+from dgr.reasoning import ThinkingSwitch
 from dgr.testmodel import CHAT_TEMPLATE
 from dgr.tool_formats import HermesFormat, HermesReader, for_template
 from dgr.doors.openai import chat_messages
@@ -38,7 +39,7 @@ def test_the_hermes_prompt_is_the_models_template_with_tools_calls_and_results()
             {"id": "c1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
-    prompt = fmt.render(messages, spec, apply_template=None)
+    prompt = fmt.render(messages, spec, None, True, ThinkingSwitch())
     assert "Be brief." in prompt and '"name": "get_weather"' in prompt.split("<tools>\n")[1]
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
         in prompt
@@ -116,7 +117,8 @@ CVE_2024_34359 = ("{% for x in ().__class__.__base__.__subclasses__() %}"
 def test_a_hostile_template_is_refused_and_runs_nothing(source, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TemplateError):
-        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}],
+                                    thinking=ThinkingSwitch())
     assert not (tmp_path / "PWNED").exists()
 
 
@@ -128,12 +130,13 @@ def test_a_hostile_template_leaves_tools_to_the_generic_format(caplog):
 
 def test_a_template_that_refuses_or_floods_is_an_error():
     with pytest.raises(TemplateError, match="roles must alternate"):
-        ChatTemplate("{{ raise_exception('roles must alternate') }}").render([])
+        ChatTemplate("{{ raise_exception('roles must alternate') }}").render(
+            [], thinking=ThinkingSwitch())
     with pytest.raises(TemplateError, match="does not parse"):
         ChatTemplate("{% for %}")
     flood = "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}"
     with pytest.raises(TemplateError, match=str(MAX_RENDERED)):
-        ChatTemplate(flood).render([])
+        ChatTemplate(flood).render([], thinking=ThinkingSwitch())
 
 
 def test_a_template_gets_the_context_llama_cpp_gives_it():
@@ -142,5 +145,6 @@ def test_a_template_gets_the_context_llama_cpp_gives_it():
     template = ChatTemplate("{{ date_string }}|{{ datetime }}|{{ enable_thinking }}|"
                             "{{ 'tools: ' + functions }}")
     today = datetime.date.today()
-    assert template.render([]) == (f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}"
-                                   "|True|tools: ")  # an undefined name adds nothing
+    assert template.render([], thinking=ThinkingSwitch()) == (
+        f"{today.strftime('%d %b %Y')}|{today.strftime('%b %d %Y')}"
+        "|True|tools: ")  # an undefined name adds nothing
