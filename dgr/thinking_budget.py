@@ -5,7 +5,8 @@ answer following (llama-server's --reasoning-budget, Anthropic's budget_tokens).
 `dgr.reasoning.ThinkSplitter`. When the session has written `budget` tokens of
 thinking and is still inside it, the stream goes on with a second session whose
 prompt is the first's prompt, the tokens it wrote up to there and the end of the
-thinking (`CLOSE_TEXT`), those closing tokens reported as output; the first session
+thinking (the request's reasoning_budget_message, then `CLOSE_TEXT`), those closing
+tokens reported as output; the first session
 is cancelled. The cut depends on the session's own tokens alone, and the second
 session takes the first's KV from the prefix cache (bitwise what computing it
 gives), so the output is the session's own whatever shares its steps.
@@ -41,6 +42,8 @@ class BudgetedStream:
         # the second session's: it writes the answer
         self._answer_grammar = thinking.answer_grammar
         self._splitter = ThinkSplitter(thinking.opened)
+        # what the thinking ends with at the cut: the request's message, then its end
+        self._closing = turn.request.reasoning_budget_message + CLOSE_TEXT
         self._tokens: list[int] = []  # the output's tokens up to the cut
         self._thought = 0
         self._cut = False
@@ -99,7 +102,7 @@ class BudgetedStream:
         # its final chunk comes once its KV, output included, is a cache entry
         self._node.cancel(self._first)
         await self._first.read_all()
-        closing = self._node.tokenize(CLOSE_TEXT, add_special=False, parse_special=True)
+        closing = self._node.tokenize(self._closing, add_special=False, parse_special=True)
         chunks = [Chunk(token, self._node.token_text(token)) for token in closing]
         left = first.spec.params.max_tokens - len(self._tokens) - len(closing)
         if left < 1:

@@ -119,3 +119,23 @@ async def test_a_chat_completion_names_its_build(start_server):  # noqa: F811
         assert {e["system_fingerprint"] for e in streamed} == {whole["system_fingerprint"]}
         text = (await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}))
         assert text.json()["system_fingerprint"] == whole["system_fingerprint"]
+
+
+async def test_a_budget_cut_ends_the_thinking_with_the_requests_message(
+        start_server):  # noqa: F811
+    """llama-server's reasoning_budget_message: the text the thinking ends with where the
+    budget cuts it (the random model never closes its thinking itself)."""
+    server = await start_server({"chat_template_file": str(R1_DISTILL)}, reasoning_budget=6)
+    body = {"messages": [{"role": "user", "content": "Think briefly."}], "max_tokens": 24,
+            "temperature": 0}
+    async with server.client() as client:
+        plain = (await client.post("/v1/chat/completions", json=body)).json()
+        told = (await client.post("/v1/chat/completions", json=body | {
+            "reasoning_budget_message": " Time to answer."})).json()
+        refused = await client.post("/v1/chat/completions", json=body | {
+            "reasoning_budget_message": 3})
+    thought = told["choices"][0]["message"]["reasoning_content"]
+    assert thought.rstrip().endswith("Time to answer.")
+    assert thought.startswith(plain["choices"][0]["message"]["reasoning_content"].rstrip())
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "reasoning_budget_message"

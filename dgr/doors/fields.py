@@ -37,6 +37,7 @@ FIELDS = {
                                          "verbose", "chat_template_kwargs",
                                          "reasoning_format", "thinking_budget_tokens",
                                          "reasoning_budget_tokens", "reasoning_effort",
+                                         "reasoning_budget_message",
                                          "include_reasoning", "separate_reasoning",
                                          "stream_reasoning"},
     "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",

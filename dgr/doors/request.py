@@ -53,6 +53,8 @@ class GenerationRequest:
     effort: Optional[str] = None  # reasoning_effort, for templates that read it
     reasoning_format: Optional[str] = None
     thinking_budget: Optional[int] = None  # tokens (None or -1: the server's --reasoning-budget)
+    # llama-server's: text the model's thinking ends with where the budget cuts it
+    reasoning_budget_message: str = ""
     # vLLM's include_reasoning (false: the thinking split off is not returned) and
     # SGLang's stream_reasoning (false: streamed in one delta once it ends)
     include_reasoning: bool = True
@@ -151,8 +153,11 @@ def reasoning_fields(body: dict, effort=None) -> dict:
             budget = read_int(body, name, -1, 1 << 30)
     shown = {name: read_bool(body, name) for name in ("include_reasoning", "stream_reasoning")
              if name in body}
+    message = body.get("reasoning_budget_message") or ""
+    if not isinstance(message, str):
+        raise BadRequest("'reasoning_budget_message' must be a string", "reasoning_budget_message")
     return {"thinking": thinking, "effort": effort, "reasoning_format": fmt,
-            "thinking_budget": budget} | shown
+            "thinking_budget": budget, "reasoning_budget_message": message} | shown
 
 
 def prompt_list(prompt: Any, name: str = "prompt") -> list:
