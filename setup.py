@@ -1,9 +1,10 @@
-"""Builds dgr's Cython modules: the engine (dgr._engine), its sampling
-(dgr._sampling), the batch loop (dgr._batch), the engine's checked step for tests
-and tools (dgr._step) and the RPC worker (dgr._rpc)
-against the pinned llama.cpp, with their C helpers from dgr/csrc; the
-scheduler (dgr._scheduler), its speculation policy (dgr._speculation), the
-drafts (dgr._drafts) and the shared codes (dgr._codes) are pure C.
+"""Builds dgr's Cython modules: the engine (dgr._engine) and its model's loading
+(dgr._model_load), its sampling (dgr._sampling), the batch loop (dgr._batch) and its
+mailbox (dgr._mailbox), the engine's checked step for tests and tools (dgr._step)
+and the RPC worker (dgr._rpc) against the pinned llama.cpp, with their C helpers from dgr/csrc; the scheduler
+(dgr._scheduler) over its slot table (dgr._slots), its speculation policy
+(dgr._speculation), the drafts (dgr._drafts), the node's store of outputs they draft
+from (dgr._ngram_store) and the shared codes (dgr._codes) are pure C.
 
 Headers come from vendor/llama.cpp-patched (materialized by scripts/vendor_llama.py
 from the sha256-pinned llama-cpp-python sdist). The extension links the
@@ -69,17 +70,21 @@ extensions = [
     Extension("dgr._codes", sources=["dgr/_codes.pyx"]),
     Extension("dgr._events", sources=["dgr/_events.pyx"]),
     Extension("dgr._drafts", sources=["dgr/_drafts.pyx"], extra_compile_args=["-O3"]),
+    Extension("dgr._ngram_store", sources=["dgr/_ngram_store.pyx"], extra_compile_args=["-O3"]),
     Extension("dgr._speculation", sources=["dgr/_speculation.pyx"], extra_compile_args=["-O3"]),
+    Extension("dgr._slots", sources=["dgr/_slots.pyx"], extra_compile_args=["-O3"]),
     Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"]),
     # rows are sampled on llama.cpp's OpenMP thread team
     llama_extension("dgr._sampling", "dgr_argmax.c", openmp=True),
     # llama.cpp's log goes to one process-wide callback: its buffer lives here only
     llama_extension("dgr._vocab"),
     llama_extension("dgr._backend", "dgr_log.c"),
+    llama_extension("dgr._model_load"),
     llama_extension("dgr._engine"),
     llama_extension("dgr._embed"),
     llama_extension("dgr._kv_ops"),
     llama_extension("dgr._adapters"),
+    llama_extension("dgr._mailbox"),
     llama_extension("dgr._batch"),
     llama_extension("dgr._step"),
     llama_extension("dgr._rpc", "dgr_rpc_offer.c"),

@@ -6,6 +6,10 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from dgr._codes cimport MAX_DRAFT, TWIN_TOKENS
 
 cdef enum:
+    # text repeats its phrases (a module's functions, a report's sentences): a match of
+    # a few tokens is often in the wrong place, the longest one in the place being
+    # quoted (llama.cpp's ngram-simple looks up the last 12 tokens)
+    MATCH_MAX = 32
     # values_draft: the prompt's last tokens whose words it knows, a word's most tokens,
     # and the session's last tokens it reads (a list's objects repeat close by)
     VALUE_PROMPT_REACH = 8192
@@ -36,16 +40,26 @@ cdef int values_draft(const int32_t * tokens, int n, int n_prompt, const uint8_t
                       int * matched) noexcept nogil
 
 
-cdef class NgramStore:
-    cdef int32_t * ring             # recent sessions' tokens, -1 between two sessions
-    cdef uint32_t * chain           # per ring token: how far back its n-gram's bucket
-                                    # was followed before (0: not since the ring held it)
-    cdef int64_t * table            # per bucket: absolute ring index after an n-gram, or -1
-    cdef int64_t written            # tokens appended so far
-    cdef readonly int ring_size
-    cdef readonly int table_size
+cdef struct Places:
+    # the places where the session's last tokens occurred before, met most recent first
+    int length          # how many tokens the best one matches
+    int64_t best        # the longest, the most recent of those as long
+    int64_t other       # the next one as long as the best, or -1
 
-    cdef void add(self, const int32_t * tokens, int n_prompt, int n) noexcept nogil
-    cdef int match(self, int64_t at, const int32_t * tokens, int n) noexcept nogil
-    cdef int draft(self, const int32_t * tokens, int n, int max_draft, int32_t * out,
-                   int * matched) noexcept nogil
+
+cdef inline void _no_places(Places * places) noexcept nogil:
+    places.length = 0
+    places.best = places.other = -1
+
+
+cdef inline bint _meet(Places * places, int length, int64_t at) noexcept nogil:
+    """The place `at` matches `length` tokens: it is the best if longer than the best
+    so far, the other if as long and there is none yet. Returns whether the search
+    is done (a best and an other of MATCH_MAX tokens: no older place changes the
+    draft)."""
+    if length > places.length:
+        places.length, places.best, places.other = length, at, -1
+    elif length == places.length and places.other < 0:
+        places.other = at
+        return length == MATCH_MAX
+    return False

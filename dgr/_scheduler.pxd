@@ -1,5 +1,6 @@
-# The batch loop's slot table, step policy and post-step update (dgr/_scheduler.pyx).
-# Pure C data and functions: no llama.cpp, no GIL, no Python objects.
+# The batch loop's step policy and post-step update over its slot table
+# (dgr/_scheduler.pyx; the table: dgr/_slots.pyx). Pure C data and functions: no
+# llama.cpp, no GIL, no Python objects.
 
 from libc.stdint cimport int32_t, int64_t
 
@@ -8,33 +9,10 @@ from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_OFF, EV_DECODE, EV_FAILURE,
                         FINISH_LENGTH, FINISH_NONE, FINISH_STOP, MAX_LOGPROBS, MAX_STEP_DRAFTS,
                         MAX_DRAFT, MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
 from dgr._events cimport Event, StepFigures
+from dgr._slots cimport SLOT_DECODE, SLOT_FREE, SLOT_PREFILL, Slot, SlotTable
 from dgr._speculation cimport Drafting, DraftRow, Speculation
 
-cdef enum SlotPhase:
-    SLOT_FREE = 0
-    SLOT_PREFILL = 1
-    SLOT_DECODE = 2
-
-cdef struct Slot:
-    int phase
-    int32_t * tokens           # the prompt (n_prompt), then the tokens generated (n_generated)
-    int n_prompt
-    int n_prefilled
-    int n_generated
-    int max_tokens
-    int32_t last_token
-    int credits                # tokens the session's reader can still take
-    int finish_requested       # a FinishCode the node asked for (cancel, stop string)
-    int n_logprobs
-    bint ignore_eos
-    bint keep_kv               # its sequence keeps its KV when it ends (a prefix cache entry)
-    int prompt_logprobs        # -1, or it scores its prompt tokens (with this many alternatives)
-    int64_t order              # admission order: prefill goes oldest first
-    Drafting drafting          # its speculation state (dgr/_speculation.pyx)
-
-cdef class Scheduler:
-    cdef Slot * slots
-    cdef readonly int n_slots
+cdef class Scheduler(SlotTable):
     cdef readonly int token_budget
     cdef readonly int prefill_chunk
     cdef readonly int prefill_sessions
@@ -43,10 +21,6 @@ cdef class Scheduler:
     cdef bint time_known                # set_step_time gave the model below
     cdef double time_a, time_b, time_c, time_e
     cdef int prefill_cap                # the prefill rows the current plan allows
-    cdef readonly Speculation speculation   # the drafts' policy (one_call only), else None
-    cdef char * eog                 # per vocabulary entry: ends generation
-    cdef int n_vocab
-    cdef int64_t next_order
     # The plan of the current step: decode rows first (ascending slot), then chunks.
     cdef int n_decode
     cdef int * decode_slots
@@ -58,16 +32,13 @@ cdef class Scheduler:
     cdef int * chunk_start
     cdef int * chunk_end
     cdef int * order_buf
-    cdef readonly int max_draft         # draft tokens a session may verify in one step
     cdef int * slot_rc                  # per slot: the code of its refused call of its
                                         # own (refuse), until the update reads it
     cdef int refused_rc                 # the first such code of the step (0: none)
 
     cdef int max_step_events(self) noexcept nogil
-    cdef int take_finish_requests(self, Event * out) noexcept nogil
     cdef int plan(self) noexcept nogil
     cdef int decode_rows(self) noexcept nogil
-    cdef int kv_valid(self, int s) noexcept nogil
     cdef int _rows_within_stall(self, int position) noexcept nogil
     cdef int plan_rows(self) noexcept nogil
     cdef int chunk_offset(self, int c) noexcept nogil
@@ -79,7 +50,6 @@ cdef class Scheduler:
     cdef int fail(self, int s, int code, Event * out) noexcept nogil
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out, StepFigures * figures) noexcept nogil
-    cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil
     cdef int _verify(self, int s, int row, const int32_t * sampled, const float * chosen_lp,
                      const int32_t * top_ids, const float * top_lp, Event * decoded,
                      Event * out, StepFigures * figures) noexcept nogil

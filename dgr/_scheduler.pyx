@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The batch loop's scheduler: a slot table, the step policy and the post-step
-update, in C without the GIL and without llama.cpp (dgr._batch.BatchLoop runs
+"""The batch loop's scheduler: the step policy and the post-step update over its
+slot table (dgr/_slots.pyx: the sessions' slots, started, credited, asked to finish
+and ended), in C without the GIL and without llama.cpp (dgr._batch.BatchLoop runs
 them around each llama_decode; the tests drive them directly).
 
 Policy (re-planned every step; sessions join and leave between steps):
@@ -59,19 +60,16 @@ publishes the events, so the node reuses a slot only after its EV_FINISH.
 
 from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 from dgr._events cimport event_record
 
-from dgr.spec import SPECULATION_MODES
 
-
-cdef class Scheduler:
-    """Slot table and step policy of one batch loop (see the module doc)."""
+cdef class Scheduler(SlotTable):
+    """The step policy and post-step update of one batch loop, over its slot table
+    (see the module doc)."""
 
     def __cinit__(self):
-        self.slots = NULL
-        self.eog = NULL
         self.decode_slots = self.chunk_slot = self.chunk_start = self.chunk_end = NULL
         self.order_buf = NULL
         self.draft_rows = NULL
@@ -84,7 +82,8 @@ cdef class Scheduler:
             raise ValueError("n_slots, prefill_chunk, prefill_sessions and n_vocab must be positive")
         if token_budget <= n_slots or prefill_chunk > token_budget:
             raise ValueError("the token budget must exceed n_slots and hold one prefill chunk")
-        self.n_slots = n_slots
+        SlotTable.__init__(self, n_slots, n_vocab, eog_tokens,
+                           max_draft if one_call else 0)  # drafts need one call a step
         self.token_budget = token_budget
         self.prefill_chunk = prefill_chunk
         self.prefill_sessions = min(prefill_sessions, n_slots)
@@ -92,9 +91,6 @@ cdef class Scheduler:
         if decode_stall != 0.0 and decode_stall < 1.0:
             raise ValueError("decode_stall must be 0 (fixed pieces) or at least 1")
         self.decode_stall = decode_stall
-        self.n_vocab = n_vocab
-        self.slots = <Slot *> calloc(n_slots, sizeof(Slot))
-        self.eog = <char *> calloc(n_vocab, 1)
         self.decode_slots = <int *> calloc(n_slots, sizeof(int))
         self.chunk_slot = <int *> calloc(n_slots, sizeof(int))
         self.chunk_start = <int *> calloc(n_slots, sizeof(int))
@@ -102,106 +98,17 @@ cdef class Scheduler:
         self.order_buf = <int *> calloc(n_slots, sizeof(int))
         self.draft_rows = <DraftRow *> calloc(n_slots, sizeof(DraftRow))
         self.slot_rc = <int *> calloc(n_slots, sizeof(int))
-        if (self.slot_rc == NULL or self.slots == NULL or self.eog == NULL
-                or self.decode_slots == NULL or self.chunk_slot == NULL
+        if (self.slot_rc == NULL or self.decode_slots == NULL or self.chunk_slot == NULL
                 or self.chunk_start == NULL or self.chunk_end == NULL
                 or self.order_buf == NULL or self.draft_rows == NULL):
             raise MemoryError()
-        # drafts need one call a step (split KV would cut it into many)
-        self.max_draft = max(0, min(max_draft, MAX_DRAFT))
-        self.speculation = Speculation(n_slots) if one_call and self.max_draft else None
-        for t in eog_tokens:
-            if 0 <= t < n_vocab:
-                self.eog[t] = 1
 
     def __dealloc__(self):
-        if self.slots != NULL:
-            for s in range(self.n_slots):
-                free(self.slots[s].tokens)
-        free(self.slots)
-        free(self.eog)
         free(self.decode_slots)
         free(self.chunk_slot); free(self.chunk_start); free(self.chunk_end)
         free(self.order_buf); free(self.draft_rows); free(self.slot_rc)
 
     # ------------------------------------------------------------ the node's side
-
-    def start(self, int slot, spec, int credits=1, int n_reused=0, bint keep_kv=False):
-        """Give a free slot the session its SessionSpec `spec` asks for (dgr.spec):
-        prefill its prompt from position n_reused (the positions before it are in
-        the slot's sequence: a shared prefix), then generate up to max_tokens,
-        `credits` tokens ahead of its reader. With keep_kv its sequence keeps what
-        it computed when it ends (but after an error): the finish event's `kept`
-        positions. A session that scores its prompt reports each prompt token's
-        log-probability (and prompt_logprobs alternatives) as EV_SCORE events,
-        prefilling SCORE_CHUNK tokens a step from position 0, and may have
-        max_tokens 0. With speculation on, its decode rows may carry drafts."""
-        params, prompt = spec.params, spec.prompt
-        cdef int max_tokens = params.max_tokens, n_logprobs = params.logprobs
-        cdef int prompt_logprobs = params.prompt_logprobs if spec.scores_prompt else -1
-        cdef int speculate = SPECULATION_MODES[params.speculation]
-        self._check(slot)
-        if self.slots[slot].phase != SLOT_FREE:
-            raise ValueError(f"slot {slot} is in use")
-        cdef int n = len(prompt)
-        if (n < 1 or max_tokens < (0 if prompt_logprobs >= 0 else 1) or credits < 1
-                or not 0 <= n_logprobs <= MAX_LOGPROBS or prompt_logprobs > MAX_LOGPROBS):
-            raise ValueError("a session needs a prompt, max_tokens >= 1 (0 when it scores its "
-                             f"prompt), credits >= 1 and 0..{MAX_LOGPROBS} logprobs")
-        if prompt_logprobs >= 0 and n_reused:
-            raise ValueError("a session scoring its prompt computes all of it (n_reused 0)")
-        if not 0 <= n_reused < n:
-            raise ValueError(f"n_reused ({n_reused}) must lie before the prompt's last token")
-        # room for what it generates: its drafts' context, the node's store
-        cdef int32_t * copy = <int32_t *> malloc((<size_t> n + max_tokens) * sizeof(int32_t))
-        if copy == NULL:
-            raise MemoryError()
-        for i in range(n):
-            copy[i] = prompt[i]
-        cdef Slot * sl = &self.slots[slot]
-        sl.tokens = copy
-        sl.n_prompt = n
-        sl.n_prefilled = n_reused
-        sl.n_generated = 0
-        sl.max_tokens = max_tokens
-        sl.last_token = -1
-        sl.credits = credits
-        sl.finish_requested = FINISH_NONE
-        sl.n_logprobs = n_logprobs
-        sl.ignore_eos = params.ignore_eos
-        sl.keep_kv = keep_kv
-        sl.prompt_logprobs = prompt_logprobs
-        sl.order = self.next_order
-        self.next_order += 1
-        if self.speculation is not None:
-            self.speculation.begin(&sl.drafting, speculate)
-        else:
-            memset(&sl.drafting, 0, sizeof(Drafting))  # SPECULATE_OFF: split KV never drafts
-        sl.phase = SLOT_PREFILL
-
-    def credit(self, int slot, int n=1):
-        """The slot's reader took `n` tokens: it may be sent `n` more."""
-        self._check(slot)
-        if self.slots[slot].phase != SLOT_FREE:
-            self.slots[slot].credits += n
-
-    def request_finish(self, int slot, int reason):
-        """End the slot before its next row (first request wins)."""
-        self._check(slot)
-        if reason <= FINISH_NONE or reason > FINISH_ERROR:
-            raise ValueError(f"not a finish reason code: {reason}")
-        if self.slots[slot].phase != SLOT_FREE and self.slots[slot].finish_requested == FINISH_NONE:
-            self.slots[slot].finish_requested = reason
-
-    def slot_state(self, int slot):
-        """(phase, n_prefilled, n_generated, credits) of a slot, for tests and diagnostics."""
-        self._check(slot)
-        cdef Slot * sl = &self.slots[slot]
-        return sl.phase, sl.n_prefilled, sl.n_generated, sl.credits
-
-    def _check(self, int slot):
-        if not 0 <= slot < self.n_slots:
-            raise ValueError(f"slot {slot} out of range 0..{self.n_slots - 1}")
 
     def set_step_time(self, double a, double b, double c, double e):
         """The node's model of a step's seconds: a + b decode rows + c prefill rows
@@ -228,12 +135,6 @@ cdef class Scheduler:
     def last_prefill_cap(self):
         """The prefill rows the last plan allowed."""
         return self.prefill_cap
-
-    def planned_draft(self, int slot):
-        """The draft tokens the last plan gave the slot's decode row."""
-        self._check(slot)
-        cdef Drafting * d = &self.slots[slot].drafting
-        return [d.draft[i] for i in range(d.n_draft)]
 
     # ------------------------------------------------------------ for tests
 
@@ -288,14 +189,6 @@ cdef class Scheduler:
         # decode rows + chunks + tokens + finishes + failed calls (and the refused
         # sessions') + the step record, one scoring chunk's scores, accepted drafts
         return 3 * self.n_slots + 2 * self.prefill_sessions + 3 + SCORE_CHUNK + MAX_STEP_DRAFTS
-
-    cdef int take_finish_requests(self, Event * out) noexcept nogil:
-        """End every slot the node asked to end; returns the events written."""
-        cdef int s, n = 0
-        for s in range(self.n_slots):
-            if self.slots[s].phase != SLOT_FREE and self.slots[s].finish_requested != FINISH_NONE:
-                n += self._finish(s, self.slots[s].finish_requested, 0, out + n)
-        return n
 
     cdef int plan(self) noexcept nogil:
         """Plan the next step (module doc, Policy); returns its rows."""
@@ -374,12 +267,6 @@ cdef class Scheduler:
     cdef int decode_rows(self) noexcept nogil:
         """The plan's decode rows with their drafts (the rows before the chunks)."""
         return self.n_decode + self.n_draft_rows
-
-    cdef int kv_valid(self, int s) noexcept nogil:
-        """Positions [0, kv_valid) of slot s's sequence hold the KV of its tokens
-        (the prompt, the generated tokens but the last); after a step, the rest
-        (rejected drafts) are dropped."""
-        return self.slots[s].n_prefilled + self.slots[s].n_generated - 1
 
     cdef int _rows_within_stall(self, int position) noexcept nogil:
         """The most prefill rows from `position` that keep the step's predicted time
@@ -578,23 +465,4 @@ cdef class Scheduler:
         sl.credits -= 1
         if sl.n_generated >= sl.max_tokens:
             return 1 + self._finish(s, FINISH_LENGTH, 0, out + 1)
-        return 1
-
-    cdef int _finish(self, int s, int reason, int code, Event * out) noexcept nogil:
-        cdef Slot * sl = &self.slots[s]
-        out.kind = EV_FINISH
-        out.slot = s
-        out.reason = reason
-        out.code = code
-        # the KV that stays: the prompt as far as prefilled and the tokens fed back
-        # (all generated but the last); nothing after an error
-        out.kept = 0
-        if sl.keep_kv and reason != FINISH_ERROR:
-            out.kept = sl.n_prefilled + (sl.n_generated - 1 if sl.n_generated > 0 else 0)
-        if self.speculation is not None and reason != FINISH_ERROR:
-            self.speculation.finished(sl.tokens, sl.n_prompt, sl.n_prompt + sl.n_generated)
-        free(sl.tokens)
-        sl.tokens = NULL
-        sl.phase = SLOT_FREE
-        sl.finish_requested = FINISH_NONE
         return 1

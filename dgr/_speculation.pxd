@@ -4,7 +4,8 @@
 from libc.stdint cimport int32_t, uint8_t
 
 from dgr._codes cimport DRAFT_SOURCES_END, MAX_DRAFT, ROW_GROUPS
-from dgr._drafts cimport NgramStore, ValueScratch
+from dgr._drafts cimport ValueScratch
+from dgr._ngram_store cimport NgramStore
 
 cdef enum:
     # the classes of a draft's match by its length (_speculation.pyx, _match_class), by

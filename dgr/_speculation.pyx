@@ -3,8 +3,8 @@
 step carry draft rows, and the acceptance records it decides by.
 
 A speculating decoder's row may be followed by draft rows, tokens guessed from its
-own context or the node's recent outputs (dgr/_drafts.pyx), which the step
-verifies. "auto": a draft token is taken only if the ones before it were, so at a
+own context (dgr/_drafts.pyx) or the node's recent outputs (dgr/_ngram_store.pyx),
+which the step verifies. "auto": a draft token is taken only if the ones before it were, so at a
 chance p that a token is accepted once the ones before it were, the j-th draft
 row is expected to give p^j tokens. Each session's draft gets the length that
 gives the step the most expected tokens per second, the step's time taken from
@@ -96,7 +96,8 @@ from dgr._codes cimport (DRAFT_CONTEXT, DRAFT_NODE, DRAFT_SOURCES_END, DRAFT_STR
                          DRAFT_VALUES, MAX_STEP_DRAFTS, ROW_EXACT, ROW_GROUPS, SPECULATE_ALWAYS,
                          SPECULATE_AUTO, SPECULATE_OFF, TWIN_TOKENS)
 from dgr._codes import DraftSource
-from dgr._drafts cimport NgramStore, ValueScratch, context_draft, structure_draft, values_draft
+from dgr._drafts cimport ValueScratch, context_draft, structure_draft, values_draft
+from dgr._ngram_store cimport NgramStore
 
 import numpy as np
 

@@ -3,7 +3,7 @@ scheduler's drafts, their verification and what a step with them reports."""
 
 import pytest
 
-from dgr import _drafts, _scheduler
+from dgr import _drafts, _ngram_store, _scheduler
 from dgr._codes import (MAX_DRAFT, MAX_STEP_DRAFTS, ROW_GROUPS, DraftSource,
                         WordKind)
 from dgr.spec import SamplingParams
@@ -155,7 +155,7 @@ def test_values_draft_writes_the_prompts_next_values_in_the_sessions_words():
 
 
 def test_node_store_drafts_from_other_sessions_outputs():
-    store = _drafts.NgramStore()
+    store = _ngram_store.NgramStore()
     prompt = [10, 11, 12, 13, 14]
     store.add_output(prompt + [20, 21, 22, 23, 24], n_prompt=len(prompt))
     # another prompt ending with the same 4 tokens: the first one's output
@@ -168,7 +168,7 @@ def test_node_store_drafts_from_other_sessions_outputs():
 
 
 def test_node_store_drafts_from_the_longest_match_as_far_as_answers_agree():
-    store = _drafts.NgramStore()
+    store = _ngram_store.NgramStore()
     store.add_output([0, 7, 1, 2, 3, 4, 50, 51, 52], n_prompt=1)
     store.add_output([0, 8, 1, 2, 3, 4, 60, 61], n_prompt=1)
     # the older answer matches 5 tokens, the newer 4: the older one's continuation
@@ -182,7 +182,7 @@ def test_node_store_drafts_from_the_longest_match_as_far_as_answers_agree():
 
 
 def test_node_store_forgets_what_its_ring_overwrote():
-    store = _drafts.NgramStore()
+    store = _ngram_store.NgramStore()
     store.add_output([1, 2, 3, 4, 5, 6, 7], n_prompt=4)
     filler = list(range(1000, 1000 + 4096))
     for _ in range(store.ring_size // len(filler) + 1):

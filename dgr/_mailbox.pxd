@@ -1,0 +1,30 @@
+# The batch loop's mailbox and event ring: the node's side of the loop
+# (dgr/_mailbox.pyx; the loop itself, dgr/_batch.pyx, extends it).
+
+from dgr._adapters cimport Adapters
+from dgr._engine cimport Engine
+from dgr._events cimport Event
+from dgr._kv_ops cimport KvOperations
+from dgr._pthread cimport pthread_cond_t, pthread_mutex_t
+from dgr._scheduler cimport Scheduler
+
+
+cdef class Mailbox:
+    cdef Engine engine
+    cdef readonly Scheduler scheduler
+    cdef pthread_mutex_t lock
+    cdef pthread_cond_t wake
+    cdef pthread_cond_t ops_room
+    cdef bint stopping
+    cdef bint sync_ready
+    cdef bint wake_pending          # events published that the node has not been woken for
+    cdef int wake_fd
+    cdef Event * ring
+    cdef int ring_cap, ring_head, ring_len
+    cdef int step_cap               # a step's most events
+    cdef int cells_used_now         # the KV as the last published step left it
+    cdef int * pos_max_now
+    cdef KvOperations kv_ops
+    cdef readonly Adapters adapters  # the LoRa adapters each slot applies
+
+    cdef void _queue_kv_op(self, int slot, int src, int keep, bytes state=*) except *
