@@ -36,6 +36,44 @@ from dgr.sequence import Phase, Session
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy")
 
 
+class Gate:
+    """Whether a node takes new work, whatever its kind: open; draining (reason
+    "draining"); or failed for good (reason "unhealthy", saying why)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.failure: Optional[str] = None
+
+    def start_draining(self) -> None:
+        """Refuse all new work from now on."""
+        self.draining = True
+
+    def fail(self, why: str) -> None:
+        """Refuse all new work from now on, saying why (the first reason stays)."""
+        if self.failure is None:
+            self.failure = why
+
+    def check(self) -> None:
+        """Raise AdmissionRejected unless the node takes new work."""
+        if self.failure is not None:
+            raise AdmissionRejected("unhealthy", self.failure)
+        if self.draining:
+            raise AdmissionRejected("draining", "the node is shutting down")
+
+
+def check_queue(what: str, waiting: int, adding: int, max_waiting: int, waiting_tokens: int,
+                adding_tokens: int, max_tokens: int) -> None:
+    """Refuse work that would pass a node's queue bounds: `adding` more places beside
+    the `waiting` (`what` waits: sessions, requests), or `adding_tokens` more tokens."""
+    if waiting + adding > max_waiting:
+        raise AdmissionRejected("queue_full", f"{waiting} {what} already wait"
+                                + (f"; this request needs {adding} places" if adding > 1 else ""))
+    if waiting_tokens + adding_tokens > max_tokens:
+        raise AdmissionRejected(
+            "queue_tokens_full",
+            f"{waiting_tokens} input tokens already wait (limit {max_tokens})")
+
+
 @attrs.frozen
 class Budgets:
     kv_cells_total: int        # KV cells of the whole context
@@ -87,35 +125,16 @@ class Admission:
         self._waiting_tokens = 0
         self._reserved_cells = 0
         self._free_slots = list(range(budgets.slots - 1, -1, -1))
-        self._draining = False
-        self._failure: Optional[str] = None
-
-    @property
-    def draining(self) -> bool:
-        return self._draining
-
-    @property
-    def failure(self) -> Optional[str]:
-        """Why the node can serve no session until it is restarted (None: it can)."""
-        return self._failure
-
-    def start_draining(self) -> None:
-        """Refuse every new session from now on (reason "draining")."""
-        self._draining = True
-
-    def fail(self, why: str) -> None:
-        """Refuse every new session from now on (reason "unhealthy"), saying why."""
-        if self._failure is None:
-            self._failure = why
+        self.gate = Gate()  # draining, or failed for good (an RPC worker lost)
 
     def load(self) -> Load:
         b = self.budgets
         return Load(active=len(self.running), waiting=len(self.waiting),
                     waiting_tokens=self._waiting_tokens, reserved_cells=self._reserved_cells,
                     free_cells=b.kv_cells_total - self._reserved_cells,
-                    free_slots=len(self._free_slots), draining=self._draining,
+                    free_slots=len(self._free_slots), draining=self.gate.draining,
                     cached_cells=self.placement.cached_cells,
-                    failure=self._failure)
+                    failure=self.gate.failure)
 
     def max_new_tokens(self, prompt_len: int, requested: int | None, default: int) -> int:
         """max_tokens for a session: as requested, else what its context leaves (capped)."""
@@ -133,10 +152,7 @@ class Admission:
         AdmissionRejected if any could not be admitted beside the others. Returns
         the sessions that got a slot."""
         b = self.budgets
-        if self._failure is not None:
-            raise AdmissionRejected("unhealthy", self._failure)
-        if self._draining:
-            raise AdmissionRejected("draining", "the node is shutting down")
+        self.gate.check()
         for session in sessions:
             if session.reserved_cells > b.kv_cells_per_session:
                 raise AdmissionRejected(
@@ -153,15 +169,9 @@ class Admission:
                     break
                 starting, slots, cells = starting + 1, slots - 1, cells + session.reserved_cells
         queued = sessions[starting:]
-        if len(self.waiting) + len(queued) > b.max_waiting:
-            raise AdmissionRejected("queue_full", f"{len(self.waiting)} sessions already wait"
-                                    + (f"; this request needs {len(queued)} places"
-                                       if len(queued) > 1 else ""))
-        queued_tokens = sum(len(s.spec.prompt) for s in queued)
-        if self._waiting_tokens + queued_tokens > b.max_waiting_tokens:
-            raise AdmissionRejected(
-                "queue_tokens_full",
-                f"{self._waiting_tokens} prompt tokens already wait (limit {b.max_waiting_tokens})")
+        check_queue("sessions", len(self.waiting), len(queued), b.max_waiting,
+                    self._waiting_tokens, sum(len(s.spec.prompt) for s in queued),
+                    b.max_waiting_tokens)
         for session in sessions:
             self.waiting.append(session)
             self._waiting_tokens += len(session.spec.prompt)

@@ -34,8 +34,10 @@ from dgr._embed import Embedder
 from dgr.config import NodeConfig
 from dgr.embedding_telemetry import EmbeddingTelemetry
 from dgr.engine import EngineThread, resolve_model_path
+from dgr.admission import Gate, check_queue
 from dgr.errors import AdmissionRejected, BudgetError, DgrError, InvalidRequest, ModelLoadError
 from dgr.pooling import pool
+from dgr.serving import ServingNode
 
 # inputs one request may carry (OpenAI's limit for /v1/embeddings)
 MAX_INPUTS = 2048
@@ -116,10 +118,9 @@ class EmbedRequest:
         self.left = len(self.inputs)
 
 
-class EmbeddingNode:
-    """A running embedding node. Get one with `open_embedding_node(config)`."""
-
-    generates = False
+class EmbeddingNode(ServingNode):
+    """A running embedding or reranking node (dgr.serving.ServingNode). Get one with
+    `open_embedding_node(config)`."""
 
     def __init__(self, config: NodeConfig, embedder, thread: EngineThread,
                  invariance: Optional[dict] = None) -> None:
@@ -141,9 +142,7 @@ class EmbeddingNode:
         self._waiting_tokens = 0
         self._requests: set[EmbedRequest] = set()
         self._wake = trio.Event()
-        self._draining = False
-        self._closed = False
-        self.failure: Optional[str] = None
+        super().__init__(Gate(), trio.lowlevel.ParkingLot())  # unparked as a request leaves
         self.steps_done = 0
         self.telemetry = EmbeddingTelemetry(self)
         self.invariance = invariance or kernel_coverage.report(
@@ -162,13 +161,12 @@ class EmbeddingNode:
         return "rerank" if self.pooling == "rank" else "embedding"
 
     @property
-    def draining(self) -> bool:
-        return self._draining
-
-    @property
     def waiting_sessions(self) -> int:
-        """Requests admitted whose inputs are not all computed."""
+        """Requests admitted whose inputs are not all computed (each waits for its
+        steps: nothing here runs between steps)."""
         return len(self._requests)
+
+    in_flight = waiting_sessions
 
     def model_meta(self) -> dict:
         """What /v1/models says of the model."""
@@ -187,9 +185,9 @@ class EmbeddingNode:
                 "step_tokens": {"used": None, "capacity": self.step_tokens},
                 "step_inputs": {"used": None, "capacity": self._embedder.info["max_inputs"]}}
 
-    def capabilities(self) -> dict:
-        """Model facts, budgets and live load (the generation node's report's shape,
-        with the embedding model's task, pooling and dimension)."""
+    def report(self) -> dict:
+        """The embedding node's part of the capability report (the generation node's
+        shape, with the embedding model's task, pooling and dimension)."""
         info = self._embedder.info
         t = self.telemetry
         return {
@@ -215,26 +213,12 @@ class EmbeddingNode:
             # whether the patch stack's row-invariance covers the model's weight types and
             # architecture on this CPU (dgr.kernel_coverage), the pooling being dgr's
             "invariance": self.invariance,
-            "bounds": self.statistics(),
         }
 
     # ------------------------------------------------------------------ vocabulary
 
-    def tokenize(self, text: str, add_special: bool = True,
-                 parse_special: bool = False) -> list[int]:
-        return self._embedder.tokenize(text, add_special=add_special,
-                                       parse_special=parse_special).tolist()
-
-    async def tokenize_off_loop(self, text: str, add_special: bool = True,
-                                parse_special: bool = False) -> list[int]:
-        return await trio.to_thread.run_sync(self.tokenize, text, add_special, parse_special)
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return self._embedder.detokenize(tokens)
-
-    def token_bytes(self, token: int) -> bytes:
-        """One token's raw bytes, special tokens rendered."""
-        return bytes(self._embedder.token_to_piece(token, special=True))
+    def _vocabulary(self):
+        return self._embedder
 
     def rerank_inputs(self, query: str, documents: Sequence[str]) -> list[list[int]]:
         """Each (query, document) pair as one input, as llama-server lays it out: the
@@ -275,10 +259,7 @@ class EmbeddingNode:
         return request.outputs
 
     def _admit(self, kind: str, inputs: Sequence[Sequence[int]]) -> EmbedRequest:
-        if self._draining or self._closed:
-            raise AdmissionRejected("draining", "the node is shutting down")
-        if self.failure is not None:
-            raise AdmissionRejected("unhealthy", self.failure)
+        self.gate.check()
         if not inputs:
             raise InvalidRequest("a request needs at least one input")
         if len(inputs) > MAX_INPUTS:
@@ -308,10 +289,8 @@ class EmbeddingNode:
                 "never_fits", f"the request's {tokens} tokens exceed what may wait "
                 f"({self.max_waiting_tokens})", {"n_prompt_tokens": tokens,
                                                  "n_ctx": self.max_waiting_tokens})
-        if len(self._requests) >= self.max_requests:
-            raise AdmissionRejected("queue_full", f"{len(self._requests)} requests in the node")
-        if self._waiting_tokens + tokens > self.max_waiting_tokens:
-            raise AdmissionRejected("queue_tokens_full", f"{self._waiting_tokens} tokens waiting")
+        check_queue("requests", len(self._requests), 1, self.max_requests,
+                    self._waiting_tokens, tokens, self.max_waiting_tokens)
         request = EmbedRequest(kind, checked)
         self._requests.add(request)
         self._queue.extend((request, i) for i in range(len(checked)))
@@ -321,8 +300,9 @@ class EmbeddingNode:
 
     def _forget(self, request: EmbedRequest) -> None:
         """A request that ends: its waiting inputs, if any (it ends early), leave the
-        queue."""
+        queue; a drain waiting for the node to empty wakes."""
         self._requests.discard(request)
+        self._departures.unpark_all()
         if request.left == 0:  # all computed: none waits
             return
         kept = collections.deque()
@@ -412,18 +392,8 @@ class EmbeddingNode:
 
     # ------------------------------------------------------------------ lifetime
 
-    async def drain(self, grace_s: float) -> bool:
-        """Admit nothing more; wait up to grace_s for the requests in the node."""
-        self._draining = True
-        with trio.move_on_after(grace_s):
-            while self._requests:
-                await trio.sleep(0.05)
-            return True
-        return False
-
     def _shutdown(self) -> None:
-        self._closed = True
-        self._draining = True
+        self.gate.start_draining()
         error = AdmissionRejected("draining", "the node shut down")
         for request in list(self._requests):
             self._finish(request, error)

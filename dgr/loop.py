@@ -439,9 +439,9 @@ class StepLoop:
         """The engine can run no step any more (an RPC worker is lost: every
         session's KV there is gone): refuse new sessions and end every admitted
         one with the error, running or waiting."""
-        if self._admission.failure is not None:
+        if self._admission.gate.failure is not None:
             return
-        self._admission.fail(why)
+        self._admission.gate.fail(why)
         self._telemetry.healthy.set(0)
         for session in [*self._admission.running, *self._admission.waiting]:
             self.end(session, FinishReason.ERROR, why)

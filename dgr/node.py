@@ -44,15 +44,13 @@ from dgr.prefix_cache import PrefixCache
 from dgr.reply import PROGRESS_SLOTS, Reply
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
+from dgr.serving import ServingNode
 from dgr.spec import SamplingParams, SessionSpec
 from dgr.stream import GenerationResult, SessionStream
 from dgr.telemetry import Telemetry
 
 log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
-# Texts up to this many characters are tokenized on the Trio thread: tokenizing them
-# takes less of its time than the hop to a worker thread and back would
-TOKENIZE_INLINE_CHARS = 256
 
 
 def _no_credit() -> None:
@@ -73,10 +71,11 @@ def prefix_cache_off(config: NodeConfig, info: dict) -> Optional[str]:
     return None
 
 
-class Node:
-    """A running node. Get one with `open_node(config)`."""
+class Node(ServingNode):
+    """A running generation node (dgr.serving.ServingNode). Get one with
+    `open_node(config)`."""
 
-    generates = True  # a generation node (dgr.embedding.EmbeddingNode: False)
+    task = "generation"
 
     def __init__(self, config: NodeConfig, engine: _engine.Engine, budgets: Budgets,
                  nursery: trio.Nursery, row_probes: list[tuple[int, float]], chat: ChatRenderer):
@@ -102,6 +101,7 @@ class Node:
                                 prefill_sessions=config.prefill_sessions_per_step)
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting, self.tiers)
+        super().__init__(self._admission.gate, self._loop.departures)
         info = engine.info
         self.adapters = AdapterTable(
             self._loop.batch.adapters, info["path"], info["architecture"], config.max_loras,
@@ -157,39 +157,8 @@ class Node:
             raise NodeClosed("the node is shut down")
         return self._engine
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids of text; parse_special reads control-token text (chat templates)."""
-        return self.open_engine().tokenize(text, add_special=add_special,
-                                            parse_special=parse_special).tolist()
-
-    async def tokenize_off_loop(self, text: str, add_special: bool = True,
-                                parse_special: bool = False) -> list[int]:
-        """`tokenize` on a worker thread: a long text does not stall the Trio loop,
-        which meanwhile hands other sessions their tokens; a short one
-        (TOKENIZE_INLINE_CHARS) costs less than the hop and is tokenized at once.
-        Prompts given as text to `stream`, `stream_group` and `generate` are
-        tokenized this way."""
-        if len(text) <= TOKENIZE_INLINE_CHARS:
-            await trio.lowlevel.checkpoint()
-            return self.tokenize(text, add_special, parse_special)
-        return await trio.to_thread.run_sync(
-            functools.partial(self.tokenize, text, add_special, parse_special))
-
-    def detokenize(self, tokens: list[int]) -> str:
-        """The text of token ids, as a prompt given as ids reads (special tokens removed)."""
-        try:
-            return self.open_engine().detokenize(tokens)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
-
-    def token_text(self, token: int) -> str:
-        """One token's text, special tokens rendered (for logprobs reports)."""
-        return self.token_bytes(token).decode("utf-8", "replace")
-
-    def token_bytes(self, token: int) -> bytes:
-        """One token's raw bytes: a byte-fallback token (part of a multi-byte
-        character) is its own byte, not a replacement character."""
-        return bytes(self.open_engine().token_to_piece(token, special=True))
+    def _vocabulary(self):
+        return self.open_engine()
 
     def chat_prompt(self, messages: list[dict], tools, add_generation_prompt: bool,
                     continue_final: bool, thinking: ThinkingSwitch) -> str:
@@ -330,9 +299,8 @@ class Node:
             states.append(state)
         return states
 
-    def capabilities(self) -> dict:
-        """Model facts, budgets and live load: what a coordinator routes on
-        (dgr.capabilities)."""
+    def report(self) -> dict:
+        """The generation node's part of the capability report (dgr.capabilities)."""
         links = self._rpc_links.figures() if self._rpc_links is not None else {}
         steps = self.telemetry.step_totals.steps
         devices = capabilities.device_list(self._engine.info["devices"], links,
@@ -356,7 +324,6 @@ class Node:
             "kv_tiers": capabilities.kv_tier_facts(
                 self.tiers.report() if self.tiers is not None else None, telemetry),
             "adapters": self.adapters.facts(),
-            "bounds": self.statistics(),
         }
 
     async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
@@ -395,24 +362,9 @@ class Node:
         return len(self._admission.waiting)
 
     @property
-    def draining(self) -> bool:
-        return self._admission.draining
-
-    @property
-    def failure(self) -> Optional[str]:
-        """Why the node can serve no session until restarted (an RPC worker lost),
-        or None while it is healthy."""
-        return self._admission.failure
-
-    async def drain(self, grace_s: float) -> bool:
-        """Stop admitting; wait up to grace_s for sessions to end (a session's last
-        chunk is in its reader's channel when it ends). True if all ended."""
-        self._admission.start_draining()
-        with trio.move_on_after(grace_s):
-            while self._admission.running or self._admission.waiting:
-                await self._loop.departures.park()  # a session left
-            return True
-        return False
+    def in_flight(self) -> int:
+        """Sessions admitted that have not ended, running or waiting."""
+        return len(self._admission.running) + len(self._admission.waiting)
 
     # ------------------------------------------------------------------ sessions
 
@@ -492,7 +444,7 @@ class Node:
     def _shutdown(self) -> None:
         """End every session as cancelled and stop the batch loop at once."""
         self._closing = True
-        self._admission.start_draining()
+        self.gate.start_draining()
         self._loop.shutdown()
         self._nursery.cancel_scope.cancel()
 

@@ -37,13 +37,14 @@ from dgr.doors.problems import TooLarge, Unavailable, error_response
 from dgr.errors import AdmissionRejected, InvalidRequest, NodeClosed
 from dgr.doors.vertex import VertexSettings, predict_endpoint
 from dgr.embedding import open_embedding_node, serves_embeddings
-from dgr.node import Node, open_node
+from dgr.node import open_node
+from dgr.serving import ServingNode
 
 log = logging.getLogger("dgr.server")
 STARTED_AT = time.time()  # what llama-server's /metrics header Process-Start-Time-Unix says
 
 
-def _retry_after(node: Node) -> str:
+def _retry_after(node: ServingNode) -> str:
     """Seconds until the queue has likely drained a place, from the measured session drain rate."""
     rate = node.telemetry.drain_rate()
     ahead = node.waiting_sessions + 1

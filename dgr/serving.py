@@ -9,13 +9,18 @@ serves."""
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import trio
 
 from dgr.admission import Gate
+from dgr.errors import InvalidRequest
 
 TASKS = ("generation", "embedding", "rerank")
+# Texts up to this many characters are tokenized on the Trio thread: tokenizing them
+# takes less of its time than the hop to a worker thread and back would
+TOKENIZE_INLINE_CHARS = 256
 
 
 class ServingNode:
@@ -58,6 +63,48 @@ class ServingNode:
                 await self._departures.park()
             return True
         return False
+
+    # ------------------------------------------------------------------ vocabulary
+
+    def _vocabulary(self):
+        """The model's vocabulary (dgr._vocab.Vocabulary), while the node is open."""
+        raise NotImplementedError
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of text; parse_special reads control-token text (chat templates)."""
+        return self._vocabulary().tokenize(text, add_special=add_special,
+                                           parse_special=parse_special).tolist()
+
+    async def tokenize_off_loop(self, text: str, add_special: bool = True,
+                                parse_special: bool = False) -> list[int]:
+        """`tokenize` on a worker thread: a long text does not stall the Trio loop,
+        which meanwhile hands other sessions their tokens; a short one
+        (TOKENIZE_INLINE_CHARS) costs less than the hop and is tokenized at once.
+        Prompts given as text to a generation node's `stream`, `stream_group` and
+        `generate` are tokenized this way."""
+        if len(text) <= TOKENIZE_INLINE_CHARS:
+            await trio.lowlevel.checkpoint()
+            return self.tokenize(text, add_special, parse_special)
+        return await trio.to_thread.run_sync(
+            functools.partial(self.tokenize, text, add_special, parse_special))
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids, as a prompt given as ids reads (special tokens removed)."""
+        try:
+            return self._vocabulary().detokenize(tokens)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+    def token_text(self, token: int) -> str:
+        """One token's text, special tokens rendered (for logprobs reports)."""
+        return self.token_bytes(token).decode("utf-8", "replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's raw bytes: a byte-fallback token (part of a multi-byte
+        character) is its own byte, not a replacement character."""
+        return bytes(self._vocabulary().token_to_piece(token, special=True))
+
+    # ------------------------------------------------------------------ reports
 
     def statistics(self) -> dict:
         """Each bound in use and in all ({"used", "capacity"} by name)."""

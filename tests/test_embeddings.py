@@ -11,6 +11,7 @@ import numpy as np
 import openai
 import pytest
 import trio
+import trio.testing
 
 import dgr
 from dgr import invariance, testmodel
@@ -157,6 +158,33 @@ async def test_a_cancelled_request_leaves_the_queue(models):
         assert node._waiting_tokens == 0 and not node._queue and not node._requests
         first = (await node.embed(ids[:1]))[0]
         assert np.array_equal(first, (await node.embed(ids[:3]))[0])
+
+
+async def test_a_drain_waits_for_the_requests_in_the_node_and_refuses_new_ones(models):
+    """The node interface every kind shares (dgr.serving): a drain wakes as the last
+    request leaves, refuses what comes after with "draining", and a grace that runs out
+    says so."""
+    async with open_embedding_node(config(models["bert-mean-f32"])) as node:
+        assert node.task == "embedding" and not node.generates
+        ids = [node.tokenize(t) for t in TEXTS] * 8
+        got, drained = [], []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _collect(node, ids, got))
+            await trio.testing.wait_all_tasks_blocked()
+            assert node.in_flight == 1
+            drained.append(await node.drain(60))
+        assert drained == [True] and len(got[0]) == len(ids) and node.in_flight == 0
+        with pytest.raises(AdmissionRejected) as refused:
+            await node.embed(ids[:1])
+        assert refused.value.reason == "draining" and node.draining
+        assert node.capabilities()["bounds"]["requests"]["used"] == 0
+    async with open_embedding_node(config(models["bert-mean-f32"])) as node:
+        node._admit("embedding", [node.tokenize("still in the node")])
+        assert not await node.drain(0)  # the grace is over before it leaves
+
+
+async def _collect(node, ids, got):
+    got.append(await node.embed(ids))
 
 
 async def test_openai_client_float_and_base64(start_server, models):  # noqa: F811

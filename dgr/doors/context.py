@@ -14,9 +14,8 @@ from dgr.config import ServerConfig
 from dgr.doors.fields import FIELDS, BadRequest
 from dgr.doors.problems import TooLarge, Unavailable
 from dgr.doors.response_store import ResponseStore
-from dgr.embedding import EmbeddingNode
 from dgr.errors import NotServed
-from dgr.node import Node
+from dgr.serving import ServingNode
 
 
 # how much of a refused body is read on before the 413 (read_json)
@@ -26,8 +25,8 @@ LINGER_BODIES = 16
 class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.node: Optional[Node | EmbeddingNode] = None
-        self.embedder: Optional[EmbeddingNode] = None  # beside a generation node (--pooling)
+        self.node: Optional[ServingNode] = None
+        self.embedder: Optional[ServingNode] = None  # beside a generation node (--pooling)
         self.model_id = "dgr"
         self.responses = ResponseStore(config.responses_stored, config.responses_store_bytes)
         self.request_shutdown = lambda: None  # set by dgr.server.serve: drain, then exit
@@ -41,8 +40,8 @@ class ServerState:
         adapters = self.node.adapters.by_name if self.node is not None else {}
         return params.model if params.model in adapters else self.model_id
 
-    def ready_node(self) -> Node:
-        """The node, if it takes sessions."""
+    def ready_node(self) -> ServingNode:
+        """The node, if it generates (dgr.node.Node)."""
         node = self.ready_vocabulary()
         if not node.generates:
             raise NotServed("this server serves embeddings (an embedding model, or "
@@ -50,7 +49,7 @@ class ServerState:
                             "--embeddings on a generation model")
         return node
 
-    def ready_embedder(self, task: str) -> "EmbeddingNode":
+    def ready_embedder(self, task: str) -> ServingNode:
         """The node that serves `task` ("embedding" or "rerank"): the node, or the
         embedding node beside it."""
         node = self.ready_vocabulary()

@@ -322,7 +322,7 @@ def test_cancelled_waiting_session_leaves_the_queue():
 
 def test_draining_rejects():
     adm = Admission(BUDGETS)
-    adm.start_draining()
+    adm.gate.start_draining()
     with pytest.raises(AdmissionRejected) as exc:
         adm.submit(waiting(1, 10))
     assert exc.value.reason == "draining"

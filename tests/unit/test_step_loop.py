@@ -207,7 +207,7 @@ async def test_a_lost_worker_ends_every_session_and_fails_the_node():
         await settle()
         batch.publish(CallFailed(WORKER_LOST))
         await settle()
-        assert admission.failure is not None and "w:1" in admission.failure
+        assert admission.gate.failure is not None and "w:1" in admission.gate.failure
         assert all(s.finish_reason == "error" and "w:1" in s.error for s in sessions)
         waiting = sessions[2]
         assert waiting.phase is Phase.FINISHED  # queued: retired at once
