@@ -18,6 +18,9 @@ from dgr.errors import ModelLoadError
 from dgr.jinja_template import ChatTemplate, TemplateError
 from dgr.reasoning import ThinkingSwitch
 
+# a message's key for the text it adds where it is the final message and continued,
+# where that is not its content (dgr.doors.request.chat_message)
+CONTINUED_TEXT = "continued_text"
 # llama.cpp built-in chat templates for model families whose GGUFs may lack one.
 FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3n": "gemma"}
 
@@ -77,7 +80,8 @@ class ChatRenderer:
         writes, as llama.cpp closes it."""
         if continue_final:
             *earlier, last = messages
-            return self.prompt(earlier, tools, True, False, thinking) + last["content"]
+            return (self.prompt(earlier, tools, True, False, thinking)
+                    + last.get(CONTINUED_TEXT, last["content"]))
         tool_format = tools.format if tools is not None else tool_calls.GENERIC
         text = tool_format.render(messages, tools, self.apply, add_generation_prompt, thinking)
         if not thinking.enabled and add_generation_prompt and reasoning.opened_in_prompt(text):

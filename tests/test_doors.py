@@ -161,6 +161,13 @@ async def test_a_chat_template_in_place_of_the_models(start_server, tmp_path):  
         shown = (await client.post("/v1/chat/completions", json={
             "messages": prefill, "max_tokens": 2, "verbose": True})).json()
         assert shown["__verbose"]["prompt"] == "<user>hi</user><assistant>Wh"
+        # a continued message's text parts are joined by a blank line, as llama-server
+        # continues one (in the template's messages, by a newline)
+        parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+        assert await rendered(messages=chat + [{"role": "assistant", "content": parts}]) == \
+            "<user>hi</user><assistant>Wh\n\nill"
+        assert await rendered(messages=[{"role": "user", "content": parts}]) == \
+            "<user>Wh\nill</user><assistant>"
         assert (await client.get("/props")).json()["chat_template"] == template.read_text()
     named = await start_server({"chat_template": "chatml"})
     async with named.client() as client:

@@ -135,12 +135,13 @@ def chat_messages(messages: Any) -> list[dict]:
         if m["role"] not in ROLES:
             raise BadRequest(f"message role {m['role']!r} is not one of "
                              f"{', '.join(sorted(ROLES))}", "messages")
-        content = m.get("content")
+        content, parts = m.get("content"), None
         if isinstance(content, list):
             if not all(isinstance(part, dict) and part.get("type") == "text"
                        and isinstance(part.get("text"), str) for part in content):
                 raise BadRequest("only text content parts are supported", "messages")
-            content = joined_text([part["text"] for part in content])
+            parts = [part["text"] for part in content]
+            content = joined_text(parts)
         if content is None:
             content = ""
         if not isinstance(content, str):
@@ -154,7 +155,7 @@ def chat_messages(messages: Any) -> list[dict]:
                              "messages")
         out.append(chat_message(ROLES[m["role"]], content,
                                 [_tool_call(call) for call in calls or ()],
-                                m.get("tool_call_id"), thought))
+                                m.get("tool_call_id"), thought, parts))
     return checked_chat(out)
 
 

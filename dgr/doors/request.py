@@ -15,6 +15,7 @@ import attrs
 
 from dgr import reasoning
 from dgr import tools as tool_calls
+from dgr.chat import CONTINUED_TEXT
 from dgr.spec import SamplingParams
 from dgr.doors.fields import BadRequest, read_bool, read_int
 from dgr.errors import InvalidRequest
@@ -209,13 +210,18 @@ def joined_text(parts: list[str]) -> str:
 
 
 def chat_message(role: str, content: str, calls: Optional[list[dict]] = None,
-                 answers: Optional[str] = None, thought: Optional[str] = None) -> dict:
+                 answers: Optional[str] = None, thought: Optional[str] = None,
+                 parts: Optional[list[str]] = None) -> dict:
     """A chat message as the chat template renders it: a role of ROLES' values, its
     text, an assistant's tool calls ({"id", "type": "function", "function": {"name",
     "arguments": a JSON value}}), or the call a tool message answers; an assistant's
     thinking (`reasoning_content`, which templates of thinking models render or drop;
-    gpt-oss's reads it as `thinking`)."""
+    gpt-oss's reads it as `thinking`). A message given in text `parts` (its content
+    their `joined_text`) continued as the final message adds them joined by a blank
+    line, as llama.cpp continues one."""
     message = {"role": role, "content": content}
+    if parts is not None and len(parts) > 1:
+        message[CONTINUED_TEXT] = "\n\n".join(parts)
     if thought:
         message["reasoning_content"] = message["thinking"] = thought
     if calls:
