@@ -245,7 +245,12 @@ class EmbeddingNode(ServingNode):
         return await self._serve("rerank" if self.task == "rerank" else "embedding", inputs)
 
     async def _serve(self, kind: str, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        request = self._admit(kind, inputs)
+        try:
+            request = self._admit(kind, inputs)
+        except AdmissionRejected as exc:
+            self.telemetry.rejected.labels(exc.reason).inc()
+            raise
+        self.telemetry.admitted.inc()
         try:
             await request.done.wait()
         finally:

@@ -8,6 +8,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from dgr.telemetry import admission_families
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -17,6 +19,7 @@ class EmbeddingTelemetry:
     def __init__(self, node) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.admitted, self.rejected = admission_families(r, "dgr_embedding_", "Requests")
         self.requests = Counter("dgr_embedding_requests", "Embedding and rerank requests "
                                 "answered, by kind and outcome", ["kind", "outcome"], registry=r)
         self.inputs = Counter("dgr_embedding_inputs", "Inputs computed, by kind", ["kind"],

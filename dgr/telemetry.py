@@ -32,6 +32,20 @@ STEP_PHASES = ("plan", "decode", "sample", "update")
 _PHASE_FIELDS = [(phase, f"{phase}_s") for phase in STEP_PHASES]  # StepFigures' names
 
 
+def admission_families(registry: CollectorRegistry, prefix: str,
+                       what: str) -> tuple[Counter, Counter]:
+    """A node's admission counters, the same families whatever its kind (`prefix` names
+    the kind's, `what` what it admits): accepted, and refused by reason (every reason
+    of dgr.admission.REASONS there at 0 from the start)."""
+    admitted = Counter(f"{prefix}admissions", f"{what} accepted by admission.",
+                       registry=registry)
+    rejected = Counter(f"{prefix}admissions_rejected", f"{what} refused by admission.",
+                       ["reason"], registry=registry)
+    for reason in REASONS:
+        rejected.labels(reason)
+    return admitted, rejected
+
+
 class Telemetry:
     def __init__(self, rate_window_s: float = 10.0):
         self.registry = CollectorRegistry(auto_describe=True)
@@ -85,9 +99,7 @@ class Telemetry:
                                      "by free slots (evictable).", registry=r)
         self.step_failures = Counter("dgr_step_failures", "Steps whose llama_decode failed.",
                                      ["code"], registry=r)
-        self.rejected = Counter("dgr_admissions_rejected", "Sessions refused by admission.",
-                                ["reason"], registry=r)
-        self.admitted = Counter("dgr_admissions", "Sessions accepted by admission.", registry=r)
+        self.admitted, self.rejected = admission_families(r, "dgr_", "Sessions")
         self.finished = Counter("dgr_sessions_finished", "Sessions ended, by finish reason.",
                                 ["reason"], registry=r)
         self.step_totals = StepTotals()
@@ -123,8 +135,6 @@ class Telemetry:
         self._accepted = {src: self.spec_accepted.labels(name)
                           for src, name in DRAFT_SOURCES.items()}
         self._accepted_at = [self.spec_accepted_at.labels(str(i + 1)) for i in range(MAX_DRAFT)]
-        for reason in REASONS:
-            self.rejected.labels(reason)
         for reason in FinishReason:
             self.finished.labels(reason)
         self._window = rate_window_s

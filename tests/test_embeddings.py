@@ -139,6 +139,11 @@ async def test_bounds_refuse_with_reasons(models):
         with pytest.raises(AdmissionRejected) as refused:
             await node.embed([[5] * (node.max_input_tokens + 1)])
         assert refused.value.reason == "never_fits"
+        # counted by reason, as the generation node counts its refusals
+        counted = {reason: node.telemetry.registry.get_sample_value(
+            "dgr_embedding_admissions_rejected_total", {"reason": reason})
+            for reason in ("queue_full", "never_fits", "draining")}
+        assert counted == {"queue_full": 1, "never_fits": 1, "draining": 0}
         for bad in ([], [[]], [[node.engine_info["n_vocab"]]], [[-1]], [["a"]],
                     [short] * (MAX_INPUTS + 1)):
             with pytest.raises(InvalidRequest):

@@ -545,7 +545,7 @@ async def test_long_text_prompts_are_tokenized_off_the_trio_thread(monkeypatch, 
     that would hold back every session's tokens. A long text prompt is tokenized on
     a worker thread, a short one at once (the hop would cost more), each to the ids
     the caller would get from tokenize."""
-    from dgr.node import TOKENIZE_INLINE_CHARS
+    from dgr.serving import TOKENIZE_INLINE_CHARS
 
     on_trio_thread = []
     tokenize = dgr.Node.tokenize

@@ -216,11 +216,11 @@ def chat_message(role: str, content: str, calls: Optional[list[dict]] = None,
     text, an assistant's tool calls ({"id", "type": "function", "function": {"name",
     "arguments": a JSON value}}), or the call a tool message answers; an assistant's
     thinking (`reasoning_content`, which templates of thinking models render or drop;
-    gpt-oss's reads it as `thinking`). A message given in text `parts` (its content
-    their `joined_text`) continued as the final message adds them joined by a blank
-    line, as llama.cpp continues one."""
+    gpt-oss's reads it as `thinking`). An assistant's message given in text `parts`
+    (its content their `joined_text`), continued as the final message, adds them
+    joined by a blank line, as llama.cpp continues one."""
     message = {"role": role, "content": content}
-    if parts is not None and len(parts) > 1:
+    if role == "assistant" and parts is not None and len(parts) > 1:
         message[CONTINUED_TEXT] = "\n\n".join(parts)
     if thought:
         message["reasoning_content"] = message["thinking"] = thought
