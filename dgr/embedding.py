@@ -31,10 +31,10 @@ import trio
 from dgr import gguf_file, kernel_coverage
 from dgr._backend import system_info
 from dgr._embed import Embedder
+from dgr.admission import Gate, check_queue
 from dgr.config import NodeConfig
 from dgr.embedding_telemetry import EmbeddingTelemetry
 from dgr.engine import EngineThread, resolve_model_path
-from dgr.admission import Gate, check_queue
 from dgr.errors import AdmissionRejected, BudgetError, DgrError, InvalidRequest, ModelLoadError
 from dgr.pooling import pool
 from dgr.serving import ServingNode

@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr import tools as tool_calls
+from dgr.doors import chat_turn
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                named_values, prompt_ending, sampling, tool_call)
-from dgr.doors import chat_turn
 from dgr.doors.problems import anthropic_error, ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
 

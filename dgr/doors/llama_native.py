@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from dgr._codes import MAX_LOGPROBS
+from dgr.doors import chat_turn
 from dgr.doors.fields import (CHAT_PROMPT_FIELDS, BadRequest, check_fields, json_object,
                               read_bool, read_int)
-from dgr.doors import chat_turn
 from dgr.doors.openai import parse_chat, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, gbnf, named_values, prompt_list, sampling,
                                schema_grammar)
