@@ -17,7 +17,6 @@ import trio
 from dgr.admission import Gate
 from dgr.errors import InvalidRequest
 
-TASKS = ("generation", "embedding", "rerank")
 # Texts up to this many characters are tokenized on the Trio thread: tokenizing them
 # takes less of its time than the hop to a worker thread and back would
 TOKENIZE_INLINE_CHARS = 256
@@ -28,7 +27,7 @@ class ServingNode:
     parking lot it unparks whenever a piece of work (a session, a request) leaves,
     and gives `in_flight`, `statistics`, `report` and its vocabulary's answers."""
 
-    task: str = "generation"
+    task: str  # "generation", "embedding" or "rerank": set by each kind
 
     def __init__(self, gate: Gate, departures: trio.lowlevel.ParkingLot) -> None:
         self.gate = gate
