@@ -220,18 +220,3 @@ class Splitting:
     def splitter(self):
         """A splitter of one answer, fed as it arrives (ThinkSplitter's interface)."""
         return HarmonySplitter() if self.harmony else ThinkSplitter(self.opened)
-
-    def split(self, text: str) -> tuple[str, str]:
-        """(thinking, answer) of a whole answer."""
-        return self.splitter().feed(text, final=True)
-
-    def thought_tokens(self, pieces) -> int:
-        """How many of an answer's tokens (each one's text, in order) went to its
-        thinking, the tags included (harmony: an analysis message's `<|message|>`, text
-        and end): usage's reasoning_tokens."""
-        splitter = self.splitter()
-        count = 0
-        for piece in pieces:
-            splitter.feed(piece)
-            count += splitter.thinking
-        return count

@@ -189,6 +189,16 @@ class ChoiceReader:
         return self._splitter is None and self._tools is None
 
     @property
+    def thought(self) -> str:
+        """The thinking returned so far."""
+        return "".join(self._thought)
+
+    @property
+    def calls(self) -> list:
+        """The tool calls read so far, in OpenAI's shape (their arguments as written)."""
+        return self._tools.result()[1] if self._tools is not None else []
+
+    @property
     def tool_use(self) -> bool:
         """Whether the answer so far is tool calls, whole (its finish is tool calls)."""
         return self._tools is not None and self._tools.calls > 0 and self._tools.whole
@@ -242,5 +252,5 @@ class ChoiceReader:
         self.feed("", False, True)
         content, calls = (self._tools.result() if self._tools is not None
                           else ("".join(self._answer), []))
-        return WholeChoice("".join(self._thought) if self._splitter is not None else None,
+        return WholeChoice(self.thought if self._splitter is not None else None,
                            content, calls, self.tool_use, self.thought_tokens)

@@ -189,27 +189,25 @@ class ResponsesBuilder:
     """One response's object and stream events, from its answer's parts
     (dgr.doors.chat_turn)."""
 
-    def __init__(self, model: str, request: ResponseRequest, plain: bool):
+    def __init__(self, model: str, request: ResponseRequest, reader: chat_turn.ChoiceReader):
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
         self.reasoning_id = "rs_" + uuid.uuid4().hex
-        # a plain answer (no thinking split off, no tools) opens its message at once;
-        # else a thinking model's thinking comes first, as a reasoning item (streamed:
-        # the output index of the items after it), and the answer says what follows
-        self._plain = plain
+        # the answer's reader (its thinking and calls so far); a plain answer (no
+        # thinking split off, no tools) opens its message at once, else a thinking
+        # model's thinking comes first, as a reasoning item (streamed: the output index
+        # of the items after it), and the answer says what follows
+        self._reader = reader
         self._base = 0
-        self._thought_text = ""
         self._message_opened = False
         self.created_at = int(time.time())
         self.model = model
         self._request = request
         self._sequence = 0
         self.extra: dict = {}  # fields every event carries from now on (llama-server's timings)
-        # with tools: the ids of the answer's function_call items, each call as streamed
-        # so far (its id, name and arguments' text), and the item being streamed (its
-        # kind and index)
+        # with tools: the ids of the answer's function_call items, and the item being
+        # streamed (its kind and index)
         self._call_items: list[str] = []
-        self._calls: list[dict] = []
         self._open: Optional[tuple[str, int]] = None
 
     def answer(self, choice: chat_turn.WholeChoice) -> tuple[list[dict], dict]:
@@ -286,7 +284,7 @@ class ResponsesBuilder:
     def opening(self) -> list[str]:
         started = [self.event("response.created", response=self.response("in_progress")),
                    self.event("response.in_progress", response=self.response("in_progress"))]
-        if not self._plain:
+        if not self._reader.plain:
             return started  # the answer says which output items follow
         return started + self._open_message(0)
 
@@ -309,7 +307,6 @@ class ResponsesBuilder:
                     self._open, self._base = ("reasoning", 0), 1
                     events.append(self.event("response.output_item.added", output_index=0,
                                              item=self.reasoning_item("in_progress", None)))
-                self._thought_text += part.text
                 events.append(self.event("response.reasoning_text.delta", output_index=0,
                                          item_id=self.reasoning_id, content_index=0,
                                          delta=part.text))
@@ -317,14 +314,12 @@ class ResponsesBuilder:
                 events += self._text_delta(self._base, part.text)
             elif isinstance(part, tool_calls.CallStarted):
                 events += self._close_open()
-                call = {"id": part.id, "function": {"name": part.name, "arguments": ""}}
-                self._calls.append(call)
+                call = {"id": part.id, "function": {"name": part.name}}
                 self._open = ("call", self._base + part.index)
                 events.append(self.event("response.output_item.added",
                                          output_index=self._base + part.index,
                                          item=self._call_item(part.index, call, "in_progress")))
             else:
-                self._calls[part.index]["function"]["arguments"] += part.text
                 events.append(self.event("response.function_call_arguments.delta",
                                          item_id=self._call_items[part.index],
                                          output_index=self._base + part.index, delta=part.text))
@@ -345,9 +340,9 @@ class ResponsesBuilder:
         kind, index = self._open
         self._open = None
         if kind == "reasoning":
-            item = self.reasoning_item("completed", self._thought_text)
+            item = self.reasoning_item("completed", self._reader.thought)
             return [self.event("response.reasoning_text.done", item_id=self.reasoning_id,
-                               output_index=0, content_index=0, text=self._thought_text),
+                               output_index=0, content_index=0, text=self._reader.thought),
                     self.event("response.output_item.done", item=item, output_index=0)]
         if kind == "message":
             item = output[index]
@@ -356,7 +351,8 @@ class ResponsesBuilder:
             return [self.event("response.output_text.done", text=text, **where),
                     self.event("response.content_part.done", part=self.part(text), **where),
                     self.event("response.output_item.done", item=item, output_index=index)]
-        item = self._call_item(index - self._base, self._calls[index - self._base], "completed")
+        item = self._call_item(index - self._base, self._reader.calls[index - self._base],
+                               "completed")
         return [self.event("response.function_call_arguments.done", item_id=item["id"],
                            output_index=index, arguments=item["arguments"]),
                 self.event("response.output_item.done", output_index=index, item=item)]
@@ -384,7 +380,7 @@ async def responses(request: Request, server: "ServerState") -> Response:
     ids = await turn.tokens(node)
     chat = turn.request
     reader = turn.reader()
-    builder = ResponsesBuilder(server.model_name(chat.params), parsed, reader.plain)
+    builder = ResponsesBuilder(server.model_name(chat.params), parsed, reader)
 
     def finished(choice: chat_turn.WholeChoice, chunks, generated: int) -> dict:
         usage = builder.usage(chunks.prompt_tokens, generated, chunks.cached_tokens,

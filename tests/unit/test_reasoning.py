@@ -6,6 +6,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from dgr import reasoning
+from dgr.doors.chat_turn import ChatTurn, Thinking
+from dgr.doors.request import GenerationRequest
+from dgr.spec import SamplingParams
 
 CASES = [
     ("<think>\nLet me see.\n</think>\n\nParis.", False, ("Let me see.\n", "Paris.")),
@@ -37,7 +40,7 @@ STYLES = [(text, reasoning.Splitting(opened=opened), parts) for text, opened, pa
 
 @pytest.mark.parametrize("text,style,parts", STYLES)
 def test_whole_answers_split(text, style, parts):
-    assert style.split(text) == parts
+    assert style.splitter().feed(text, final=True) == parts
 
 
 @given(st.sampled_from(STYLES), st.lists(st.integers(0, 120), max_size=8))
@@ -71,4 +74,8 @@ def test_a_tag_and_the_blank_line_after_it_in_separate_pieces():
 def test_harmony_thinking_tokens_are_counted():
     pieces = ["<|channel|>", "analysis", "<|message|>", "Let", " me", "<|end|>", "<|start|>",
               "assistant", "<|channel|>", "final", "<|message|>", "Paris", "<|return|>"]
-    assert reasoning.Splitting(harmony=True).thought_tokens(pieces) == 4
+    reader = ChatTurn(GenerationRequest(SamplingParams()), "",
+                      Thinking(on=True, split=True, harmony=True)).reader()
+    for piece in pieces:  # usage's reasoning_tokens: the analysis message's tokens
+        reader.feed(piece, token=True, final=False)
+    assert reader.thought_tokens == 4
