@@ -41,7 +41,9 @@ async def _shown_tokens(client, chat_fields: dict, anthropic_fields: dict) -> di
     """The prompt's tokens as each door shows or runs them."""
     messages = [{"role": "user", "content": QUESTION}]
     tokenized = (await client.post("/tokenize", json={
-        "messages": messages, "with_pieces": True} | chat_fields)).json()
+        "messages": messages, "with_pieces": True, "return_token_strs": True}
+        | chat_fields)).json()
+    assert len(tokenized["token_strs"]) == tokenized["count"] == len(tokenized["tokens"])
     rendered = (await client.post("/v1/chat/completions/render", json={
         "messages": messages} | chat_fields)).json()
     counted = (await client.post("/v1/messages/count_tokens", json={

@@ -171,6 +171,7 @@ async def test_a_drain_waits_for_the_requests_in_the_node_and_refuses_new_ones(m
     says so."""
     async with open_embedding_node(config(models["bert-mean-f32"])) as node:
         assert node.task == "embedding" and not node.generates
+        assert node.capabilities()["task"] == "embedding"
         ids = [node.tokenize(t) for t in TEXTS] * 8
         got, drained = [], []
         async with trio.open_nursery() as nursery:
@@ -391,7 +392,13 @@ async def test_one_server_generates_and_embeds_with_pooling(start_server, tmp_pa
         assert report["embeddings"]["model"]["pooling"] == "last"
         assert report["embeddings"]["model"]["shares_weights"]
         assert report["embeddings"]["invariance"] == report["invariance"]  # the same weights
-        assert "dgr_embedding_requests_total" in (await http.get("/metrics")).text
+        assert (report["task"], report["embeddings"]["task"]) == ("generation", "embedding")
+        metrics = (await http.get("/metrics")).text
+        assert "dgr_embedding_requests_total" in metrics
+        # both kinds' admission families, each under its own prefix, once
+        assert metrics.count("# TYPE dgr_admissions_rejected_total counter") == 1
+        assert metrics.count("# TYPE dgr_embedding_admissions_rejected_total counter") == 1
+        assert "dgr_embedding_admissions_total 1.0" in metrics
         refused = await http.post("/rerank", json={"query": "q", "documents": ["d"]})
         assert refused.status_code == 501
 
