@@ -76,6 +76,7 @@ extensions = [
     Extension("dgr._scheduler", sources=["dgr/_scheduler.pyx"], extra_compile_args=["-O3"]),
     # rows are sampled on llama.cpp's OpenMP thread team
     llama_extension("dgr._sampling", "dgr_argmax.c", openmp=True),
+    llama_extension("dgr._parked"),
     # llama.cpp's log goes to one process-wide callback: its buffer lives here only
     llama_extension("dgr._vocab"),
     llama_extension("dgr._backend", "dgr_log.c"),

@@ -44,6 +44,7 @@ from benchmarks import prefill as prefill_case  # noqa: E402
 from benchmarks import scaleout as scaleout_case  # noqa: E402
 from benchmarks import serving, shared_prefix  # noqa: E402
 from benchmarks import speculation as speculation_case  # noqa: E402
+from benchmarks import tenants as tenants_case  # noqa: E402
 from benchmarks.peers import ensure_peers  # noqa: E402
 from benchmarks.servers import dgr_server, free_port, llama_server  # noqa: E402
 from dgr import weight_repack  # noqa: E402
@@ -74,6 +75,8 @@ def markdown(report) -> str:
         lines.extend(adapters_case.markdown(report["adapters"]))
     if report.get("embeddings"):
         lines.extend(embeddings_case.markdown(report["embeddings"]))
+    if report.get("tenants"):
+        lines.extend(tenants_case.markdown(report["tenants"]))
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +127,11 @@ def main(argv=None) -> int:
                              "sessions each, and all on one, vs llama-server with the same "
                              "files; not in the default set), embeddings (a BERT-style encoder, "
                              "inputs of 16-512 tokens at c = 1, 8, 32 vs llama-server "
-                             "--embeddings; not in the default set)")
+                             "--embeddings; not in the default set), tenants (a batch "
+                             "tenant at c = 32 beside a chat a second: the chats' time to "
+                             "first token and the batch's tokens/s against each alone, dgr "
+                             "--scheduling-policy priority vs llama-server; not in the "
+                             "default set)")
     parser.add_argument("--spec-levels", default="1,2,4,8,16",
                         help="concurrency levels of the speculation case")
     parser.add_argument("--spec-rounds", type=int, default=1,
@@ -189,7 +196,8 @@ def main(argv=None) -> int:
              + (4 * len(scaleout_case.ROUTERS) if "scaleout" in cases else 0)
              + (2 * args.rounds * len(decode_case.LEVELS) if "decode" in cases else 0)
              + (args.rounds if "adapters" in cases else 0)
-             + (2 * args.rounds if "embeddings" in cases else 0))
+             + (2 * args.rounds if "embeddings" in cases else 0)
+             + (2 * args.rounds if "tenants" in cases else 0))
     out.mkdir(parents=True, exist_ok=True)
     with tqdm(total=steps, desc="bench", unit="run") as bar:
         if levels:
@@ -249,6 +257,8 @@ def main(argv=None) -> int:
         if "embeddings" in cases:
             report["embeddings"] = embeddings_case.run(peers, args.threads, rounds=args.rounds,
                                                        bar=bar)
+        if "tenants" in cases:
+            report["tenants"] = tenants_case.run(peers, model, args.threads, args.rounds, bar)
     print(write(report, out))
     print(f"wrote results to {out}")
     return 0

@@ -11,9 +11,9 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 from posix.unistd cimport write
 
-from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, KV_MOVE_FAILED,
-                        MAX_LOGPROBS, STATE_ROLLBACK_FAILED, WANT_CHAIN, WANT_LOGPROBS,
-                        WANT_SAMPLE, WANT_SCORE)
+from dgr._codes cimport (ENGINE_FAULT, EV_FINISH, EV_STEP, FAULT_RAISE, FINISH_PARKED,
+                        KV_MOVE_FAILED, MAX_LOGPROBS, STATE_ROLLBACK_FAILED, WANT_CHAIN,
+                        WANT_LOGPROBS, WANT_SAMPLE, WANT_SCORE)
 from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
 from dgr._events cimport Event, StepFigures
@@ -295,11 +295,15 @@ cdef class BatchLoop(Mailbox):
                 self.row_want[row - 1] = WANT_SAMPLE | (WANT_LOGPROBS if sl.n_logprobs else 0)
 
     cdef void _release_finished(self, int n_events) noexcept nogil:
-        """Ended slots: their samplers reset, their KV freed but for the positions
-        the scheduler says they keep (a prefix cache entry), their adapters none."""
+        """Ended slots: their samplers reset (a parked session's moved to its entry
+        first), their KV freed but for the positions the scheduler says they keep (a
+        prefix cache entry), their adapters none."""
         cdef int i
         for i in range(n_events):
             if self.scratch[i].kind == EV_FINISH:
+                if self.scratch[i].reason == FINISH_PARKED:
+                    self.parked.park(self.scratch[i].slot,
+                                     self.park_entry[self.scratch[i].slot])
                 self.engine.end_slot(self.scratch[i].slot, self.scratch[i].kept)
                 self.adapters.clear(self.scratch[i].slot)
 

@@ -8,6 +8,8 @@ cpdef enum FinishCode:
     FINISH_LENGTH = 2          # max_tokens
     FINISH_CANCELLED = 3       # the caller left, or the node shut down
     FINISH_ERROR = 4           # a llama_decode call failed (the event's code says how)
+    FINISH_PARKED = 5          # the node took the slot back: the session resumes on another
+                               # (its sampler state held, dgr._sampling.Sampling.park)
 
 # What a batch loop event reports (dgr.events decodes each into a record).
 cpdef enum EventKind:

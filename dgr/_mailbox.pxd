@@ -5,6 +5,7 @@ from dgr._adapters cimport Adapters
 from dgr._engine cimport Engine
 from dgr._events cimport Event
 from dgr._kv_ops cimport KvOperations
+from dgr._parked cimport ParkedSamplers
 from dgr._pthread cimport pthread_cond_t, pthread_mutex_t
 from dgr._scheduler cimport Scheduler
 
@@ -24,6 +25,8 @@ cdef class Mailbox:
     cdef int step_cap               # a step's most events
     cdef int cells_used_now         # the KV as the last published step left it
     cdef int * pos_max_now
+    cdef int * park_entry            # per slot: where a park asked for holds its sampler state
+    cdef ParkedSamplers parked       # parked sessions' sampler states (`set_parked_entries`)
     cdef KvOperations kv_ops
     cdef readonly Adapters adapters  # the LoRa adapters each slot applies
 

@@ -6,7 +6,8 @@ the GIL and the loop's mutex for microseconds at most."""
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
-from dgr._codes cimport FINISH_CANCELLED
+from dgr._codes cimport FINISH_CANCELLED, FINISH_PARKED
+from dgr._parked cimport ParkedSamplers
 from dgr._events cimport event_record
 from dgr._kv_ops cimport OP_RESTORE, OP_SAVE
 from dgr._pthread cimport (pthread_cond_broadcast, pthread_cond_destroy, pthread_cond_init,
@@ -35,6 +36,7 @@ cdef class Mailbox:
         self.sync_ready = False
         self.ring = NULL
         self.pos_max_now = NULL
+        self.park_entry = NULL
 
     def __init__(self, Engine engine, Scheduler scheduler, int wake_fd, int ring_steps=32):
         engine.check_open()
@@ -48,11 +50,13 @@ cdef class Mailbox:
         self.ring_cap = ring_steps * self.step_cap
         self.ring = <Event *> calloc(self.ring_cap, sizeof(Event))
         self.pos_max_now = <int *> malloc(scheduler.n_slots * sizeof(int))
-        if self.ring == NULL or self.pos_max_now == NULL:
+        self.park_entry = <int *> calloc(scheduler.n_slots, sizeof(int))
+        if self.ring == NULL or self.pos_max_now == NULL or self.park_entry == NULL:
             raise MemoryError()
         for s in range(scheduler.n_slots):
             self.pos_max_now[s] = -1
         self.kv_ops = KvOperations(engine, scheduler)
+        self.parked = ParkedSamplers(engine.sampling, 0)
         self.adapters = Adapters(engine, scheduler.n_slots)
         self.adapters.loop_lock = &self.lock
         self.adapters.loop_wake = &self.wake
@@ -68,11 +72,12 @@ cdef class Mailbox:
             pthread_mutex_destroy(&self.lock)
         free(self.ring)
         free(self.pos_max_now)
+        free(self.park_entry)
 
     # ------------------------------------------------------------ the node's side (GIL held)
 
     def start(self, int slot, spec, *, int credits=1, int reuse_from=-1, int n_reused=0,
-              bint keep_kv=False, bytes restore=None):
+              bint keep_kv=False, bytes restore=None, int parked_entry=-1):
         """Run a session on a free slot (one whose EV_FINISH the node has seen), as
         its SessionSpec `spec` asks (dgr.spec): its prompt and its sampling
         parameters, max_tokens and speculation mode among them.
@@ -86,13 +91,18 @@ cdef class Mailbox:
         if llama.cpp refuses it, the session prefills its whole prompt. With
         keep_kv, when the session ends (but with an error) its sequence keeps its
         KV: the prompt it prefilled and the tokens it fed back (a prefix cache
-        entry); otherwise it is freed."""
+        entry); otherwise it is freed. A session parked with `request_park` resumes
+        with its sampler state from `parked_entry`, its prompt its own and what it
+        generated."""
         if restore is not None and not (n_reused and len(restore)):
             raise ValueError("a restored state needs n_reused >= 1 and bytes")
         if restore is None and n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
-        self.engine.sampling.configure(slot, spec.params)
+        if parked_entry >= 0:
+            self.parked.resume(parked_entry, slot)
+        else:
+            self.engine.sampling.configure(slot, spec.params)
         if spec.params.speculation != "off":
             self.engine.learn_words(spec.prompt)  # the values draft source's twins
         pthread_mutex_lock(&self.lock)
@@ -220,6 +230,29 @@ cdef class Mailbox:
         pthread_mutex_lock(&self.lock)
         try:
             self.scheduler.request_finish(slot, reason)
+            pthread_cond_signal(&self.wake)
+        finally:
+            pthread_mutex_unlock(&self.lock)
+
+    def set_parked_entries(self, int n):
+        """Room for n parked sessions' sampler states (before any session starts)."""
+        self.parked = ParkedSamplers(self.engine.sampling, n)
+
+    def drop_parked(self, int entry):
+        """Free a parked entry's sampler state: its session left while parked (or
+        while asked to park). The loop touches an entry only while it parks into it,
+        before its EV_FINISH, which the node has seen by then."""
+        self.parked.drop(entry)
+
+    def request_park(self, int slot, int entry):
+        """Park the slot's session before its next row: an EV_FINISH with reason
+        FINISH_PARKED follows (unless the slot ends otherwise first), its KV kept as
+        any ended slot's and its sampler state moved to parked entry `entry`
+        (dgr._parked; `start` with parked_entry resumes it)."""
+        pthread_mutex_lock(&self.lock)
+        try:
+            if self.scheduler.request_finish(slot, FINISH_PARKED):
+                self.park_entry[slot] = entry
             pthread_cond_signal(&self.wake)
         finally:
             pthread_mutex_unlock(&self.lock)

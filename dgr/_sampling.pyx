@@ -218,8 +218,10 @@ cdef class Sampling:
     # ------------------------------------------------------------ sampling (nogil)
 
     cdef void reset(self, int slot) noexcept nogil:
-        """The slot's session ended: its chain forgets what it was fed."""
-        llama_sampler_reset(self.chains[slot])
+        """The slot's session ended: its chain forgets what it was fed (a parked
+        session's chain has left the slot: dgr._parked)."""
+        if self.chains[slot] != NULL:
+            llama_sampler_reset(self.chains[slot])
 
     cdef void sample_rows(self, int n, const float ** row_logits, const int32_t * seq,
                           const int8_t * want, const int32_t * next_tok, int k,

@@ -6,7 +6,8 @@ from libc.stdint cimport int32_t, int64_t
 
 from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_OFF, EV_DECODE, EV_FAILURE, EV_FINISH,
                         EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN, FINISH_CANCELLED, FINISH_ERROR,
-                        FINISH_LENGTH, FINISH_NONE, FINISH_STOP, MAX_LOGPROBS, MAX_STEP_DRAFTS,
+                        FINISH_LENGTH, FINISH_NONE, FINISH_PARKED, FINISH_STOP, MAX_LOGPROBS,
+                        MAX_STEP_DRAFTS,
                         MAX_DRAFT, MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
 from dgr._events cimport Event, StepFigures
 from dgr._slots cimport SLOT_DECODE, SLOT_FREE, SLOT_PREFILL, Slot, SlotTable

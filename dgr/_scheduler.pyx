@@ -244,6 +244,12 @@ cdef class Scheduler(SlotTable):
             sl = &self.slots[s]
             start = sl.n_prefilled
             want = sl.n_prompt - start
+            if sl.credits <= 0 and sl.max_tokens > 0:
+                # a resumed session whose reader has no room yet: its last row, which
+                # samples, waits for a credit
+                want -= 1
+                if want <= 0:
+                    continue
             if sl.prompt_logprobs >= 0:
                 if scoring:
                     continue  # one scoring chunk a step; the sessions behind it go on
@@ -444,7 +450,9 @@ cdef class Scheduler(SlotTable):
         (an end-of-generation token ends the session and is not one); returns the
         events written."""
         cdef Slot * sl = &self.slots[s]
-        if sl.finish_requested != FINISH_NONE:
+        if sl.finish_requested != FINISH_NONE and sl.finish_requested != FINISH_PARKED:
+            # asked to end while the step ran: the token is not its; a session being
+            # parked keeps it (its sampler has drawn it) and ends before its next row
             return self._finish(s, sl.finish_requested, 0, out)
         if token < 0 or token >= self.n_vocab:
             return self._finish(s, FINISH_ERROR, NO_LOGITS, out)

@@ -10,7 +10,8 @@ dgr/_scheduler.pyx's (Scheduler extends SlotTable)."""
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
-from dgr._codes cimport (EV_FINISH, FINISH_ERROR, FINISH_NONE, MAX_DRAFT, MAX_LOGPROBS)
+from dgr._codes cimport (EV_FINISH, FINISH_ERROR, FINISH_NONE, FINISH_PARKED, MAX_DRAFT,
+                         MAX_LOGPROBS)
 
 from dgr.spec import SPECULATION_MODES
 
@@ -55,7 +56,9 @@ cdef class SlotTable:
         positions. A session that scores its prompt reports each prompt token's
         log-probability (and prompt_logprobs alternatives) as EV_SCORE events,
         prefilling SCORE_CHUNK tokens a step from position 0, and may have
-        max_tokens 0. With speculation on, its decode rows may carry drafts."""
+        max_tokens 0. With speculation on, its decode rows may carry drafts. With no
+        credits (a resumed session whose reader has its tokens unread) it prefills
+        all but its prompt's last row until it gets one."""
         params, prompt = spec.params, spec.prompt
         cdef int max_tokens = params.max_tokens, n_logprobs = params.logprobs
         cdef int prompt_logprobs = params.prompt_logprobs if spec.scores_prompt else -1
@@ -64,10 +67,10 @@ cdef class SlotTable:
         if self.slots[slot].phase != SLOT_FREE:
             raise ValueError(f"slot {slot} is in use")
         cdef int n = len(prompt)
-        if (n < 1 or max_tokens < (0 if prompt_logprobs >= 0 else 1) or credits < 1
+        if (n < 1 or max_tokens < (0 if prompt_logprobs >= 0 else 1) or credits < 0
                 or not 0 <= n_logprobs <= MAX_LOGPROBS or prompt_logprobs > MAX_LOGPROBS):
             raise ValueError("a session needs a prompt, max_tokens >= 1 (0 when it scores its "
-                             f"prompt), credits >= 1 and 0..{MAX_LOGPROBS} logprobs")
+                             f"prompt), credits >= 0 and 0..{MAX_LOGPROBS} logprobs")
         if prompt_logprobs >= 0 and n_reused:
             raise ValueError("a session scoring its prompt computes all of it (n_reused 0)")
         if not 0 <= n_reused < n:
@@ -106,12 +109,15 @@ cdef class SlotTable:
             self.slots[slot].credits += n
 
     def request_finish(self, int slot, int reason):
-        """End the slot before its next row (first request wins)."""
+        """End the slot before its next row (first request wins); True if this
+        request is the one it ends by."""
         self._check(slot)
-        if reason <= FINISH_NONE or reason > FINISH_ERROR:
+        if reason <= FINISH_NONE or reason > FINISH_PARKED:
             raise ValueError(f"not a finish reason code: {reason}")
         if self.slots[slot].phase != SLOT_FREE and self.slots[slot].finish_requested == FINISH_NONE:
             self.slots[slot].finish_requested = reason
+            return True
+        return False
 
     def slot_state(self, int slot):
         """(phase, n_prefilled, n_generated, credits) of a slot, for tests and diagnostics."""

@@ -77,7 +77,7 @@ def speculation_facts(mode: str, info: dict, telemetry: Telemetry) -> dict:
 
 
 def prefix_cache_facts(why_off: Optional[str], load: Load, telemetry: Telemetry) -> dict:
-    """Whether the node keeps prefixes (why not: dgr.node.prefix_cache_off), and its use."""
+    """Whether the node keeps prefixes (why not: dgr.prefix_cache.prefix_cache_off), and its use."""
     facts = {"enabled": why_off is None} | ({"why_off": why_off} if why_off else {})
     return {**facts, "cached_cells": load.cached_cells, **telemetry.prefix_totals()}
 
@@ -108,3 +108,17 @@ def device_list(info_devices: list[dict], links: dict[str, LinkFigures],
                 "bytes_per_step": moved // max(1, steps), "rtt_ms": round(link.rtt_s * 1e3, 3)}}
         devices.append(device)
     return devices
+
+
+def scheduling_facts(admission, parking_off: Optional[str], telemetry) -> dict:
+    """Who runs next (dgr.admission.Scheduling), the tenants listed with their weights
+    and bounds, and whether and how often sessions were parked."""
+    scheduling = admission.scheduling
+    return {"policy": scheduling.policy,
+            "parking": {"on": parking_off is None, "why_not": parking_off,
+                        "max_parked": scheduling.max_parked, "max_parks": scheduling.max_parks,
+                        "parked": len(admission.parked),
+                        **telemetry.parking_totals()},
+            "fair_drift": scheduling.fair_drift,
+            "tenants": {name: bounds.facts()
+                        for name, bounds in sorted(admission.tenants.listed.items())}}

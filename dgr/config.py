@@ -11,9 +11,11 @@ import attrs
 import cattrs
 
 from dgr._codes import MAX_ADAPTERS, MAX_DRAFT, MAX_RUNNING
+from dgr.admission import POLICIES
 from dgr.gguf_file import POOLING
 from dgr.reasoning import FORMATS as REASONING_FORMATS
 from dgr.spec import SPECULATION_MODES
+from dgr.tenants import read_keys
 from dgr.weight_repack import MODES as WEIGHT_REPACK_MODES
 
 
@@ -73,6 +75,26 @@ class NodeConfig:
     max_waiting_tokens: int = option(
         "--max-waiting-tokens", "Prompt tokens that may wait in the queue; beyond it new "
         "sessions are rejected (HTTP 429).", default=16384)
+    scheduling_policy: str = option(
+        "--scheduling-policy", "Who runs next (vLLM's names): 'fcfs', first come first "
+        "served; 'priority', by each request's `priority` (lower first), then the tenants' "
+        "fair shares (virtual token counters), then arrival; a full queue refuses the "
+        "lowest-ranked waiting session (429, preempted_from_queue) rather than one that "
+        "outranks it, and a running session that is outranked is parked and resumed "
+        "later, unchanged (docs/design.md).", default="fcfs")
+    api_keys: Optional[str] = option(
+        "--api-keys", "Tenants' API keys, a line per key: 'KEY tenant=NAME [weight=W] "
+        "[max_running=N] [max_waiting=N] [max_queued_tokens=N] [tokens_per_min=N]' ('#' "
+        "comments). A request must carry a listed key (else 401), and counts against its "
+        "tenant's bounds and share.", "none: tenants by X-Tenant or the body's user, unbounded",
+        default=None)
+    max_parks: int = option(
+        "--max-parks", "Times one session may be parked for sessions that outrank it "
+        "(--scheduling-policy priority).", default=3)
+    fair_drift: float = option(
+        "--fair-drift", "Virtual tokens (prompt 1, output 2, over the tenant's weight) a "
+        "tenant may run ahead of a waiting tenant of the same priority before one of its "
+        "sessions is parked for it (--scheduling-policy priority).", default=8192.0)
     n_ctx: Optional[int] = option(
         "--ctx", "Total KV cells: the pool sessions reserve prompt + max_tokens from (an "
         "embedding node: the tokens one step holds).",
@@ -257,6 +279,13 @@ class NodeConfig:
         if self.cache_dir is not None and self.cache_ram_bytes == 0:
             raise ValueError("cache_dir needs the host tier (cache_ram_bytes > 0): prefixes "
                              "reach the disk from host memory and come back through it")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
+                             f"{self.scheduling_policy!r}")
+        if self.max_parks < 0 or not self.fair_drift >= 0:
+            raise ValueError("max_parks and fair_drift must not be negative")
+        if self.api_keys is not None:
+            read_keys(self.api_keys)  # a bad file stops the node before it loads the model
         if self.max_waiting < 0 or self.max_waiting_tokens < 0:
             raise ValueError("max_waiting and max_waiting_tokens must not be negative")
         if self.max_batch_tokens is not None and not 1 <= self.max_batch_tokens <= self.n_batch:

@@ -66,13 +66,18 @@ class WorkerLost(DecodeError):
 
 class AdmissionRejected(DgrError):
     """A session was refused by admission. `reason` is a stable code such as
-    "queue_full", "queue_tokens_full", "never_fits" or "draining"."""
+    "queue_full", "queue_tokens_full", "never_fits", "draining" or a tenant's
+    "tenant_queue_full" and "tenant_rate" (dgr.admission.REASONS)."""
 
-    def __init__(self, reason: str, detail: str = "", figures: dict | None = None):
+    def __init__(self, reason: str, detail: str = "", figures: dict | None = None,
+                 retry_after: float | None = None):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
         self.figures = figures or {}  # never_fits: n_prompt_tokens and n_ctx
+        # seconds until it is worth asking again, where the refusal knows (a tenant's
+        # rate); else the node's drain rate says
+        self.retry_after = retry_after
 
 
 class GenerationFailed(DgrError):

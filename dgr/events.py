@@ -1,7 +1,8 @@
 """The batch loop's events as typed records, one class per kind (dgr/_codes.pxd,
 EventKind). `BatchLoop.drain` decodes each C event into one of these once; the
 step loop (dgr/loop.py) dispatches on the class. Slotted and not frozen, so
-that making one per token costs little; nobody changes them."""
+that making one per token costs little; nobody changes them. And the record of
+what one step did (`StepRecord`), which the step loop keeps a bounded history of."""
 
 from __future__ import annotations
 
@@ -101,3 +102,23 @@ class StepEnded:
     """The step ended."""
 
     figures: StepFigures
+
+
+# Steps kept in `StepLoop.steps` (tests and diagnostics): a few hundred bytes each
+# at a few dozen sessions, so the history stays well under a megabyte.
+STEP_HISTORY = 1024
+
+
+@attrs.frozen
+class StepRecord:
+    """What one step did (kept for tests and diagnostics, bounded)."""
+
+    index: int
+    decode: tuple[int, ...]                    # session ids with a decode row
+    prefill: tuple[tuple[int, int, int], ...]  # (session id, start, end)
+    rows: int
+    budget: int
+    duration_s: float
+    draft_rows: int                            # draft rows verified beside the decode rows
+    generated: int                             # tokens the step gave its sessions
+    planned: tuple[float, float]               # speculation's expected (tokens, seconds), or 0s

@@ -44,11 +44,12 @@ import attrs
 import trio
 
 from dgr import _batch, _engine, _scheduler
-from dgr._codes import DECODE_ABORTED, WORKER_LOST
+from dgr._codes import DECODE_ABORTED, WORKER_LOST, FinishCode
 from dgr.admission import Admission
 from dgr.engine import EngineThread
 from dgr.errors import decode_error
-from dgr.events import CallFailed, Decoded, Finished, Prefilled, Sampled, Scored, StepEnded
+from dgr.events import (STEP_HISTORY, CallFailed, Decoded, Finished, Prefilled, Sampled, Scored,
+                        StepEnded, StepRecord)
 from dgr.kv_tier import Prefix
 from dgr.placement import Evict, Save, Start
 from dgr.reply import Reply
@@ -67,28 +68,15 @@ class StepSettings:
     prefill_sessions: int    # chunks per step
 
 
-# Steps kept in `StepLoop.steps` (tests and diagnostics): a few hundred bytes each
-# at a few dozen sessions, so the history stays well under a megabyte.
-STEP_HISTORY = 1024
-
-
-@attrs.frozen
-class StepRecord:
-    """What one step did (kept for tests and diagnostics, bounded)."""
-
-    index: int
-    decode: tuple[int, ...]                    # session ids with a decode row
-    prefill: tuple[tuple[int, int, int], ...]  # (session id, start, end)
-    rows: int
-    budget: int
-    duration_s: float
-    draft_rows: int                            # draft rows verified beside the decode rows
-    generated: int                             # tokens the step gave its sessions
-    planned: tuple[float, float]               # speculation's expected (tokens, seconds), or 0s
-
-
 class Finish(NamedTuple):
     """End `session`'s slot before its next row (or its queue place)."""
+
+    session: Session
+
+
+class Park(NamedTuple):
+    """Take `session`'s slot back before its next row; it resumes later
+    (dgr.admission decides whom, dgr.sequence says how it resumes)."""
 
     session: Session
 
@@ -123,15 +111,18 @@ class StepLoop:
         self._placement = admission.placement
         self._telemetry = telemetry
         # Bounded by construction: per session one start and one finish, per slot an
-        # eviction, and a flush's mark are in flight.
+        # eviction and a park, and a flush's mark are in flight.
         self._requests, self._incoming = trio.open_memory_channel(
-            2 * max_sessions + n_slots + 1)
+            2 * max_sessions + 2 * n_slots + 1)
         self._n_slots = n_slots
         self._by_slot: dict[int, Session] = {}
         self._on_engine: set[int] = set()  # ids of sessions whose start reached the BatchLoop
         self._replies: dict[Session, Reply] = {}
         self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush, restores)
         self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
+        # the batch loop's entries for parked sessions' sampler states not in use
+        self._sampler_entries = list(range(admission.scheduling.max_parked - 1, -1, -1))
+        batch.set_parked_entries(admission.scheduling.max_parked)
         self.adapters = None  # dgr.adapters.AdapterTable: a retiring session releases its own
         self._saving: dict[int, object] = {}  # save ticket -> the tokens saved
         self._ops_seen = 0  # kv_ops_published when saves were last taken
@@ -205,11 +196,17 @@ class StepLoop:
         if session.finish(reason, error):
             self._requests.send_nowait(Finish(session))
 
+    def refuse(self, session: Session, reason: str, detail: str) -> None:
+        """Admission took a waiting session's place back (`reason`, dgr.admission):
+        it ends, its reader told why."""
+        if session.refuse(reason, detail):
+            self._requests.send_nowait(Finish(session))
+
     def shutdown(self) -> None:
         """End every session as cancelled and stop the BatchLoop after (an aborted)
         step in flight."""
         self._closing = True
-        for session in [*self._admission.waiting, *self._admission.running]:
+        for session in self._admission.admitted:
             if session.finish(FinishReason.CANCELLED):
                 self._telemetry.record_finish(session.finish_reason)
         for session, reply in self._replies.items():  # readers get their end now
@@ -254,6 +251,8 @@ class StepLoop:
             self._requests.send_nowait(op)
             if isinstance(op, Evict):
                 self._telemetry.prefix_evictions.inc()
+        for session in self._admission.take_parks():
+            self._requests.send_nowait(Park(session))
 
     def _take_saved(self) -> None:
         """The saves the BatchLoop has made since last asked, into the tiers."""
@@ -315,11 +314,19 @@ class StepLoop:
             request.fed.set()
         elif type(request) is Start:
             self._start_on_loop(request.session)
+        elif type(request) is Park:
+            session = request.session
+            if (not session.done and session.slot is not None
+                    and self._by_slot.get(session.slot) is session):
+                entry = self._sampler_entries.pop()
+                session.parking(entry)
+                self.batch.request_park(session.slot, entry)
         else:
             session = request.session
             if session.slot is not None and self._by_slot.get(session.slot) is session:
                 self.batch.request_finish(session.slot, session.finish_reason.code)
-            elif session.phase is Phase.WAITING or self._placement.unhold(session):
+            elif (session.phase in (Phase.WAITING, Phase.PARKED)
+                  or self._placement.unhold(session)):
                 self._retire(session)
 
     def _start_on_loop(self, session: Session) -> None:
@@ -328,13 +335,20 @@ class StepLoop:
             return
         self._by_slot[session.slot] = session
         self._on_engine.add(session.id)
-        self.batch.start(session.slot, session.spec, credits=self._replies[session].credits,
+        reply = self._replies[session]
+        entry = session.sampler_entry
+        self.batch.start(session.slot, session.run_spec(), credits=reply.credits_left(),
                          reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                          n_reused=session.n_reused,
                          keep_kv=self._placement.cache is not None,
-                         restore=None if session.restore is None else session.restore.state)
+                         restore=None if session.restore is None else session.restore.state,
+                         parked_entry=-1 if entry is None else entry)
+        if entry is not None:
+            self._sampler_entries.append(entry)
+            session.parking(None)
+            self._telemetry.resumes.inc()
         self._placement.started(session)
-        if session.spec.reports_progress:
+        if session.spec.reports_progress and not session.resumed_from:
             reply = self._replies[session]
             reply.started(session.n_reused)
             reply.progress(session.n_reused, time.monotonic())
@@ -368,8 +382,11 @@ class StepLoop:
     def _on_sampled(self, event: Sampled, now: float) -> None:
         session = self._by_slot[event.slot]
         latency = session.record_token(event.token, now)
-        (self._first_latencies if len(session.generated) == 1 else self._next_latencies
-         ).append(latency)
+        if len(session.generated) == 1:
+            self._first_latencies.append(latency)
+            self._telemetry.tenants.first_token(session, latency)
+        else:
+            self._next_latencies.append(latency)
         if not session.done:
             self._replies[session].token(event.token, event.logprob, event.top)
 
@@ -392,14 +409,20 @@ class StepLoop:
 
     def _on_finished(self, event: Finished, now: float) -> None:
         session = self._by_slot.pop(event.slot)
-        reason = FinishReason.from_code(event.reason)
-        if reason is not FinishReason.ERROR:
+        self._placement.finished(session, event.kept)
+        if event.reason == FinishCode.FINISH_PARKED:
+            if not session.done:
+                self._admission.parked_now(session)
+                self._telemetry.record_park(session.spec.requester)
+                self._send_ops()
+                return
+            # it ended (its reason set) while it was being parked
+        elif (reason := FinishReason.from_code(event.reason)) is not FinishReason.ERROR:
             session.finish(reason)
         elif self._closing and event.code == DECODE_ABORTED:  # the abort that stopped the loop
             session.finish(FinishReason.CANCELLED)
         else:
             session.finish(reason, failure_message(event.code))
-        self._placement.finished(session, event.kept)
         self._retire(session)
 
     def _on_call_failed(self, event: CallFailed, now: float) -> None:
@@ -411,6 +434,11 @@ class StepLoop:
                             "restarted with its workers up")
 
     def _on_step_ended(self, event: StepEnded, now: float) -> None:
+        if self._admission.waiting and self._admission.may_park:
+            # the step moved the tenants' counters: a waiting tenant may now be far
+            # enough behind to have a decoder parked for it
+            self._admission.promote()
+            self._send_ops()
         figures = event.figures
         budget = self.settings.token_budget
         self._telemetry.record_step(figures, budget)
@@ -443,7 +471,7 @@ class StepLoop:
             return
         self._admission.gate.fail(why)
         self._telemetry.healthy.set(0)
-        for session in [*self._admission.running, *self._admission.waiting]:
+        for session in self._admission.admitted:
             self.end(session, FinishReason.ERROR, why)
 
     def _retire(self, session: Session) -> None:
@@ -453,11 +481,16 @@ class StepLoop:
         BatchLoop's finish event)."""
         self._placement.retired(session, reached_loop=session.id in self._on_engine)
         self._on_engine.discard(session.id)
+        if session.sampler_entry is not None:  # parked, or asked to park, when it ended
+            self.batch.drop_parked(session.sampler_entry)
+            self._sampler_entries.append(session.sampler_entry)
+            session.parking(None)
         self._admission.release(session)
         if self.adapters is not None:
             self.adapters.release(session.spec)
         self._send_ops()
         self._telemetry.record_finish(session.finish_reason)
+        self._telemetry.tenants.left(session)
         reply = self._replies.pop(session, None)
         if reply is not None:
             reply.finish(session.finish_reason, session.error)

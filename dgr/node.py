@@ -30,7 +30,7 @@ import trio
 
 from dgr import _engine, capabilities
 from dgr.adapters import AdapterTable, adapter_files
-from dgr.admission import Admission, Budgets
+from dgr.admission import Admission, Budgets, Scheduling, parking_off
 from dgr.config import NodeConfig
 from dgr.chat import ChatRenderer
 from dgr.engine import EngineThread, load_engine, python_yields
@@ -40,14 +40,15 @@ from dgr.kv_tiers import NodePrefixes, Tiers
 from dgr.loop import StepLoop, StepSettings
 from dgr.reasoning import ThinkingSwitch
 from dgr.placement import Placement
-from dgr.prefix_cache import PrefixCache
+from dgr.prefix_cache import PrefixCache, prefix_cache_off
 from dgr.reply import PROGRESS_SLOTS, Reply
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason, Session
 from dgr.serving import ServingNode
-from dgr.spec import SamplingParams, SessionSpec
+from dgr.spec import Requester, SamplingParams, SessionSpec
 from dgr.stream import GenerationResult, SessionStream
 from dgr.telemetry import Telemetry
+from dgr.tenants import Tenants, read_keys
 
 log = logging.getLogger("dgr.node")
 Prompt = Union[str, Sequence[int]]
@@ -55,20 +56,6 @@ Prompt = Union[str, Sequence[int]]
 
 def _no_credit() -> None:
     """A whole answer's reader hands back no credits: its session has them all."""
-
-
-def prefix_cache_off(config: NodeConfig, info: dict) -> Optional[str]:
-    """Why the node runs without the prefix cache, or None where it has one. A
-    recurrent state holds a sequence's whole past in one cell: no prefix of it can be
-    shared or kept."""
-    if not config.prefix_cache:
-        return "--no-prefix-cache"
-    if not config.kv_unified:
-        return "split KV (--no-kv-unified)"
-    if info["memory"] != "attention":
-        return (f"the model's {info['memory']} state keeps a sequence's whole past in one "
-                "cell: no prefix of it can be shared or kept")
-    return None
 
 
 class Node(ServingNode):
@@ -92,9 +79,14 @@ class Node(ServingNode):
                             min_restore=MIN_RESTORE_TOKENS)
                       if cache is not None and budgets.cache_ram_bytes and not config.rpc_workers
                       else None)
+        self.parking_off = parking_off(config.scheduling_policy, engine.info["memory"])
+        tenants = Tenants(read_keys(config.api_keys).values() if config.api_keys else ())
+        scheduling = Scheduling(config.scheduling_policy,
+                                max_parked=0 if self.parking_off else config.max_running,
+                                max_parks=config.max_parks, fair_drift=config.fair_drift)
         self._admission = Admission(budgets, Placement(
             budgets.kv_cells_total, cache, self.tiers.host if self.tiers else None,
-            MIN_RESTORE_TOKENS))
+            MIN_RESTORE_TOKENS), scheduling, tenants)
         settings = StepSettings(token_budget=budgets.step_tokens,
                                 prefill_chunk=config.prefill_chunk,
                                 decode_stall=config.decode_stall,
@@ -120,6 +112,7 @@ class Node(ServingNode):
         self.telemetry.watch(self._admission.load, lambda: self._loop.batch.cells_used,
                              budgets.kv_cells_total)
         self.telemetry.batch_token_budget.set(budgets.step_tokens)
+        self.telemetry.tenants.watch(tenants.listed, self._sessions_by_state)
         self._chat = chat
         self.tool_format = self._chat.tool_format  # the template's (dgr.tool_formats)
         self._rpc_links = RpcLinks(config.rpc_workers) if config.rpc_workers else None
@@ -130,7 +123,7 @@ class Node(ServingNode):
 
     @property
     def steps(self):
-        """The last steps the batch loop ran (StepRecord, up to dgr.loop.STEP_HISTORY)."""
+        """The last steps the batch loop ran (StepRecord, up to dgr.events.STEP_HISTORY)."""
         return self._loop.steps
 
     # ------------------------------------------------------------------ public API
@@ -174,7 +167,8 @@ class Node(ServingNode):
 
     @contextlib.asynccontextmanager
     async def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None,
-                     whole: bool = False, progress: bool = False) -> AsyncIterator[SessionStream]:
+                     whole: bool = False, progress: bool = False,
+                     requester: Requester = Requester()) -> AsyncIterator[SessionStream]:
         """Admit a session and stream its chunks.
 
         Raises AdmissionRejected at once when admission refuses it. Leaving the
@@ -185,20 +179,23 @@ class Node(ServingNode):
         (a non-streamed request): the chunks arrive together at the end, and
         the session never waits for its reader (dgr.reply). `progress`: a streamed
         session's chunks report its prompt's prefill as it goes (Chunk.progress;
-        a report the reader has not made room for is dropped).
+        a report the reader has not made room for is dropped). `requester`: the
+        tenant it counts against and its priority (dgr.admission's policy).
         """
-        async with self.stream_group([prompt], params, whole=whole, progress=progress) as streams:
+        async with self.stream_group([prompt], params, whole=whole, progress=progress,
+                                     requester=requester) as streams:
             yield streams[0]
 
     @contextlib.asynccontextmanager
     async def stream_group(self, prompts: list[Prompt], params: Optional[SamplingParams] = None,
-                           n: int = 1, whole: bool = False, progress: bool = False
+                           n: int = 1, whole: bool = False, progress: bool = False,
+                           requester: Requester = Requester()
                            ) -> AsyncIterator[list[SessionStream]]:
         """n sessions per prompt, admitted together or rejected together (one
         request's choices), streamed separately: choice i * n + j is sample j of
         prompt i. Samples of one prompt share its prefill: the first prefills, the
         others wait for it and take its KV. With a seed, sample j uses seed + j.
-        `whole` and `progress` as in `stream`."""
+        `whole`, `progress` and `requester` as in `stream`."""
         if not prompts or n < 1:
             raise InvalidRequest("a group needs at least one prompt and n >= 1")
         params = params or SamplingParams()
@@ -208,7 +205,7 @@ class Node(ServingNode):
         for ids in prompt_ids:
             first = None
             for j in range(n):
-                session = self._new_session(ids, params, j, leader=first,
+                session = self._new_session(ids, params, requester, j, leader=first,
                                             progress=progress and not whole)
                 first = first or session
                 sessions.append(session)
@@ -227,12 +224,14 @@ class Node(ServingNode):
         the final chunk): as leaving the block does."""
         self._loop.end(stream.session, FinishReason.CANCELLED)
 
-    async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None
-                       ) -> GenerationResult:
+    async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                       requester: Requester = Requester()) -> GenerationResult:
         """Run a session to its end and return the whole result."""
         params = params or SamplingParams()
-        async with self.stream(prompt, params, whole=True) as chunks:
+        async with self.stream(prompt, params, whole=True, requester=requester) as chunks:
             got = await chunks.read_all()
+            if chunks.session.refused is not None:
+                raise AdmissionRejected(chunks.session.refused, chunks.error)
             if chunks.finish_reason is FinishReason.ERROR:
                 raise GenerationFailed(f"generation failed: {chunks.error}")
             tokens = [chunk for chunk in got if chunk.token_id is not None]
@@ -255,7 +254,7 @@ class Node(ServingNode):
                 "slots": {"used": b.slots - load.free_slots, "capacity": b.slots},
                 "kv_cells_reserved": {"used": load.reserved_cells,
                                       "capacity": b.kv_cells_total},
-                **self._loop.statistics()}
+                **self._admission.statistics(), **self._loop.statistics()}
 
     def router_load(self) -> dict:
         """The node's load as routers read it (dgr.doors.routers): plain figures,
@@ -324,6 +323,8 @@ class Node(ServingNode):
             "kv_tiers": capabilities.kv_tier_facts(
                 self.tiers.report() if self.tiers is not None else None, telemetry),
             "adapters": self.adapters.facts(),
+            "scheduling": capabilities.scheduling_facts(self._admission, self.parking_off,
+                                                        telemetry),
         }
 
     async def flush_prefix_cache(self, tiers: Sequence[str] = ("pool", "host", "disk")) -> None:
@@ -353,6 +354,10 @@ class Node(ServingNode):
         await trio.lowlevel.checkpoint()
         return self._loop.batch.cells_used
 
+    def _sessions_by_state(self) -> dict[str, list[Session]]:
+        a = self._admission
+        return {"running": a.running, "waiting": a.waiting, "parked": a.parked}
+
     @property
     def active_sessions(self) -> int:
         return len(self._admission.running)
@@ -364,7 +369,7 @@ class Node(ServingNode):
     @property
     def in_flight(self) -> int:
         """Sessions admitted that have not ended, running or waiting."""
-        return len(self._admission.running) + len(self._admission.waiting)
+        return len(self._admission.admitted)
 
     # ------------------------------------------------------------------ sessions
 
@@ -375,8 +380,9 @@ class Node(ServingNode):
             raise InvalidRequest(f"prompt token ids must be within 0..{self._engine.n_vocab - 1}")
         return prompt_ids
 
-    def _new_session(self, prompt_ids: list[int], params: SamplingParams, sample: int = 0,
-                     leader: Optional[Session] = None, progress: bool = False) -> Session:
+    def _new_session(self, prompt_ids: list[int], params: SamplingParams, requester: Requester,
+                     sample: int = 0, leader: Optional[Session] = None,
+                     progress: bool = False) -> Session:
         """Sample `sample` of a prompt, its params resolved for the node: its
         max_tokens and speculation mode, and its seed (the request's plus the
         sample's index, or a fresh one where it samples without one)."""
@@ -399,7 +405,8 @@ class Node(ServingNode):
             max_tokens=self._admission.max_new_tokens(len(prompt_ids), params.max_tokens,
                                                       self.config.default_max_tokens))
         spec = SessionSpec(prompt=prompt_ids, params=resolved, reports_progress=progress,
-                           adapters=self.adapters.resolve(params.model, params.lora))
+                           adapters=self.adapters.resolve(params.model, params.lora),
+                           requester=requester)
         return Session(id=next(self._ids), spec=spec, arrived_at=time.monotonic(), leader=leader)
 
     async def _open_sessions(self, sessions: list[Session], whole: bool):
@@ -436,9 +443,15 @@ class Node(ServingNode):
             for session in sessions:
                 self.adapters.release(session.spec)
             self.telemetry.rejected.labels(exc.reason).inc()
+            self.telemetry.tenants.refused(sessions[0].spec.requester, exc.reason)
             raise
         self.telemetry.admitted.inc(len(sessions))
         self._loop.admit(replies)
+        for refused in self._admission.take_refused():
+            self._loop.refuse(refused, "preempted_from_queue", "a session that outranks it "
+                              "took its place in the full queue")
+            self.telemetry.rejected.labels("preempted_from_queue").inc()
+            self.telemetry.tenants.refused(refused.spec.requester, "preempted_from_queue")
         return opened
 
     def _shutdown(self) -> None:

@@ -23,7 +23,7 @@ llama.cpp here: the node turns decisions into BatchLoop requests.
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -162,3 +162,17 @@ class PrefixCache:
     @property
     def cached_cells(self) -> int:
         return self._cached_cells
+
+
+def prefix_cache_off(config, info: dict) -> Optional[str]:
+    """Why the node runs without the prefix cache, or None where it has one. A
+    recurrent state holds a sequence's whole past in one cell: no prefix of it can be
+    shared or kept."""
+    if not config.prefix_cache:
+        return "--no-prefix-cache"
+    if not config.kv_unified:
+        return "split KV (--no-kv-unified)"
+    if info["memory"] != "attention":
+        return (f"the model's {info['memory']} state keeps a sequence's whole past in one "
+                "cell: no prefix of it can be shared or kept")
+    return None

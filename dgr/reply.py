@@ -105,6 +105,13 @@ class Reply:
         else:
             self._held.append(chunk)
 
+    def credits_left(self) -> int:
+        """Tokens the reader has room for now: all its credits but the chunks it has
+        not read (a resumed session's start; 0 where it has read none of them)."""
+        if self._held is not None:
+            return self.credits
+        return max(0, self.credits - self._chunks.statistics().current_buffer_used)
+
     def statistics(self) -> trio.MemoryChannelStatistics:
         """The reader's channel: chunks written and not yet read, and its bound."""
         return self._chunks.statistics()

@@ -2,7 +2,10 @@
 
 Phases: WAITING (queued, no slot) -> PREFILL (a slot and a KV reservation;
 the batch loop decodes its prompt in chunks) -> DECODE (one row per step) ->
-FINISHED (slot and KV released). Admission moves a session out to FINISHED,
+FINISHED (slot and KV released). A decoding session may be PARKED (its slot
+taken back for a session that outranks it: its KV kept as a prefix, its sampler
+state held by the batch loop) and then resumes (PREFILL again, from a prompt that
+is its own followed by what it generated, nearly all of it restored). Admission moves a session out to FINISHED,
 placement (dgr.placement) into PREFILL with its slot, prefix and leader; the
 step loop (dgr.loop) records prefill progress and tokens from the batch
 loop's events and alone ends sessions (`finish`, first reason wins), after
@@ -54,6 +57,7 @@ class Phase(enum.Enum):
     WAITING = "waiting"
     PREFILL = "prefill"
     DECODE = "decode"
+    PARKED = "parked"
     FINISHED = "finished"
 
 
@@ -84,7 +88,21 @@ class Session:
     error: Optional[str] = None
     first_token_at: Optional[float] = None
     last_token_at: Optional[float] = None
-    prompt_array: np.ndarray = attrs.field(init=False)  # the prompt, for prefix matching
+    # parking: times parked, the generated tokens its run prompt holds (0: never
+    # parked), and the batch loop's entry holding its sampler state while parked
+    parks: int = 0
+    resumed_from: int = 0
+    sampler_entry: Optional[int] = None
+    prompt_reused: int = 0  # prompt tokens reused when it first started (usage)
+    refused: Optional[str] = None  # admission's reason, where it refused it after admitting it
+    # the prompt its slot runs: its own, followed by what it generated before it was
+    # parked; an array for prefix matching
+    run_prompt: list[int] = attrs.field(init=False)
+    prompt_array: np.ndarray = attrs.field(init=False)
+
+    @run_prompt.default
+    def _run_prompt(self) -> list[int]:
+        return self.spec.prompt
 
     @prompt_array.default
     def _prompt_array(self) -> np.ndarray:
@@ -98,7 +116,24 @@ class Session:
     def kv_tokens(self, kept: int) -> list[int]:
         """The tokens of the first `kept` positions of this session's sequence: its
         prompt as far as prefilled, then what it generated and fed back."""
-        return (self.spec.prompt[:self.n_prefilled] + self.generated)[:kept]
+        return (self.run_prompt[:self.n_prefilled] + self.generated[self.resumed_from:])[:kept]
+
+    @property
+    def parked(self) -> bool:
+        return self.phase is Phase.PARKED
+
+    def run_spec(self) -> SessionSpec:
+        """What its slot runs: its spec, or once parked, its run prompt and what is
+        left of max_tokens and min_tokens (its prompt's scores are taken already; its
+        sampler state, bans counted, comes back whole: dgr._parked)."""
+        if not self.resumed_from:
+            return self.spec
+        params = self.spec.params
+        params = attrs.evolve(params, prompt_logprobs=None,
+                              max_tokens=params.max_tokens - self.resumed_from,
+                              min_tokens=max(0, params.min_tokens - self.resumed_from))
+        return attrs.evolve(self.spec, prompt=self.run_prompt, params=params,
+                            reports_progress=False)
 
     @property
     def done(self) -> bool:
@@ -109,11 +144,28 @@ class Session:
         """Admission gave the session a slot, and maybe a shared prefix of n_reused
         prompt positions whose KV slot `reuse_from`'s sequence holds, or a stored
         prefix to restore."""
+        if not self.resumed_from:
+            self.prompt_reused = n_reused
         self.slot = slot
         self.reuse_from = reuse_from
         self.restore = restore
         self.n_reused = self.n_prefilled = n_reused
         self.phase = Phase.PREFILL
+
+    def parking(self, sampler_entry: int) -> None:
+        """The batch loop is asked to park it, holding its sampler state in
+        `sampler_entry` until it resumes."""
+        self.sampler_entry = sampler_entry
+
+    def park(self) -> None:
+        """Its slot is taken back: it waits to resume from its prompt and what it
+        generated."""
+        self.parks += 1
+        self.resumed_from = len(self.generated)
+        self.run_prompt = self.spec.prompt + self.generated
+        self.prompt_array = np.asarray(self.run_prompt, dtype=np.int32)
+        self.slot = self.reuse_from = self.restore = None
+        self.phase = Phase.PARKED
 
     def follow(self, leader: Optional["Session"], share_len: int) -> None:
         """Placement: the session takes its first share_len prompt positions from
@@ -151,6 +203,14 @@ class Session:
             return False
         self.finish_reason = FinishReason(reason)
         self.error = error
+        return True
+
+    def refuse(self, reason: str, detail: str) -> bool:
+        """Admission takes back its queue place (dgr.admission.REASONS' `reason`): it
+        ends cancelled, saying why; True when this call decided its end."""
+        if not self.finish(FinishReason.CANCELLED, f"{reason}: {detail}"):
+            return False
+        self.refused = reason
         return True
 
     def release(self) -> None:

@@ -39,6 +39,7 @@ from dgr.doors.vertex import VertexSettings, predict_endpoint
 from dgr.embedding import open_embedding_node, serves_embeddings
 from dgr.node import open_node
 from dgr.serving import ServingNode
+from dgr.tenants import TenantBounds, read_keys
 
 log = logging.getLogger("dgr.server")
 STARTED_AT = time.time()  # what llama-server's /metrics header Process-Start-Time-Unix says
@@ -52,8 +53,10 @@ def _retry_after(node: ServingNode) -> str:
     return str(max(1, min(60, math.ceil(seconds))))
 
 
-def create_app(state: ServerState, config: ServerConfig) -> Starlette:
-    """The routes: the protocol doors (dgr.doors) and the node's own endpoints."""
+def create_app(state: ServerState, config: ServerConfig,
+               keys: Optional[dict[str, TenantBounds]] = None) -> Starlette:
+    """The routes: the protocol doors (dgr.doors) and the node's own endpoints;
+    `keys`: the tenants' API keys (--api-keys), each request's tenant."""
 
     mapper = _ErrorMapper(state, config)
 
@@ -215,7 +218,7 @@ def create_app(state: ServerState, config: ServerConfig) -> Starlette:
     # Starlette's own 404 and 405 come as plain text; every 4xx here is OpenAI-shaped
     handlers[404] = handlers[405] = mapper
     app = Starlette(routes=routes, exception_handlers=handlers)
-    guarded = _Guard(app, config)
+    guarded = _Guard(app, config, keys or {})
     if not config.cors_origins:
         return guarded
     # outside the key check: a browser's preflight carries no credentials
@@ -243,11 +246,14 @@ class _ErrorMapper:
 
 
 class _Guard:
-    """ASGI wrapper: the API key check, and one log line per request."""
+    """ASGI wrapper: the API key check (--api-key, or a tenant's of --api-keys, whose
+    tenant the request then belongs to: scope["dgr.tenant"]), and one log line per
+    request."""
 
-    def __init__(self, app, config: ServerConfig):
+    def __init__(self, app, config: ServerConfig, keys: dict[str, TenantBounds]):
         self.app = app
         self.key = config.api_key.encode() if config.api_key else None
+        self.tenants = [(key.encode(), bounds.name) for key, bounds in keys.items()]
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -261,7 +267,8 @@ class _Guard:
             await send(message)
 
         try:
-            if (self.key is not None and scope["path"] not in ("/health", "/v1/health")
+            if ((self.key is not None or self.tenants)
+                    and scope["path"] not in ("/health", "/v1/health")
                     and not self._authorized(scope)):
                 render = (problems.anthropic if scope["path"].startswith("/v1/messages")
                           else problems.openai)
@@ -280,13 +287,21 @@ class _Guard:
                      scope.get("dgr.tokens", 0), (time.perf_counter() - started) * 1000)
 
     def _authorized(self, scope) -> bool:
-        """`Authorization: Bearer KEY` (OpenAI's clients) or `X-Api-Key: KEY` (Anthropic's)."""
+        """`Authorization: Bearer KEY` (OpenAI's clients) or `X-Api-Key: KEY`
+        (Anthropic's), the single key or a tenant's (its tenant noted in the scope)."""
         for name, value in scope["headers"]:
             if name == b"authorization" and value.startswith(b"Bearer "):
-                return hmac.compare_digest(value[7:], self.key)
+                return self._known(value[7:], scope)
             if name == b"x-api-key":
-                return hmac.compare_digest(value, self.key)
+                return self._known(value, scope)
         return False
+
+    def _known(self, given: bytes, scope) -> bool:
+        known = self.key is not None and hmac.compare_digest(given, self.key)
+        for key, tenant in self.tenants:  # every key compared: no early answer to time
+            if hmac.compare_digest(given, key):
+                scope["dgr.tenant"], known = tenant, True
+        return known
 
 
 async def _until_requests_stop(state: ServerState, quiet_s: float, deadline: float) -> None:
@@ -318,7 +333,8 @@ async def serve(node_config: NodeConfig, server_config: ServerConfig, *,
     import hypercorn.trio
 
     state = ServerState(server_config)
-    app = create_app(state, server_config)
+    keys = read_keys(node_config.api_keys) if node_config.api_keys else None
+    app = create_app(state, server_config, keys)
     hconfig = hypercorn.config.Config()
     vertex = VertexSettings.from_env(os.environ)
     port = vertex.port if vertex is not None and vertex.port else server_config.port

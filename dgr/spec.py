@@ -200,6 +200,27 @@ class SamplingParams:
 
 
 
+DEFAULT_TENANT = "default"  # a request with no API key, X-Tenant header or user
+MAX_PRIORITY = 1 << 31  # priorities lie within -MAX_PRIORITY..MAX_PRIORITY - 1 (vLLM's int)
+
+
+@attrs.frozen
+class Requester:
+    """Whose a session is and how urgent: the tenant it counts against (dgr.tenants)
+    and its priority, lower running first (vLLM's; under --scheduling-policy fcfs
+    it changes nothing)."""
+
+    tenant: str = DEFAULT_TENANT
+    priority: int = attrs.field(default=0)
+
+    @priority.validator
+    def _check_priority(self, attribute, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+                -MAX_PRIORITY <= value < MAX_PRIORITY):
+            raise InvalidRequest(f"priority must be an integer within {-MAX_PRIORITY}.."
+                                 f"{MAX_PRIORITY - 1}", "priority")
+
+
 @attrs.frozen
 class SessionSpec:
     prompt: list[int]  # token ids, at least one
@@ -213,6 +234,7 @@ class SessionSpec:
     # the LoRa adapters it applies, each with its scale (dgr.adapters.Adapter, float),
     # as the node resolved the request's model and lora fields
     adapters: tuple = ()
+    requester: Requester = Requester()
 
     @property
     def adapter_scales(self) -> tuple[tuple[int, float], ...]:

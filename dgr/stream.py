@@ -86,7 +86,7 @@ class SessionStream:
         """Prompt tokens whose KV the session took from the prefix cache or from
         another session instead of computing it (OpenAI's usage
         prompt_tokens_details.cached_tokens)."""
-        return self.session.n_reused
+        return self.session.prompt_reused
 
     @property
     def prompt_logprobs(self):

@@ -22,6 +22,7 @@ from dgr.admission import REASONS
 from dgr.events import StepFigures
 from dgr.rpc_stats import RpcLinks
 from dgr.sequence import FinishReason
+from dgr.tenant_telemetry import TenantMetrics
 
 # draft sources by name (dgr._codes.DraftSource)
 DRAFT_SOURCES = {DraftSource.DRAFT_CONTEXT: "context", DraftSource.DRAFT_NODE: "node",
@@ -137,6 +138,10 @@ class Telemetry:
         self._accepted_at = [self.spec_accepted_at.labels(str(i + 1)) for i in range(MAX_DRAFT)]
         for reason in FinishReason:
             self.finished.labels(reason)
+        self.parks = Counter("dgr_parks", "Running sessions parked for a session that "
+                             "outranked them (dgr.admission).", registry=r)
+        self.resumes = Counter("dgr_resumes", "Parked sessions resumed.", registry=r)
+        self.tenants = TenantMetrics(r)
         self._window = rate_window_s
         # prefill rows and generated tokens, and finished sessions, in fixed time
         # buckets: memory set by the window, not by the step or session rate
@@ -212,6 +217,11 @@ class Telemetry:
         return {"prefill_tokens_per_s": prefill / self._window,
                 "decode_tokens_per_s": generated / self._window}
 
+    def parking_totals(self) -> dict[str, int]:
+        """Sessions parked and resumed so far (for /capabilities)."""
+        return {name: int(self.registry.get_sample_value(f"dgr_{name}_total") or 0)
+                for name in ("parks", "resumes")}
+
     def prefix_totals(self) -> dict[str, int]:
         """The prefix cache's counters so far (for /capabilities)."""
         def total(name):
@@ -234,6 +244,11 @@ class Telemetry:
                 "tokens_restored": int(total("dgr_kv_tier_tokens_restored_total")),
                 "restore_s": total("dgr_kv_tier_restore_seconds_total"),
                 "save_s": total("dgr_kv_tier_save_seconds_total")}
+
+    def record_park(self, requester) -> None:
+        """A session of `requester` (dgr.spec.Requester) was parked."""
+        self.parks.inc()
+        self.tenants.parked(requester)
 
     def record_finish(self, reason: str) -> None:
         self.finished.labels(reason).inc()

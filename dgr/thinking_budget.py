@@ -114,7 +114,7 @@ class BudgetedStream:
                                              - len(self._tokens) - len(closing)))
         prompt = [*first.spec.prompt, *self._tokens, *closing]
         self._current = await self._exit.enter_async_context(
-            self._node.stream(prompt, params, whole=False))
+            self._node.stream(prompt, params, whole=False, requester=first.spec.requester))
         return chunks
 
     async def aclose(self) -> None:

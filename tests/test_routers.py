@@ -43,7 +43,7 @@ async def test_the_fields_routers_add_are_taken_at_their_defaults_and_refused_ot
         for field, value in (("no_stop_trim", True), ("return_hidden_states", True)):
             refused = await client.post("/v1/chat/completions", json=CHAT | {field: value})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == field
-        refused = await client.post("/v1/responses", json={"input": "hi", "priority": 3})
+        refused = await client.post("/v1/responses", json={"input": "hi", "priority": "high"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
 
 
@@ -163,6 +163,16 @@ async def test_the_everyday_calls_work_through_a_router_to_two_nodes(start_serve
                 model=model, input="hi", max_output_tokens=4, temperature=0, stream=True)]
             assert events[-1].type in ("response.completed", "response.incomplete")
             assert [m.id async for m in client.models.list()]
+            # a request's priority and user reach the node that serves it (its metrics)
+            asked = {"model": model, "max_tokens": 2, "temperature": 0, "user": "via-router",
+                     "extra_body": {"priority": -3}}
+            await client.chat.completions.create(messages=messages, **asked)
+            await client.completions.create(prompt="hi", **asked)
+            seen = 0.0
+            for node in nodes:
+                seen += await metric_sum(node.url, 'dgr_tenant_time_to_first_token_seconds_count'
+                                         '{priority="-3",tenant="via-router"}')
+            assert seen == 2
         async with httpx.AsyncClient(base_url=base, timeout=30) as plain:
             tokenized = await plain.post("/tokenize", json={"content": "hi"})
             # smg does not forward /tokenize; where a router does, it answers
@@ -182,10 +192,15 @@ def readme_router_command(router: str) -> list[str]:
 
 
 async def admitted(url: str) -> float:
+    return await metric_sum(url, "dgr_admissions_total")
+
+
+async def metric_sum(url: str, sample: str) -> float:
+    """The sum of a node's /metrics samples whose lines begin `sample`."""
     async with httpx.AsyncClient(timeout=10) as client:
         text = (await client.get(url + "/metrics")).text
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("dgr_admissions_total"))
+               if line.startswith(sample))
 
 
 async def wait_ready(url: str, path: str) -> None:

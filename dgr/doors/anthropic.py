@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any, Optional
 
+import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -19,9 +20,11 @@ from dgr import tools as tool_calls
 from dgr.doors import chat_turn
 from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
-                               named_values, prompt_ending, sampling, tool_call)
+                               named_values, prompt_ending, requester_of, sampling,
+                               tool_call)
 from dgr.doors.problems import anthropic_error, ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
+from dgr.spec import Requester
 
 if TYPE_CHECKING:
     from dgr.doors.context import ServerState
@@ -218,10 +221,22 @@ def _stop(chunks, tool_use: bool) -> tuple[str, Optional[str]]:
     return _STOP_REASONS.get(str(chunks.finish_reason), "end_turn"), None
 
 
+def anthropic_requester(request: Request, body: dict) -> Requester:
+    """A Messages request's requester: its `metadata` (`user_id`, and `priority`
+    beside Anthropic's fields), else the X-Tenant and X-Priority headers."""
+    metadata = body.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise BadRequest("'metadata' must be an object", "metadata")
+    return requester_of(request, metadata.get("user_id"), metadata.get("priority"),
+                        ("metadata.user_id", "metadata.priority"))
+
+
 async def messages(request: Request, server: "ServerState") -> Response:
     """One chat session, answered as a message or as Anthropic's stream events."""
     node = server.ready_node()
-    parsed = parse_messages(await server.read_body(request, "/v1/messages"), node.tool_format)
+    body = await server.read_body(request, "/v1/messages")
+    parsed = attrs.evolve(parse_messages(body, node.tool_format),
+                          requester=anthropic_requester(request, body))
     turn = chat_turn.render(node, parsed, server.config)
     ids = await turn.tokens(node)
     opened = contextlib.AsyncExitStack()

@@ -78,7 +78,8 @@ class ChatTurn:
         chat = self.request
         whole = not chat.stream and self.thinking.budget is None
         async with node.stream_group([ids], chat.params, chat.n, whole=whole,
-                                     progress=chat.stream and chat.return_progress) as streams:
+                                     progress=chat.stream and chat.return_progress,
+                                     requester=chat.requester) as streams:
             if self.thinking.budget is None:
                 yield streams
                 return

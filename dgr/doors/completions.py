@@ -8,6 +8,7 @@ import contextlib
 import json
 from typing import Optional
 
+import attrs
 import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -17,23 +18,29 @@ from dgr.doors.context import ServerState
 from dgr.doors.openai import (CompletionBuilder, parse_chat, parse_completion, progress_timings,
                              prompt_progress, timings)
 from dgr.doors.problems import ended, model_failed, openai_error
+from dgr.doors.request import requester_of
 from dgr.doors.sse import SSE_DONE, SessionEvents, read_whole, sse_event
 from dgr.node import Node
+from dgr.spec import Requester
 from dgr.stream import Chunk
 
 
 async def completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
-    parsed = parse_completion(await server.read_body(request, "/v1/completions"))
+    body = await server.read_body(request, "/v1/completions")
+    parsed = attrs.evolve(parse_completion(body), requester=openai_requester(request, body))
     sessions = node.stream_group(parsed.prompts, parsed.params, parsed.n,
                                  whole=not parsed.stream,
-                                 progress=parsed.stream and parsed.return_progress)
+                                 progress=parsed.stream and parsed.return_progress,
+                                 requester=parsed.requester)
     return await _generate(request, server, node, parsed, parsed.prompts, sessions)
 
 
 async def chat_completions(request: Request, server: ServerState) -> Response:
     node = server.ready_node()
-    parsed = parse_chat(await server.read_body(request, "/v1/chat/completions"), node.tool_format)
+    body = await server.read_body(request, "/v1/chat/completions")
+    parsed = attrs.evolve(parse_chat(body, node.tool_format),
+                          requester=openai_requester(request, body))
     turn = chat_turn.render(node, parsed, server.config)
     ids = await turn.tokens(node)
     # llama-server's `verbose`: the answer shows the prompt the chat became
@@ -41,6 +48,11 @@ async def chat_completions(request: Request, server: ServerState) -> Response:
              if parsed.verbose or server.config.echo_prompts else {})
     return await _generate(request, server, node, turn.request, [ids], turn.sessions(node, ids),
                            shown, turn)
+
+
+def openai_requester(request: Request, body) -> Requester:
+    """An OpenAI-shaped body's requester: its `user` and `priority` (vLLM's)."""
+    return requester_of(request, body.get("user"), body.get("priority"))
 
 
 async def _generate(request: Request, server: ServerState, node: Node, parsed,

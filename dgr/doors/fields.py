@@ -29,7 +29,7 @@ CHAT_PROMPT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls",
                       "reasoning_effort", "thinking_budget_tokens", "reasoning_budget_tokens"}
 
 FIELDS = {
-    "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo"},
+    "/v1/completions": _SAMPLING | {"prompt", "logprobs", "echo", "priority"},
     "/v1/chat/completions": _SAMPLING | {"messages", "logprobs", "top_logprobs",
                                          "max_completion_tokens", "tools", "tool_choice",
                                          "parallel_tool_calls", "json_schema",
@@ -39,17 +39,17 @@ FIELDS = {
                                          "reasoning_budget_tokens", "reasoning_effort",
                                          "reasoning_budget_message",
                                          "include_reasoning", "separate_reasoning",
-                                         "stream_reasoning"},
+                                         "stream_reasoning", "priority"},
     "/v1/responses": {"model", "input", "instructions", "max_output_tokens", "temperature",
                       "top_p", "top_k", "min_p", "repetition_penalty", "text", "stream", "store",
                       "previous_response_id", "seed", "tools", "tool_choice",
                       "parallel_tool_calls", "timings_per_token", "return_progress",
-                      "reasoning"},
+                      "reasoning", "priority"},
     # llama-server's shape, and vLLM's (what vllm-router's cache-aware policy sends)
     # Anthropic's Messages API (`thinking` only as {"type": "disabled"})
     "/v1/messages": {"model", "max_tokens", "messages", "system", "stop_sequences",
                      "temperature", "top_p", "top_k", "stream", "tools", "tool_choice",
-                     "thinking"},
+                     "thinking", "metadata"},
     "/v1/messages/count_tokens": {"model", "messages", "system", "tools", "tool_choice",
                                   "thinking"},
     # llama.cpp's native completion
@@ -57,7 +57,7 @@ FIELDS = {
                     "typical_p", "seed", "stop", "stream", "n_probs", "ignore_eos",
                     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
                     "logit_bias", "grammar", "json_schema", "return_tokens", "timings_per_token",
-                    "return_progress", "response_fields", "model", "lora"},
+                    "return_progress", "response_fields", "model", "lora", "priority"},
     "/tokenize": {"content", "add_special", "with_pieces", "model", "prompt",
                   "add_special_tokens", "return_token_strs"} | CHAT_PROMPT_FIELDS,
     "/detokenize": {"tokens"},
@@ -69,7 +69,8 @@ FIELDS = {
     "/rerank": {"query", "documents", "texts", "top_n", "return_documents", "return_text",
                 "model"},
 }
-# OpenAI's own hints, per door
+# OpenAI's own hints, per door (`user` names a request's tenant where no API key or
+# X-Tenant header does: dgr.doors.request.requester_of)
 # llama-server's slot preference, prompt caching and n_keep change no output here (the
 # node places sessions and caches prefixes itself, bitwise, and never shifts a context)
 _LLAMA_HINTS = {"id_slot", "cache_prompt", "n_keep"}
@@ -77,7 +78,7 @@ HINTS = {
     "/v1/completions": {"user", "metadata", "store", "service_tier"} | _LLAMA_HINTS,
     "/v1/chat/completions": {"user", "metadata", "store", "service_tier"} | _LLAMA_HINTS,
     "/v1/responses": {"user", "metadata", "service_tier"},
-    "/v1/messages": {"metadata", "service_tier"},
+    "/v1/messages": {"service_tier"},
     "/v1/messages/count_tokens": set(),
     "/completion": _LLAMA_HINTS,
     "/tokenize": set(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -16,8 +17,8 @@ from dgr.doors import chat_turn
 from dgr.doors.fields import (CHAT_PROMPT_FIELDS, BadRequest, check_fields, json_object,
                               read_bool, read_int)
 from dgr.doors.openai import parse_chat, progress_timings, prompt_progress, timings
-from dgr.doors.request import (GenerationRequest, gbnf, named_values, prompt_list, sampling,
-                               schema_grammar)
+from dgr.doors.request import (GenerationRequest, gbnf, named_values, prompt_list,
+                               requester_of, sampling, schema_grammar)
 from dgr.doors.problems import ended, error_response, llama_error
 from dgr.doors.sse import SessionEvents, read_one, read_whole, sse_event
 
@@ -151,7 +152,8 @@ def _result(parsed, chunks, text: str, tokens: list[int], model: str,
 async def completion(request: Request, server: "ServerState") -> Response:
     node = server.ready_node()
     body = await server.read_body(request, "/completion")
-    parsed = parse_llama_completion(body, node)
+    parsed = attrs.evolve(parse_llama_completion(body, node),
+                          requester=requester_of(request, None, body.get("priority")))
     return_tokens = read_bool(body, "return_tokens")
     if len(parsed.prompts) > 1:
         if parsed.stream:
@@ -159,7 +161,8 @@ async def completion(request: Request, server: "ServerState") -> Response:
         return await _several(request, server, node, parsed, return_tokens)
     tokens: list[int] = []
     if parsed.stream:
-        stream_cm = node.stream(parsed.prompts[0], parsed.params, progress=parsed.return_progress)
+        stream_cm = node.stream(parsed.prompts[0], parsed.params, progress=parsed.return_progress,
+                                requester=parsed.requester)
         chunks = await stream_cm.__aenter__()
 
         async def produce(emit) -> None:
@@ -201,7 +204,8 @@ async def completion(request: Request, server: "ServerState") -> Response:
             await emit(sse_event(final | {"content": last}))
 
         return SessionEvents(produce, close=lambda: stream_cm.__aexit__(None, None, None))
-    async with node.stream(parsed.prompts[0], parsed.params, whole=True) as chunks:
+    async with node.stream(parsed.prompts[0], parsed.params, whole=True,
+                           requester=parsed.requester) as chunks:
         got = await read_one(request, chunks)
     rows = [chunk for chunk in got if chunk.token_id is not None]
     tokens += [chunk.token_id for chunk in rows]
@@ -244,7 +248,8 @@ async def _several(request: Request, server: "ServerState", node, parsed,
         texts[i] = "".join(chunk.text for chunk in got)
         tokens[i] = [chunk.token_id for chunk in got if chunk.token_id is not None]
 
-    async with node.stream_group(parsed.prompts, parsed.params, 1, whole=True) as streams:
+    async with node.stream_group(parsed.prompts, parsed.params, 1, whole=True,
+                                 requester=parsed.requester) as streams:
         await read_whole(request, streams, collect)
     return JSONResponse([_result(parsed, chunks, texts[i], tokens[i], server.model_name(parsed.params),
                                  return_tokens, node) | {"index": i}

@@ -7,6 +7,7 @@ for a real server fault (logged)."""
 
 from __future__ import annotations
 
+import math
 import logging
 from typing import Callable, Optional
 
@@ -83,7 +84,8 @@ def classify(exc: BaseException, retry_after: Callable[[], Optional[str]] = lamb
                            figures=dict(exc.figures))
         if exc.reason in ("draining", "unhealthy"):
             return Problem(503, "overloaded", str(exc), exc.reason)
-        after = retry_after()
+        after = (str(max(1, math.ceil(exc.retry_after))) if exc.retry_after is not None
+                 else retry_after())
         return Problem(429, "rate_limit", str(exc), exc.reason,
                        headers={"Retry-After": after} if after else None)
     if isinstance(exc, (Unavailable, NodeClosed)):
@@ -100,8 +102,12 @@ def model_failed(message: str) -> Problem:
 
 
 def ended(streams) -> Optional[Problem]:
-    """The Problem of a session of `streams` (ended) that failed or was cancelled
-    by a shutdown, else None; a failure wins."""
+    """The Problem of a session of `streams` (ended) that admission refused after
+    admitting it (429: a session that outranked it took its queue place), failed, or
+    was cancelled by a shutdown, else None; in that order."""
+    refused = next((c for c in streams if c.session.refused is not None), None)
+    if refused is not None:
+        return Problem(429, "rate_limit", refused.session.error, refused.session.refused)
     failed = next((c for c in streams if c.finish_reason == "error"), None)
     if failed is not None:
         return model_failed(failed.error)

@@ -16,7 +16,8 @@ import attrs
 from dgr import reasoning
 from dgr import tools as tool_calls
 from dgr.chat import CONTINUED_TEXT
-from dgr.spec import SamplingParams
+from dgr.spec import DEFAULT_TENANT, Requester, SamplingParams
+from dgr.tenants import checked_name
 from dgr.doors.fields import BadRequest, read_bool, read_int
 from dgr.errors import InvalidRequest
 
@@ -60,6 +61,7 @@ class GenerationRequest:
     # SGLang's stream_reasoning (false: streamed in one delta once it ends)
     include_reasoning: bool = True
     stream_reasoning: bool = True
+    requester: Requester = Requester()  # whose it is and its priority (`requester_of`)
 
     @property
     def chat(self) -> bool:
@@ -272,3 +274,32 @@ def prompt_ending(messages: list[dict], add: Optional[bool] = None,
     continue_final = continue_asked or (last_is_text and add is None)
     return {"add_generation_prompt": add is not False and not continue_final,
             "continue_final": continue_final}
+
+
+def requester_of(request, user: Any = None, priority: Any = None,
+                 names: tuple[str, str] = ("user", "priority")) -> Requester:
+    """Whose a request is: the tenant its API key names (--api-keys, found by the
+    server's guard), else its X-Tenant header, else `user` (the body's, the door's
+    field `names[0]`); and how urgent: `priority` (the door's field `names[1]`), else
+    its X-Priority header, else 0."""
+    tenant = request.scope.get("dgr.tenant") or request.headers.get("x-tenant")
+    field = "X-Tenant" if tenant is not None else names[0]
+    tenant = tenant if tenant is not None else user
+    if tenant is not None:
+        if not isinstance(tenant, str):
+            raise BadRequest(f"'{field}' must be a string", field)
+        try:
+            checked_name(tenant, f"'{field}'")
+        except ValueError as exc:
+            raise BadRequest(str(exc), field) from None
+    field = names[1]
+    if priority is None and "x-priority" in request.headers:
+        field, priority = "X-Priority", request.headers["x-priority"].strip()
+        try:
+            priority = int(priority)
+        except ValueError:
+            raise BadRequest("'X-Priority' must be an integer", field) from None
+    try:
+        return Requester(tenant or DEFAULT_TENANT, 0 if priority is None else priority)
+    except InvalidRequest as exc:
+        raise BadRequest(str(exc), field) from None

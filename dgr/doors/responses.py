@@ -24,7 +24,8 @@ from dgr.doors.fields import BadRequest, check_fields, json_object, read_bool
 from dgr.doors.openai import ROLES, progress_timings, prompt_progress, timings
 from dgr.doors.request import (GenerationRequest, chat_message, checked_chat, joined_text,
                                json_object_grammar, named_values, prompt_ending,
-                               reasoning_fields, sampling, schema_grammar, tool_call)
+                               reasoning_fields, requester_of, sampling, schema_grammar,
+                               tool_call)
 from dgr.doors.response_store import ResponseStore
 from dgr.doors.problems import ended
 from dgr.doors.sse import SessionEvents, read_one, sse_event
@@ -374,8 +375,10 @@ async def responses(request: Request, server: "ServerState") -> Response:
     """One chat session, answered whole or as the Responses API's events."""
     node = server.ready_node()
     store = server.responses
-    parsed = parse_response_request(await server.read_body(request, "/v1/responses"), store,
-                                    node.tool_format)
+    body = await server.read_body(request, "/v1/responses")
+    parsed = parse_response_request(body, store, node.tool_format)
+    parsed = attrs.evolve(parsed, chat=attrs.evolve(
+        parsed.chat, requester=requester_of(request, body.get("user"), body.get("priority"))))
     turn = chat_turn.render(node, parsed.chat, server.config, "input")
     ids = await turn.tokens(node)
     chat = turn.request

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from dgr._codes import WORKER_LOST, FinishCode
-from dgr.admission import Admission, Budgets
-from dgr.spec import SamplingParams
+from dgr.admission import Admission, Budgets, Scheduling
+from dgr.spec import Requester, SamplingParams
 from dgr.engine import EngineThread
 from dgr.events import CallFailed, Finished, Prefilled, Sampled, StepEnded, StepFigures
 from dgr.kv_tier import MIN_RESTORE_TOKENS, HostTier, Prefix
@@ -41,8 +41,11 @@ class FakeBatch:
         self._events = []
         self._stopped = threading.Event()
 
-    def start(self, slot, spec, *, credits, reuse_from, n_reused, keep_kv, restore):
-        self.calls.append(("start", slot, reuse_from, n_reused))
+    def start(self, slot, spec, *, credits, reuse_from, n_reused, keep_kv, restore,
+              parked_entry=-1):
+        self.calls.append(("start", slot, reuse_from, n_reused)
+                          + ((("resume", parked_entry, spec.prompt, spec.params.max_tokens,
+                               credits),) if parked_entry >= 0 else ()))
         self.restores += restore is not None
         self.kv_ops_queued += 1
 
@@ -61,6 +64,15 @@ class FakeBatch:
 
     def request_finish(self, slot, reason):
         self.calls.append(("finish", slot, reason))
+
+    def set_parked_entries(self, n):
+        self.parked_entries = n
+
+    def request_park(self, slot, entry):
+        self.calls.append(("park", slot, entry))
+
+    def drop_parked(self, entry):
+        self.calls.append(("drop", entry))
 
     def stop(self):
         self._stopped.set()
@@ -82,14 +94,14 @@ class FakeBatch:
 
 
 @contextlib.asynccontextmanager
-async def step_loop(cache=True, host=None):
+async def step_loop(cache=True, host=None, scheduling=Scheduling()):
     """A step loop over a FakeBatch; with `host` (a HostTier) stored prefixes of at
     least MIN_RESTORE_TOKENS tokens are restored."""
     budgets = Budgets(kv_cells_total=1000, kv_cells_per_session=1000, slots=SLOTS,
                       max_waiting=4, max_waiting_tokens=1000, step_tokens=64,
                       step_outputs=SLOTS, memory_bytes=1)
     admission = Admission(budgets, Placement(1000, PrefixCache(16) if cache else None,
-                                             host, MIN_RESTORE_TOKENS))
+                                             host, MIN_RESTORE_TOKENS), scheduling)
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     batch = FakeBatch(wake_fd)
     telemetry = Telemetry()
@@ -109,9 +121,11 @@ async def step_loop(cache=True, host=None):
         thread.join()
 
 
-def admit(loop, admission, *prompts):
+def admit(loop, admission, *prompts, priority=0):
     params = SamplingParams(max_tokens=4, speculation="off")
-    sessions = [Session(id=i + 1, spec=SessionSpec(list(p), params))
+    first = 1 + max((s.id for s in admission.admitted), default=0)
+    sessions = [Session(id=first + i, spec=SessionSpec(list(p), params,
+                                                       requester=Requester("t", priority)))
                 for i, p in enumerate(prompts)]
     admission.submit_group(sessions)
     channels = {s: trio.open_memory_channel(8) for s in sessions}
@@ -308,3 +322,58 @@ async def test_a_step_that_times_its_rows_anew_hands_its_row_times_over_at_once(
         batch.publish(_step(2, 4, 0, 0.045, cells=1200))
         await settle()
         assert len(handed()) == 2 and handed()[-1] == ((4, pytest.approx(0.045), 1200.0),)
+
+
+async def test_a_parked_session_gives_its_slot_up_and_resumes_from_what_it_generated():
+    async with step_loop(scheduling=Scheduling("priority", max_parked=2)) as (
+            loop, admission, batch):
+        (low1, low2), tokens = admit(loop, admission, range(10), range(20, 30), priority=1)
+        await settle()
+        batch.publish(Prefilled(low1.slot, 0, 10), Sampled(low1.slot, 5),
+                      Prefilled(low2.slot, 0, 10), Sampled(low2.slot, 6), Sampled(low2.slot, 7))
+        with trio.fail_after(5):
+            assert (await tokens[low2].receive()).token_id == 6
+        await settle()
+        (high,), _ = admit(loop, admission, range(40, 45), priority=0)
+        await settle()
+        slot = low2.slot
+        assert batch.calls[-1] == ("park", slot, low2.sampler_entry)
+        assert high.phase is Phase.WAITING
+        batch.publish(Finished(slot, FinishCode.FINISH_PARKED, 0, kept=11))
+        await settle()
+        assert low2.phase is Phase.PARKED and high.slot == slot
+        assert batch.calls[-1][:2] == ("start", slot)
+        batch.publish(Prefilled(slot, 0, 5), Sampled(slot, 9),
+                      Finished(slot, FinishCode.FINISH_STOP, 0, kept=5))
+        await settle()
+        # it resumes from its prompt and both tokens, 2 to go, with its reader's credits
+        # less the token it has not read; the session that took its slot cut its KV (no
+        # host tier here to save it to): it computes them again
+        start = batch.calls[-1]
+        assert start[:4] == ("start", slot, -1, 0)
+        assert start[4] == ("resume", 0, list(range(20, 30)) + [6, 7], 2, 3)
+        assert low2.sampler_entry is None and low2.phase is Phase.PREFILL
+        batch.publish(Prefilled(slot, 0, 12), Sampled(slot, 8),
+                      Finished(slot, FinishCode.FINISH_STOP, 0, kept=13))
+        with trio.fail_after(5):
+            got = [await tokens[low2].receive() for _ in range(3)]
+        assert [c.token_id for c in got] == [7, 8, None] and got[-1].finish_reason == "stop"
+        assert low2.generated == [6, 7, 8] and low2.parks == 1
+
+
+async def test_a_session_cancelled_while_parked_leaves_and_its_sampler_state_is_freed():
+    async with step_loop(scheduling=Scheduling("priority", max_parked=2)) as (
+            loop, admission, batch):
+        (low1, low2), tokens = admit(loop, admission, range(10), range(20, 30), priority=1)
+        await settle()
+        batch.publish(Sampled(low1.slot, 5), Sampled(low2.slot, 6))
+        await settle()
+        admit(loop, admission, range(40, 45), priority=0)
+        await settle()
+        slot, entry = low2.slot, low2.sampler_entry
+        batch.publish(Finished(slot, FinishCode.FINISH_PARKED, 0, kept=10))
+        await settle()
+        loop.end(low2, FinishReason.CANCELLED)
+        await settle()
+        assert batch.calls[-1] == ("drop", entry) and low2 not in admission.admitted
+        assert low2.phase is Phase.FINISHED and low2.sampler_entry is None
