@@ -112,9 +112,16 @@ async def phase(url, batch: bool, chats: bool) -> dict:
 
 
 def one_server(url) -> dict:
+    """The three phases on one server, and its figures."""
     idle = trio.run(phase, url, False, True)
     alone = trio.run(phase, url, True, False)
     loaded = trio.run(phase, url, True, True)
+    return figures(idle, alone, loaded)
+
+
+def figures(idle: dict, alone: dict, loaded: dict) -> dict:
+    """The chats on the idle server and beside the batch tenant, the batch tenant
+    alone and beside the chats: what a round reports of one server."""
     bitwise = (all(alone["batch_texts"].get(p, t) == t for p, t in loaded["batch_all_texts"])
                and all(idle["chat_texts"].get(k, t) == t
                        for k, t in loaded["chat_texts"].items()))
@@ -157,7 +164,8 @@ def markdown(report: dict) -> list[str]:
              f"tokens, priority 0, one every {report['chat_every_s']:g} s; "
              f"{report['phase_s']:g} s phases.", "",
              "| round | server | chats answered | idle TTFT p50 / p99 ms | loaded TTFT p50 / "
-             "p99 ms | batch tok/s alone / loaded (ratio) | bitwise |", "|---|---|---|---|---|---|---|"]
+             "p99 ms | batch tok/s alone / loaded (ratio) | bitwise |",
+             "|---|---|---|---|---|---|---|"]
 
     def ms(x):
         return "-" if x is None else f"{x:.0f}"

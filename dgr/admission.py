@@ -27,11 +27,12 @@ Who runs next (`Scheduling.policy`):
   the others while it does not fit. A full queue refuses the lowest-priority
   waiting sessions (`preempted_from_queue`) rather than a newcomer that outranks
   them, and at equal priority the newest of the tenant holding the most places
-  rather than a newcomer whose tenant holds fewer. A session that cannot start because decoders of a lower rank hold the
-  slots or cells (a higher priority, or the same priority and a tenant more than
-  `fair_drift` virtual tokens ahead) has the lowest-ranked of them parked: its
-  KV stays as a prefix, its sampler state is held, and it resumes when it ranks
-  first again, unchanged bitwise (docs/design.md).
+  rather than a newcomer whose tenant holds fewer. A session that cannot start
+  because decoders of a lower rank hold the slots or cells (a higher priority,
+  or the same priority and a tenant more than `fair_drift` virtual tokens ahead)
+  has the lowest-ranked of them parked: its KV stays as a prefix, its sampler
+  state is held, and it resumes when it ranks first again, unchanged bitwise
+  (docs/design.md).
 
 Under both, a tenant at its own bound of running sessions waits without
 blocking others, and a tenant past its queue or rate bound is refused

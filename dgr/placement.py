@@ -131,7 +131,7 @@ class Placement:
             # the entry it takes is cut (going on in place) or replaced (a copy or a
             # restore from elsewhere, however long)
             self._save(slot)
-        cache.assign(slot, session.spec.prompt[:n_reused], session.spec.cache_key)
+        cache.assign(slot, session.run_prompt[:n_reused], session.spec.cache_key)
         while reserved_cells + cache.cached_cells > self._kv_cells_total:
             # the entry copied from goes last
             victim = next((s for s in cache.cached_slots if s != holder), holder)
@@ -153,12 +153,12 @@ class Placement:
         if best is not None:
             common = shareable(session.prompt_array, best.prompt_array)
         else:
-            most = len(session.spec.prompt) - 1  # shareable's bound
+            most = len(session.run_prompt) - 1  # shareable's bound
             for other in running:
                 if (other is session or other.leader is not None or other.done
                         or other.spec.cache_key != session.spec.cache_key):
                     continue
-                if other.n_prefilled >= min(len(other.spec.prompt), most):
+                if other.n_prefilled >= min(len(other.run_prompt), most):
                     continue  # it has prefilled all it could share: none is to wait for
                 n = shareable(session.prompt_array, other.prompt_array)
                 if n > common and other.n_prefilled < n:
@@ -248,7 +248,7 @@ class Placement:
         prefilled enough for start."""
         if self.cache is None:
             return
-        self.cache.hold(session.slot, session.spec.prompt[:end])
+        self.cache.hold(session.slot, session.run_prompt[:end])
         if session.id in self._held:
             self._release_followers(session, ended=False)
 
@@ -292,7 +292,7 @@ class Placement:
                 source, n = holder, cached
             if n:
                 session.share(source, n)
-                self.cache.assign(session.slot, session.spec.prompt[:n], session.spec.cache_key)
+                self.cache.assign(session.slot, session.run_prompt[:n], session.spec.cache_key)
             self._outbox.append(Start(session))
         if still:
             self._held[leader.id] = still

@@ -5,8 +5,9 @@ the batch loop decodes its prompt in chunks) -> DECODE (one row per step) ->
 FINISHED (slot and KV released). A decoding session may be PARKED (its slot
 taken back for a session that outranks it: its KV kept as a prefix, its sampler
 state held by the batch loop) and then resumes (PREFILL again, from a prompt that
-is its own followed by what it generated, nearly all of it restored). Admission moves a session out to FINISHED,
-placement (dgr.placement) into PREFILL with its slot, prefix and leader; the
+is its own followed by what it generated, nearly all of it restored). Admission
+moves a session out to FINISHED and into PARKED, placement (dgr.placement) into
+PREFILL with its slot, prefix and leader; the
 step loop (dgr.loop) records prefill progress and tokens from the batch
 loop's events and alone ends sessions (`finish`, first reason wins), after
 which the slot is released before another session gets it. Every field

@@ -4,7 +4,7 @@ isolation: no llama.cpp, no model."""
 import pytest
 
 from dgr import _scheduler
-from dgr._codes import NO_LOGITS
+from dgr._codes import NO_LOGITS, FinishCode
 from dgr.admission import Admission, Budgets
 from dgr.spec import SamplingParams
 from dgr.errors import AdmissionRejected, BudgetError
@@ -187,6 +187,31 @@ def test_a_finish_requested_during_the_step_wins_over_its_token():
     assert kinds(sched.apply([7]), Finished) == [
         Finished(0, FinishReason.CANCELLED.code, 0)]
     assert sched.plan_step() == ([], [], [])
+
+
+def test_a_park_requested_during_the_step_keeps_its_token_and_ends_before_the_next_row():
+    sched = scheduler()
+    decoding(sched, [0], credits=100, keep_kv=True)  # one token (from its prompt's last row)
+    sched.plan_step()
+    sched.request_finish(0, FinishCode.FINISH_PARKED)  # its sampler drew the step's token
+    events = sched.apply([7])
+    assert [e.token for e in kinds(events, Sampled)] == [7] and not kinds(events, Finished)
+    finished, decode, chunks = sched.plan_step()  # parked before its next row
+    # the prompt's 3 positions and the first token fed back; the token just drawn is its
+    assert finished == [Finished(0, FinishCode.FINISH_PARKED, 0, kept=4)]
+    assert decode == chunks == []
+
+
+def test_a_resumed_session_without_credits_prefills_all_but_its_sampling_row():
+    sched = scheduler()
+    sched.start(0, spec(list(range(1, 11)), 5), credits=0)
+    _, decode, chunks = sched.plan_step()
+    assert chunks == [(0, 0, 9)]
+    sched.apply(tokens_for(sched, decode, chunks))
+    assert sched.plan_step() == ([], [], [])  # its last row waits for a credit
+    sched.credit(0)
+    _, decode, chunks = sched.plan_step()
+    assert chunks == [(0, 9, 10)]
 
 
 def test_a_failed_call_ends_only_its_sessions():
