@@ -423,4 +423,4 @@ class Admission:
         """The parked sessions and each tenant's queues, in use and in all."""
         return {"parked_sessions": {"used": len(self.parked) + len(self.parking),
                                     "capacity": self.scheduling.max_parked},
-                "tenants": self.tenants.statistics()}
+                **self.tenants.statistics()}

@@ -291,10 +291,16 @@ class Tenants:
             del self.by_name[name]
 
     def statistics(self) -> dict:
-        """Each tenant's queues and running sessions, in use and in all."""
-        return {name: {"running": {"used": t.running, "capacity": t.bounds.max_running},
-                       "waiting": {"used": t.waiting, "capacity": t.bounds.max_waiting},
-                       "waiting_tokens": {"used": t.waiting_tokens,
-                                          "capacity": t.bounds.max_queued_tokens},
-                       "parked": t.parked}
-                for name, t in sorted(self.by_name.items())}
+        """Each tenant's running sessions and queue, in use and in all (None: no
+        bound of its own), as `tenant:NAME:running`, `tenant:NAME:waiting_sessions`
+        (its parked ones among them) and `tenant:NAME:waiting_tokens`."""
+        stats = {}
+        for name, t in sorted(self.by_name.items()):
+            b = t.bounds
+            stats |= {f"tenant:{name}:running": {"used": t.running, "capacity": b.max_running},
+                      f"tenant:{name}:waiting_sessions": {"used": t.waiting,
+                                                          "capacity": b.max_waiting,
+                                                          "parked": t.parked},
+                      f"tenant:{name}:waiting_tokens": {"used": t.waiting_tokens,
+                                                        "capacity": b.max_queued_tokens}}
+        return stats

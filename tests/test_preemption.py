@@ -194,7 +194,7 @@ async def test_a_tenant_over_its_bounds_is_refused_and_the_other_is_not(node_con
                                     ("batch", "tenant_queue_full"), ("chat", "ok")]
         facts = node.capabilities()["scheduling"]["tenants"]
         assert facts["chat"]["weight"] == 2.0 and facts["batch"]["max_waiting"] == 1
-        assert node.statistics()["tenants"]["batch"]["waiting"]["capacity"] == 1
+        assert node.statistics()["tenant:batch:waiting_sessions"]["capacity"] == 1
         families = node.telemetry.exposition().decode()
         assert 'dgr_tenant_admissions_rejected_total{reason="tenant_queue_full",' \
                'tenant="batch"} 1.0' in families

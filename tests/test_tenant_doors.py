@@ -49,7 +49,7 @@ async def test_a_keys_file_admits_its_keys_only_and_names_each_requests_tenant(k
         assert facts["scheduling"]["policy"] == "priority"
         assert facts["scheduling"]["parking"]["on"] is True
         assert facts["scheduling"]["tenants"]["chat"]["weight"] == 2.0
-        assert facts["bounds"]["tenants"]["batch"]["waiting"]["capacity"] == 4
+        assert facts["bounds"]["tenant:batch:waiting_sessions"]["capacity"] == 4
 
 
 async def test_a_tenant_past_its_rate_gets_429_and_retry_after_and_the_other_does_not(
