@@ -98,6 +98,7 @@ cdef class BatchLoop(Mailbox):
 
     cdef void _run(self) noexcept nogil:
         cdef int n_events, rows, n_ops
+        cdef double mark
         pthread_mutex_lock(&self.lock)
         self.mark = monotonic()
         while not self.stopping:
@@ -111,6 +112,14 @@ cdef class BatchLoop(Mailbox):
             if n_ops:
                 pthread_cond_broadcast(&self.ops_room)
             n_events = self.scheduler.take_finish_requests(self.scratch)
+            if n_events and self._parked_any(n_events):
+                # a parked slot is another session's start: the node hears of it now
+                # (woken as this step's rows go to llama.cpp), not after the step
+                self._release_finished(n_events)
+                mark = self.mark
+                self._publish(n_events)
+                self.mark = mark  # the step's time still counts from its start
+                n_events = 0
             rows = self.scheduler.plan()
             if rows > 0:
                 self._step(n_events)
@@ -126,6 +135,13 @@ cdef class BatchLoop(Mailbox):
             self.mark = monotonic()
         self._wake_node()
         pthread_mutex_unlock(&self.lock)
+
+    cdef bint _parked_any(self, int n_events) noexcept nogil:
+        cdef int i
+        for i in range(n_events):
+            if self.scratch[i].reason == FINISH_PARKED:
+                return True
+        return False
 
     cdef void _wake_node(self) noexcept nogil:
         """Wake the node's pump for the events published since it was last woken.

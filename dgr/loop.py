@@ -349,7 +349,6 @@ class StepLoop:
             self._telemetry.resumes.inc()
         self._placement.started(session)
         if session.spec.reports_progress and not session.resumed_from:
-            reply = self._replies[session]
             reply.started(session.n_reused)
             reply.progress(session.n_reused, time.monotonic())
         if session.restore is not None:

@@ -238,11 +238,12 @@ class Tenants:
 
     def counters(self, running: list["Session"]) -> dict[str, float]:
         """Each tenant's virtual token counter now: what it was charged, and its running
-        sessions' output so far."""
+        sessions' output since they last started (a resumed one's earlier output is
+        charged already)."""
         live = {name: tenant.charged for name, tenant in self.by_name.items()}
         for session in running:
             name = session.spec.requester.tenant
-            live[name] += (OUTPUT_COST * len(session.generated)
+            live[name] += (OUTPUT_COST * (len(session.generated) - session.resumed_from)
                            / self.by_name[name].bounds.weight)
         return live
 

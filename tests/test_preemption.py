@@ -77,6 +77,26 @@ async def test_a_session_parked_for_a_higher_priority_resumes_bitwise(node_confi
         assert by_prompt[True] == solo[0] and by_prompt[False] == solo[1]
 
 
+async def test_a_session_parked_three_times_resumes_bitwise_each_time(node_config):
+    config = node_config(max_running=1, scheduling_policy="priority")
+    params = sampled(13, max_tokens=400)
+    solo, = await alone(config, PROMPTS[:1], [params])
+    async with dgr.open_node(config) as node:
+        got = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_stalled, node, PROMPTS[0], params, LOW, got, 0,
+                               trio.Event())
+            for seed, after in enumerate((10, 60, 110)):
+                with trio.fail_after(30):
+                    while not any(s is not None and len(s.generated) >= after
+                                  for s in node._loop.slot_sessions()):
+                        await trio.sleep(0.001)
+                await node.generate("hello", dgr.SamplingParams(max_tokens=4, seed=seed),
+                                    requester=HIGH)
+        (out, session), = got
+        assert session.parks == 3 and out == solo
+
+
 async def test_a_full_pool_parks_by_cells_and_the_session_resumes_bitwise(node_config):
     # 256 cells (n_ctx rounds up): the batch session reserves 39 + 48, the chat about
     # 150 + 40, which do not fit beside it: the chat needs its cells, not a slot
