@@ -1,8 +1,9 @@
 """The tenants case of `python -m benchmarks`: a batch tenant keeps c = 32 long
 generations going while an interactive tenant sends a short streamed chat every
 second. Per server and round: the chats' time to first token (p50, p99) against the
-same chats on the idle server, how many were answered, and the batch tenant's
-tokens/s against the batch tenant alone.
+same chats on the idle server, how many were answered, dgr's mean step while loaded
+(from its /metrics: the issue's bound is the idle p99 plus three of them), and the
+batch tenant's tokens/s against the batch tenant alone.
 
 dgr runs --scheduling-policy priority; the batch requests carry priority 1 and
 user "batch", the chats priority 0 and user "chat" (the fields vLLM's clients send;
@@ -18,6 +19,7 @@ CHAT_EVERY_S (each waits at most CHAT_TIMEOUT_S for its first token).
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 
@@ -77,10 +79,19 @@ async def batch_worker(client, url, worker, deadline, done):
         i += BATCH_C
 
 
+async def step_seconds(client, url):
+    """dgr's steps so far: (their count, their seconds), from /metrics; None elsewhere."""
+    response = await client.get(url + "/metrics")
+    found = dict(re.findall(r"^dgr_step_duration_seconds_(count|sum) (\S+)$", response.text,
+                            re.MULTILINE))
+    return (float(found["count"]), float(found["sum"])) if len(found) == 2 else None
+
+
 async def phase(url, batch: bool, chats: bool) -> dict:
     """The batch tenant, the interactive one, or both, for PHASE_S seconds."""
     limits = httpx.Limits(max_connections=BATCH_C + 64, max_keepalive_connections=BATCH_C + 64)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        steps_before = await step_seconds(client, url)
         done, answers = [], []
         start = time.perf_counter()
         deadline = start + PHASE_S
@@ -100,6 +111,9 @@ async def phase(url, batch: bool, chats: bool) -> dict:
                     k += 1
                     await trio.sleep(CHAT_EVERY_S)
         ended = max([t for *_, t in done], default=time.perf_counter())
+        steps_after = await step_seconds(client, url)
+    step_ms = (1000 * (steps_after[1] - steps_before[1]) / (steps_after[0] - steps_before[0])
+               if steps_before and steps_after and steps_after[0] > steps_before[0] else None)
     ttfts = [a["ttft"] for _, a in answers if a["ttft"] is not None]
     return {"batch_tokens_per_s": sum(n for _, _, n, _ in done) / (ended - start)
             if done else 0.0,
@@ -107,6 +121,7 @@ async def phase(url, batch: bool, chats: bool) -> dict:
             "batch_all_texts": [(p, t) for p, t, _, _ in done],
             "chats": len(answers), "answered": len(ttfts),
             "chat_texts": {k % len(CHATS): a["text"] for k, a in answers if a["ttft"]},
+            "step_ms": step_ms,
             "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
             "ttft_p99_ms": 1000 * pct(ttfts, 99) if ttfts else None}
 
@@ -128,6 +143,8 @@ def figures(idle: dict, alone: dict, loaded: dict) -> dict:
     return {"idle_ttft_p50_ms": idle["ttft_p50_ms"], "idle_ttft_p99_ms": idle["ttft_p99_ms"],
             "chats": loaded["chats"], "answered": loaded["answered"],
             "ttft_p50_ms": loaded["ttft_p50_ms"], "ttft_p99_ms": loaded["ttft_p99_ms"],
+            # dgr's mean step while loaded (its /metrics): the bound's three steps
+            "loaded_step_ms": loaded.get("step_ms"),
             "batch_alone_tokens_per_s": alone["batch_tokens_per_s"],
             "batch_loaded_tokens_per_s": loaded["batch_tokens_per_s"],
             "batch_ratio": (loaded["batch_tokens_per_s"] / alone["batch_tokens_per_s"]
@@ -164,8 +181,8 @@ def markdown(report: dict) -> list[str]:
              f"tokens, priority 0, one every {report['chat_every_s']:g} s; "
              f"{report['phase_s']:g} s phases.", "",
              "| round | server | chats answered | idle TTFT p50 / p99 ms | loaded TTFT p50 / "
-             "p99 ms | batch tok/s alone / loaded (ratio) | bitwise |",
-             "|---|---|---|---|---|---|---|"]
+             "p99 ms | loaded step ms | batch tok/s alone / loaded (ratio) | bitwise |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def ms(x):
         return "-" if x is None else f"{x:.0f}"
@@ -176,6 +193,7 @@ def markdown(report: dict) -> list[str]:
             lines.append(f"| {r} | {name} | {f['answered']}/{f['chats']} | "
                          f"{ms(f['idle_ttft_p50_ms'])} / {ms(f['idle_ttft_p99_ms'])} | "
                          f"{ms(f['ttft_p50_ms'])} / {ms(f['ttft_p99_ms'])} | "
+                         f"{ms(f.get('loaded_step_ms'))} | "
                          f"{f['batch_alone_tokens_per_s']:.1f} / "
                          f"{f['batch_loaded_tokens_per_s']:.1f} ({ratio}) | {f['bitwise']} |")
     return lines

@@ -8,7 +8,7 @@ def phase(tokens_per_s=0.0, batch=(), chats=(), ttfts=()):
     answered = [t for t in ttfts if t is not None]
     return {"batch_tokens_per_s": tokens_per_s, "batch_texts": dict(batch),
             "batch_all_texts": list(batch), "chats": len(ttfts), "answered": len(answered),
-            "chat_texts": dict(chats),
+            "chat_texts": dict(chats), "step_ms": 250.0,
             "ttft_p50_ms": 1000 * sorted(answered)[len(answered) // 2] if answered else None,
             "ttft_p99_ms": 1000 * max(answered) if answered else None}
 
@@ -26,4 +26,5 @@ def test_a_round_compares_the_loaded_server_with_each_tenant_alone():
     table = "\n".join(tenants.markdown({"batch_c": 32, "batch_tokens": 160, "chat_tokens": 16,
                                         "phase_s": 20.0, "chat_every_s": 1.0,
                                         "rounds": [{"dgr": got}]}))
-    assert "| 1 | dgr | 1/2 | 100 / 100 | 300 / 300 | 100.0 / 95.0 (0.95) | True |" in table
+    assert ("| 1 | dgr | 1/2 | 100 / 100 | 300 / 300 | 250 | 100.0 / 95.0 (0.95) | True |"
+            in table)
