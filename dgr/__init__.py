@@ -15,7 +15,7 @@ and embedding models (dgr.embedding):
 __version__ = "0.1.0"  # first: modules that name the build import it from here
 
 from dgr.config import NodeConfig, load_config
-from dgr.spec import SamplingParams
+from dgr.spec import Requester, SamplingParams
 from dgr.embedding import EmbeddingNode, open_embedding_node
 from dgr.errors import (AdmissionRejected, BudgetError, DecodeError, DgrError, GenerationFailed,
                         InvalidRequest, ModelLoadError, NodeClosed)
@@ -27,5 +27,5 @@ __all__ = [
     "AdmissionRejected", "BudgetError", "Chunk", "DecodeError", "DgrError", "EmbeddingNode",
     "FinishReason", "GenerationFailed",
     "GenerationResult", "InvalidRequest", "ModelLoadError", "Node", "NodeClosed", "NodeConfig",
-    "SamplingParams", "SessionStream", "load_config", "open_embedding_node", "open_node",
+    "Requester", "SamplingParams", "SessionStream", "load_config", "open_embedding_node", "open_node",
 ]

@@ -368,7 +368,7 @@ class Node(ServingNode):
 
     @property
     def in_flight(self) -> int:
-        """Sessions admitted that have not ended, running or waiting."""
+        """Sessions admitted that have not ended: running, waiting or parked."""
         return len(self._admission.admitted)
 
     # ------------------------------------------------------------------ sessions

@@ -208,8 +208,8 @@ class Session:
 
     def refuse(self, reason: str, detail: str) -> bool:
         """Admission takes back its queue place (dgr.admission.REASONS' `reason`): it
-        ends cancelled, saying why; True when this call decided its end."""
-        if not self.finish(FinishReason.CANCELLED, f"{reason}: {detail}"):
+        ends cancelled, `detail` its error; True when this call decided its end."""
+        if not self.finish(FinishReason.CANCELLED, detail):
             return False
         self.refused = reason
         return True

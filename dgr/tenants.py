@@ -119,8 +119,10 @@ def _bounds(options: dict[str, str], where: str) -> TenantBounds:
     for bound in _BOUNDS:
         if bound in options:
             value = options[bound]
-            if not value.isdigit():
-                raise ValueError(f"{where}: {bound} must be a non-negative integer")
+            # a tenant that may run nothing, or spend nothing, could only wait forever
+            least = 1 if bound in ("max_running", "tokens_per_min") else 0
+            if not value.isdigit() or int(value) < least:
+                raise ValueError(f"{where}: {bound} must be an integer of at least {least}")
             figures[bound] = int(value)
     return TenantBounds(name, weight, **figures)
 
@@ -160,7 +162,7 @@ class TokenRate:
         level = self.level()
         if level > 0:
             return 0.0
-        return (1 - level) * RATE_WINDOW_S / self.per_min if self.per_min else math.inf
+        return (1 - level) * RATE_WINDOW_S / self.per_min
 
 
 class Tenant:

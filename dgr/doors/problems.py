@@ -107,7 +107,8 @@ def ended(streams) -> Optional[Problem]:
     was cancelled by a shutdown, else None; in that order."""
     refused = next((c for c in streams if c.session.refused is not None), None)
     if refused is not None:
-        return Problem(429, "rate_limit", refused.session.error, refused.session.refused)
+        session = refused.session
+        return Problem(429, "rate_limit", f"{session.refused}: {session.error}", session.refused)
     failed = next((c for c in streams if c.finish_reason == "error"), None)
     if failed is not None:
         return model_failed(failed.error)
