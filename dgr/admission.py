@@ -391,12 +391,7 @@ class Admission:
     def parked_now(self, session: Session) -> list[Session]:
         """The batch loop parked `session` (its slot and KV are free; placement has
         what its sequence keeps): it waits to resume. Returns the sessions promoted."""
-        self.parking.remove(session)
-        self.running.remove(session)
-        self._reserved_cells -= session.reserved_cells
-        self._free_slots.append(session.slot)
-        self.placement.release(session)
-        self.tenants.stopped(session, len(session.generated) - session.resumed_from)
+        self._stop_running(session)
         session.park()
         self.parked.append(session)
         self.tenants.queued(session, parked=True)
@@ -408,16 +403,20 @@ class Admission:
         if session in self.waiting or session in self.parked:
             self._dequeue(session)
         elif session in self.running:
-            if session in self.parking:
-                self.parking.remove(session)
-            self.running.remove(session)
-            self._reserved_cells -= session.reserved_cells
-            self._free_slots.append(session.slot)
-            self.placement.release(session)
-            self.tenants.stopped(session, len(session.generated) - session.resumed_from)
+            self._stop_running(session)
         self.tenants.left(session)
         session.release()
         return self.promote()
+
+    def _stop_running(self, session: Session) -> None:
+        """A running session gives its slot and KV up (it leaves, or is parked)."""
+        if session in self.parking:
+            self.parking.remove(session)
+        self.running.remove(session)
+        self._reserved_cells -= session.reserved_cells
+        self._free_slots.append(session.slot)
+        self.placement.release(session)
+        self.tenants.stopped(session, len(session.generated) - session.resumed_from)
 
     def statistics(self) -> dict:
         """The parked sessions and each tenant's queues, in use and in all."""
