@@ -117,10 +117,9 @@ async def phase(url, batch: bool, chats: bool) -> dict:
     ttfts = [a["ttft"] for _, a in answers if a["ttft"] is not None]
     return {"batch_tokens_per_s": sum(n for _, _, n, _ in done) / (ended - start)
             if done else 0.0,
-            "batch_texts": {p: t for p, t, _, _ in done},
-            "batch_all_texts": [(p, t) for p, t, _, _ in done],
+            "batch_texts": [(p, t) for p, t, _, _ in done],
             "chats": len(answers), "answered": len(ttfts),
-            "chat_texts": {k % len(CHATS): a["text"] for k, a in answers if a["ttft"]},
+            "chat_texts": [(k % len(CHATS), a["text"]) for k, a in answers if a["ttft"]],
             "step_ms": step_ms,
             "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
             "ttft_p99_ms": 1000 * pct(ttfts, 99) if ttfts else None}
@@ -134,12 +133,21 @@ def one_server(url) -> dict:
     return figures(idle, alone, loaded)
 
 
+def same(reference: list, loaded: list) -> bool:
+    """Whether every (request, text) answered while loaded has the text of the same
+    request unloaded, and each request gave one text throughout."""
+    texts: dict = {}
+    for key, text in reference + loaded:
+        texts.setdefault(key, set()).add(text)
+    known = {key for key, _ in reference}
+    return all(key in known for key, _ in loaded) and all(len(t) == 1 for t in texts.values())
+
+
 def figures(idle: dict, alone: dict, loaded: dict) -> dict:
     """The chats on the idle server and beside the batch tenant, the batch tenant
     alone and beside the chats: what a round reports of one server."""
-    bitwise = (all(alone["batch_texts"].get(p, t) == t for p, t in loaded["batch_all_texts"])
-               and all(idle["chat_texts"].get(k, t) == t
-                       for k, t in loaded["chat_texts"].items()))
+    bitwise = (same(alone["batch_texts"], loaded["batch_texts"])
+               and same(idle["chat_texts"], loaded["chat_texts"]))
     return {"idle_ttft_p50_ms": idle["ttft_p50_ms"], "idle_ttft_p99_ms": idle["ttft_p99_ms"],
             "chats": loaded["chats"], "answered": loaded["answered"],
             "ttft_p50_ms": loaded["ttft_p50_ms"], "ttft_p99_ms": loaded["ttft_p99_ms"],

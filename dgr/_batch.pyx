@@ -112,36 +112,30 @@ cdef class BatchLoop(Mailbox):
             if n_ops:
                 pthread_cond_broadcast(&self.ops_room)
             n_events = self.scheduler.take_finish_requests(self.scratch)
-            if n_events and self._parked_any(n_events):
-                # a parked slot is another session's start: the node hears of it now
-                # (woken as this step's rows go to llama.cpp), not after the step
+            if n_events:
+                # a slot the node asked back (a finish, a park) is another session's
+                # start: the node hears of it now (woken as this step's rows go to
+                # llama.cpp), not after the step
                 self._release_finished(n_events)
                 mark = self.mark
                 self._publish(n_events)
                 self.mark = mark  # the step's time still counts from its start
-                n_events = 0
             rows = self.scheduler.plan()
             if rows > 0:
-                self._step(n_events)
+                self._step()
                 self.kv_ops.published += n_ops
                 continue
-            if n_events or n_ops:
-                self._release_finished(n_events)
+            if n_ops:
                 self.kv_ops.published += n_ops
-                self._publish(n_events)
+                self._publish(0)
+                continue
+            if n_events:
                 continue
             self._wake_node()
             pthread_cond_wait(&self.wake, &self.lock)
             self.mark = monotonic()
         self._wake_node()
         pthread_mutex_unlock(&self.lock)
-
-    cdef bint _parked_any(self, int n_events) noexcept nogil:
-        cdef int i
-        for i in range(n_events):
-            if self.scratch[i].reason == FINISH_PARKED:
-                return True
-        return False
 
     cdef void _wake_node(self) noexcept nogil:
         """Wake the node's pump for the events published since it was last woken.
@@ -153,10 +147,11 @@ cdef class BatchLoop(Mailbox):
             self.wake_pending = False
             write(self.wake_fd, &one, sizeof(one))
 
-    cdef void _step(self, int n_events) noexcept nogil:
+    cdef void _step(self) noexcept nogil:
         """Run the planned step; entered and left with the lock held, which is
         released while llama.cpp runs."""
         cdef StepFigures figures
+        cdef int n_events
         cdef double times[3]
         cdef double started = self.mark, unlocked, relocked, ended
         cdef double fill_s = 0.0, decode_s = 0.0, sample_s = 0.0
@@ -192,8 +187,8 @@ cdef class BatchLoop(Mailbox):
             self.call_rc[call] = rc
         relocked = monotonic()
         pthread_mutex_lock(&self.lock)
-        n_events += self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
-                              self.top_lp, self.scratch + n_events, &figures)
+        n_events = self.scheduler.update(self.sampled, self.call_rc, self.chosen_lp, self.top_ids,
+                                         self.top_lp, self.scratch, &figures)
         n_events += self._drop_rejected_drafts(self.scratch + n_events)
         self._release_finished(n_events)
         self.steps += 1

@@ -52,8 +52,10 @@ from dgr.placement import Placement
 from dgr.sequence import Phase, Session
 from dgr.tenants import Tenants
 
+# a waiting session refused after admission, for a newcomer that outranks it
+PREEMPTED_FROM_QUEUE = "preempted_from_queue"
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy",
-           "tenant_queue_full", "tenant_rate", "preempted_from_queue")
+           "tenant_queue_full", "tenant_rate", PREEMPTED_FROM_QUEUE)
 POLICIES = ("fcfs", "priority")
 
 
@@ -156,7 +158,6 @@ class Load:
     draining: bool
     cached_cells: int = 0
     failure: Optional[str] = None
-    parked: int = 0
 
 
 class Admission:
@@ -187,7 +188,7 @@ class Admission:
                     free_cells=b.kv_cells_total - self._reserved_cells,
                     free_slots=len(self._free_slots), draining=self.gate.draining,
                     cached_cells=self.placement.cached_cells,
-                    failure=self.gate.failure, parked=len(self.parked))
+                    failure=self.gate.failure)
 
     @property
     def may_park(self) -> bool:

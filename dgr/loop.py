@@ -120,9 +120,13 @@ class StepLoop:
         self._replies: dict[Session, Reply] = {}
         self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush, restores)
         self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
-        # the batch loop's entries for parked sessions' sampler states not in use
-        self._sampler_entries = list(range(admission.scheduling.max_parked - 1, -1, -1))
-        batch.set_parked_entries(admission.scheduling.max_parked)
+        # the batch loop's entries for parked sessions' sampler states not in use: one a
+        # session parked or parking, one a slot for a session resumed whose start (held,
+        # maybe, behind a leader's prefill) has not reached the loop to give it back
+        max_parked = admission.scheduling.max_parked
+        entries = max_parked + n_slots if max_parked else 0
+        self._sampler_entries = list(range(entries - 1, -1, -1))
+        batch.set_parked_entries(entries)
         self.adapters = None  # dgr.adapters.AdapterTable: a retiring session releases its own
         self._saving: dict[int, object] = {}  # save ticket -> the tokens saved
         self._ops_seen = 0  # kv_ops_published when saves were last taken

@@ -30,7 +30,7 @@ import trio
 
 from dgr import _engine, capabilities
 from dgr.adapters import AdapterTable, adapter_files
-from dgr.admission import Admission, Budgets, Scheduling, parking_off
+from dgr.admission import PREEMPTED_FROM_QUEUE, Admission, Budgets, Scheduling, parking_off
 from dgr.config import NodeConfig
 from dgr.chat import ChatRenderer
 from dgr.engine import EngineThread, load_engine, python_yields
@@ -448,10 +448,10 @@ class Node(ServingNode):
         self.telemetry.admitted.inc(len(sessions))
         self._loop.admit(replies)
         for refused in self._admission.take_refused():
-            self._loop.refuse(refused, "preempted_from_queue", "a session that outranks it "
-                              "took its place in the full queue")
-            self.telemetry.rejected.labels("preempted_from_queue").inc()
-            self.telemetry.tenants.refused(refused.spec.requester, "preempted_from_queue")
+            self._loop.refuse(refused, PREEMPTED_FROM_QUEUE, "a session that outranks it took "
+                              "its place in the full queue")
+            self.telemetry.rejected.labels(PREEMPTED_FROM_QUEUE).inc()
+            self.telemetry.tenants.refused(refused.spec.requester, PREEMPTED_FROM_QUEUE)
         return opened
 
     def _shutdown(self) -> None:

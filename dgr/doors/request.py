@@ -301,5 +301,5 @@ def requester_of(request, user: Any = None, priority: Any = None,
             raise BadRequest("'X-Priority' must be an integer", field) from None
     try:
         return Requester(tenant or DEFAULT_TENANT, 0 if priority is None else priority)
-    except InvalidRequest as exc:
-        raise BadRequest(str(exc), field) from None
+    except InvalidRequest as exc:  # the field as the door names it: its errors may name no param
+        raise BadRequest(f"'{field}': {exc}", field) from None
