@@ -25,7 +25,8 @@ cdef class Mailbox:
     cdef int step_cap               # a step's most events
     cdef int cells_used_now         # the KV as the last published step left it
     cdef int * pos_max_now
-    cdef int * park_entry            # per slot: where a park asked for holds its sampler state
+    cdef int * park_entry            # per slot: where its session's sampler state goes when
+                                     # it is parked (-1: none)
     cdef ParkedSamplers parked       # parked sessions' sampler states (`set_parked_entries`)
     cdef KvOperations kv_ops
     cdef readonly Adapters adapters  # the LoRa adapters each slot applies

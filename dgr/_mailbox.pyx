@@ -55,6 +55,7 @@ cdef class Mailbox:
             raise MemoryError()
         for s in range(scheduler.n_slots):
             self.pos_max_now[s] = -1
+            self.park_entry[s] = -1
         self.kv_ops = KvOperations(engine, scheduler)
         self.parked = ParkedSamplers(engine.sampling, 0)
         self.adapters = Adapters(engine, scheduler.n_slots)
@@ -77,7 +78,8 @@ cdef class Mailbox:
     # ------------------------------------------------------------ the node's side (GIL held)
 
     def start(self, int slot, spec, *, int credits=1, int reuse_from=-1, int n_reused=0,
-              bint keep_kv=False, bytes restore=None, int parked_entry=-1):
+              bint keep_kv=False, bytes restore=None, int sampler_entry=-1,
+              bint resume=False, bint park_when_full=False):
         """Run a session on a free slot (one whose EV_FINISH the node has seen), as
         its SessionSpec `spec` asks (dgr.spec): its prompt and its sampling
         parameters, max_tokens and speculation mode among them.
@@ -91,16 +93,24 @@ cdef class Mailbox:
         if llama.cpp refuses it, the session prefills its whole prompt. With
         keep_kv, when the session ends (but with an error) its sequence keeps its
         KV: the prompt it prefilled and the tokens it fed back (a prefix cache
-        entry); otherwise it is freed. A session parked with `request_park` resumes
-        with its sampler state from `parked_entry`, its prompt its own and what it
-        generated."""
+        entry); otherwise it is freed.
+
+        `sampler_entry` (dgr._parked) is where the slot's sampler state goes when the
+        session is parked: at `request_park`, or, with park_when_full, when llama.cpp
+        finds no KV cells for its rows. With `resume`, the session was parked: its
+        sampler state comes back from that entry, and its prompt is its own and
+        what it generated."""
         if restore is not None and not (n_reused and len(restore)):
             raise ValueError("a restored state needs n_reused >= 1 and bytes")
         if restore is None and n_reused and not 0 <= reuse_from < self.scheduler.n_slots:
             raise ValueError(f"reuse_from {reuse_from} is not a slot")
         # The loop leaves a free slot's sampler alone, so it is set outside the lock.
-        if parked_entry >= 0:
-            self.parked.resume(parked_entry, slot)
+        if resume and sampler_entry < 0:
+            raise ValueError("a resumed session needs the sampler entry it parked into")
+        if park_when_full and sampler_entry < 0:
+            raise ValueError("a session parked when the pool is full needs a sampler entry")
+        if resume:
+            self.parked.resume(sampler_entry, slot)
         else:
             self.engine.sampling.configure(slot, spec.params)
         if spec.params.speculation != "off":
@@ -108,7 +118,8 @@ cdef class Mailbox:
         pthread_mutex_lock(&self.lock)
         try:
             self.adapters.want(slot, spec.adapter_scales)
-            self.scheduler.start(slot, spec, credits, n_reused, keep_kv)
+            self.scheduler.start(slot, spec, credits, n_reused, keep_kv, park_when_full)
+            self.park_entry[slot] = sampler_entry
             if restore is not None:
                 self._queue_kv_op(slot, OP_RESTORE, n_reused, restore)
             else:
@@ -244,15 +255,16 @@ cdef class Mailbox:
         before its EV_FINISH, which the node has seen by then."""
         self.parked.drop(entry)
 
-    def request_park(self, int slot, int entry):
+    def request_park(self, int slot):
         """Park the slot's session before its next row: an EV_FINISH with reason
         FINISH_PARKED follows (unless the slot ends otherwise first), its KV kept as
-        any ended slot's and its sampler state moved to parked entry `entry`
-        (dgr._parked; `start` with parked_entry resumes it)."""
+        any ended slot's and its sampler state moved to the sampler entry it started
+        with (dgr._parked; `start` with resume takes it back)."""
         pthread_mutex_lock(&self.lock)
         try:
-            if self.scheduler.request_finish(slot, FINISH_PARKED):
-                self.park_entry[slot] = entry
+            if self.park_entry[slot] < 0:
+                raise ValueError(f"slot {slot}'s session has no sampler entry to park into")
+            self.scheduler.request_finish(slot, FINISH_PARKED)
             pthread_cond_signal(&self.wake)
         finally:
             pthread_mutex_unlock(&self.lock)

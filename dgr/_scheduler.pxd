@@ -6,8 +6,8 @@ from libc.stdint cimport int32_t, int64_t
 
 from dgr._codes cimport (SPECULATE_ALWAYS, SPECULATE_OFF, EV_DECODE, EV_FAILURE, EV_FINISH,
                         EV_PREFILL, EV_SCORE, EV_STEP, EV_TOKEN, FINISH_CANCELLED, FINISH_ERROR,
-                        FINISH_LENGTH, FINISH_NONE, FINISH_PARKED, FINISH_STOP, MAX_LOGPROBS,
-                        MAX_STEP_DRAFTS,
+                        FINISH_LENGTH, FINISH_NONE, FINISH_PARKED, FINISH_STOP,
+                        KV_MOVE_FAILED, MAX_LOGPROBS, MAX_STEP_DRAFTS,
                         MAX_DRAFT, MIN_PIECE, NO_LOGITS, SCORE_CHUNK)
 from dgr._events cimport Event, StepFigures
 from dgr._slots cimport SLOT_DECODE, SLOT_FREE, SLOT_PREFILL, Slot, SlotTable
@@ -48,6 +48,7 @@ cdef class Scheduler(SlotTable):
                     StepFigures * figures) noexcept nogil
     cdef int _failure(self, int code, Event * out) noexcept nogil
     cdef void refuse(self, int s, int code) noexcept nogil
+    cdef int _end_refused(self, int s, int code, Event * out) noexcept nogil
     cdef int fail(self, int s, int code, Event * out) noexcept nogil
     cdef int _output(self, int s, int32_t token, float chosen_lp, const int32_t * top_ids,
                      const float * top_lp, Event * out, StepFigures * figures) noexcept nogil

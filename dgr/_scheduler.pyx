@@ -352,7 +352,7 @@ cdef class Scheduler(SlotTable):
             if self.slots[s].phase == SLOT_FREE:
                 pass
             elif rc != 0:
-                n += self._finish(s, FINISH_ERROR, rc, out + n)
+                n += self._end_refused(s, rc, out + n)
             else:
                 n += self._verify(s, row, sampled, chosen_lp, top_ids, top_lp, &out[i],
                                   out + n, figures)
@@ -366,7 +366,7 @@ cdef class Scheduler(SlotTable):
                     n += self._failure(rc, out + n)
                     reported = self.one_call
                 if self.slots[s].phase != SLOT_FREE:
-                    n += self._finish(s, FINISH_ERROR, rc or refused, out + n)
+                    n += self._end_refused(s, rc or refused, out + n)
                 continue
             figures.prefill_rows += self.chunk_end[c] - self.chunk_start[c]
             if self.slots[s].phase == SLOT_FREE:
@@ -439,6 +439,19 @@ cdef class Scheduler(SlotTable):
         """llama.cpp refused slot s's rows in a call of their own: the update ends it."""
         self.slot_rc[s] = code
         self.refused_rc = self.refused_rc or code
+
+    cdef int _end_refused(self, int s, int code, Event * out) noexcept nogil:
+        """Slot s's rows failed with `code`. A session the KV pool could not place
+        (code 1, or KV_MOVE_FAILED: the pool is full or out of order) is parked where
+        it may be: its KV kept as far as it is valid (none once a move failed), its
+        sampler state moved aside. Any other ends with the error."""
+        cdef int n
+        if (code == 1 or code == KV_MOVE_FAILED) and self.slots[s].park_when_full:
+            n = self._finish(s, FINISH_PARKED, code, out)
+            if code == KV_MOVE_FAILED:
+                out.kept = 0
+            return n
+        return self._finish(s, FINISH_ERROR, code, out)
 
     cdef int fail(self, int s, int code, Event * out) noexcept nogil:
         """End slot s with `code` after the update (the loop could not set its KV right)."""

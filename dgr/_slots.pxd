@@ -24,6 +24,7 @@ cdef struct Slot:
     int n_logprobs
     bint ignore_eos
     bint keep_kv               # its sequence keeps its KV when it ends (a prefix cache entry)
+    bint park_when_full        # parked, not ended, when the KV pool cannot place its rows
     int prompt_logprobs        # -1, or it scores its prompt tokens (with this many alternatives)
     int64_t order              # admission order: prefill goes oldest first
     Drafting drafting          # its speculation state (dgr/_speculation.pyx)

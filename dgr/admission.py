@@ -32,7 +32,9 @@ Who runs next (`Scheduling.policy`):
   or the same priority and a tenant more than `fair_drift` virtual tokens ahead)
   has the lowest-ranked of them parked: its KV stays as a prefix, its sampler
   state is held, and it resumes when it ranks first again, unchanged bitwise
-  (docs/design.md).
+  (docs/design.md). A running session whose rows the KV pool cannot place
+  (its cells out of order and not movable) is parked the same way rather than
+  ended, and resumes once another session has given its KV up.
 
 Under both, a tenant at its own bound of running sessions waits without
 blocking others, and a tenant past its queue or rate bound is refused
@@ -176,6 +178,9 @@ class Admission:
         self.parking: list[Session] = []  # running, asked to park, their slots not back yet
         self._to_park: list[Session] = []  # decided, not yet taken by the step loop
         self._refused: list[Session] = []  # waiting sessions refused for an outranking one
+        # parked because the KV pool could not place their rows: they wait for another
+        # running session to give its KV up
+        self._awaiting_room: list[Session] = []
         self._waiting_tokens = 0
         self._reserved_cells = 0
         self._free_slots = list(range(budgets.slots - 1, -1, -1))
@@ -193,6 +198,17 @@ class Admission:
     @property
     def may_park(self) -> bool:
         return self.scheduling.policy == "priority" and self.scheduling.max_parked > 0
+
+    def may_park_again(self, session: Session) -> bool:
+        """Whether `session` may be parked (once more) at all."""
+        return (self.may_park and session.parks < self.scheduling.max_parks
+                and not session.spec.scores_prompt)
+
+    def park_when_full(self, session: Session) -> bool:
+        """Whether `session`, running, whose rows the KV pool could not place, waits
+        parked for room rather than ending with the error."""
+        others = len(self.parked) + sum(s is not session for s in self.parking)
+        return self.may_park_again(session) and others < self.scheduling.max_parked
 
     @property
     def admitted(self) -> list[Session]:
@@ -324,6 +340,8 @@ class Admission:
     def _dequeue(self, session: Session) -> None:
         if session.parked:
             self.parked.remove(session)
+            if session in self._awaiting_room:
+                self._awaiting_room.remove(session)
         else:
             self.waiting.remove(session)
             self._waiting_tokens -= len(session.spec.prompt)
@@ -349,6 +367,8 @@ class Admission:
         fit; park decoders the one that does not fit outranks. Returns those started."""
         started = []
         while (session := self._next()) is not None:
+            if session in self._awaiting_room:
+                break  # it blocks those it outranks, as one that does not fit does
             if not self._fits(session):
                 self._park_for(session)
                 break
@@ -358,7 +378,7 @@ class Admission:
                                         self.running)
             self._free_slots.remove(slot)
             self.running.append(session)
-            self.tenants.started(session, resumed=session.resumed_from > 0)
+            self.tenants.started(session, resumed=session.parks > 0)
             started.append(session)
         return started
 
@@ -389,13 +409,17 @@ class Admission:
             self.parking.append(victim)
             self._to_park.append(victim)
 
-    def parked_now(self, session: Session) -> list[Session]:
+    def parked_now(self, session: Session, pool_full: bool = False) -> list[Session]:
         """The batch loop parked `session` (its slot and KV are free; placement has
-        what its sequence keeps): it waits to resume. Returns the sessions promoted."""
+        what its sequence keeps): it waits to resume. With pool_full (the KV pool
+        could not place its rows) it resumes only once another running session has
+        given its KV up, if any runs. Returns the sessions promoted."""
         self._stop_running(session)
         session.park()
         self.parked.append(session)
         self.tenants.queued(session, parked=True)
+        if pool_full and self.running:
+            self._awaiting_room.append(session)
         return self.promote()
 
     def release(self, session: Session) -> list[Session]:
@@ -410,7 +434,9 @@ class Admission:
         return self.promote()
 
     def _stop_running(self, session: Session) -> None:
-        """A running session gives its slot and KV up (it leaves, or is parked)."""
+        """A running session gives its slot and KV up (it leaves, or is parked):
+        sessions parked for want of room may try again."""
+        self._awaiting_room.clear()
         if session in self.parking:
             self.parking.remove(session)
         self.running.remove(session)

@@ -120,9 +120,9 @@ class StepLoop:
         self._replies: dict[Session, Reply] = {}
         self._published: list[tuple[int, trio.Event]] = []  # KV op counts awaited (flush, restores)
         self._tiers = tiers  # dgr.kv_tiers.Tiers, or None: nothing is saved
-        # the batch loop's entries for parked sessions' sampler states not in use: one a
-        # session parked or parking, one a slot for a session resumed whose start (held,
-        # maybe, behind a leader's prefill) has not reached the loop to give it back
+        # the batch loop's entries for parked sessions' sampler states not in use: a
+        # session holds one from its start on a slot until it leaves, so at most one
+        # per slot and one per parked session are taken
         max_parked = admission.scheduling.max_parked
         entries = max_parked + n_slots if max_parked else 0
         self._sampler_entries = list(range(entries - 1, -1, -1))
@@ -322,9 +322,7 @@ class StepLoop:
             session = request.session
             if (not session.done and session.slot is not None
                     and self._by_slot.get(session.slot) is session):
-                entry = self._sampler_entries.pop()
-                session.parking(entry)
-                self.batch.request_park(session.slot, entry)
+                self.batch.request_park(session.slot)
         else:
             session = request.session
             if session.slot is not None and self._by_slot.get(session.slot) is session:
@@ -340,19 +338,21 @@ class StepLoop:
         self._by_slot[session.slot] = session
         self._on_engine.add(session.id)
         reply = self._replies[session]
+        if session.sampler_entry is None and self._sampler_entries:
+            session.sampler_entry = self._sampler_entries.pop()
         entry = session.sampler_entry
         self.batch.start(session.slot, session.run_spec(), credits=reply.credits_left(),
                          reuse_from=-1 if session.reuse_from is None else session.reuse_from,
                          n_reused=session.n_reused,
                          keep_kv=self._placement.cache is not None,
                          restore=None if session.restore is None else session.restore.state,
-                         parked_entry=-1 if entry is None else entry)
-        if entry is not None:
-            self._sampler_entries.append(entry)
-            session.parking(None)
-            self._telemetry.resumes.inc()
+                         sampler_entry=-1 if entry is None else entry, resume=session.parks > 0,
+                         park_when_full=entry is not None
+                         and self._admission.may_park_again(session))
         self._placement.started(session)
-        if session.spec.reports_progress and not session.resumed_from:
+        if session.parks:
+            self._telemetry.resumes.inc()
+        elif session.spec.reports_progress:
             reply.started(session.n_reused)
             reply.progress(session.n_reused, time.monotonic())
         if session.restore is not None:
@@ -413,19 +413,19 @@ class StepLoop:
     def _on_finished(self, event: Finished, now: float) -> None:
         session = self._by_slot.pop(event.slot)
         self._placement.finished(session, event.kept)
-        if event.reason == FinishCode.FINISH_PARKED:
-            if not session.done:
-                self._admission.parked_now(session)
-                self._telemetry.record_park(session.spec.requester)
-                self._send_ops()
-                return
-            # it ended (its reason set) while it was being parked
-        elif (reason := FinishReason.from_code(event.reason)) is not FinishReason.ERROR:
-            session.finish(reason)
-        elif self._closing and event.code == DECODE_ABORTED:  # the abort that stopped the loop
+        parked = event.reason == FinishCode.FINISH_PARKED
+        if parked and not session.done and (  # asked for, or for KV cells (a code)
+                not event.code or self._admission.park_when_full(session)):
+            self._admission.parked_now(session, pool_full=event.code != 0)
+            self._telemetry.record_park(session.spec.requester, event.code != 0)
+            self._send_ops()
+            return
+        if self._closing and event.code == DECODE_ABORTED:  # the abort that stopped the loop
             session.finish(FinishReason.CANCELLED)
-        else:
-            session.finish(reason, failure_message(event.code))
+        elif event.code:  # an error, or KV cells not found for one parked its last time
+            session.finish(FinishReason.ERROR, failure_message(event.code))
+        elif not parked:  # (one that ended while being parked has its reason)
+            session.finish(FinishReason.from_code(event.reason))
         self._retire(session)
 
     def _on_call_failed(self, event: CallFailed, now: float) -> None:
@@ -484,10 +484,10 @@ class StepLoop:
         BatchLoop's finish event)."""
         self._placement.retired(session, reached_loop=session.id in self._on_engine)
         self._on_engine.discard(session.id)
-        if session.sampler_entry is not None:  # parked, or asked to park, when it ended
+        if session.sampler_entry is not None:  # what it holds if it left parked
             self.batch.drop_parked(session.sampler_entry)
             self._sampler_entries.append(session.sampler_entry)
-            session.parking(None)
+            session.sampler_entry = None
         self._admission.release(session)
         if self.adapters is not None:
             self.adapters.release(session.spec)

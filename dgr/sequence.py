@@ -89,8 +89,9 @@ class Session:
     error: Optional[str] = None
     first_token_at: Optional[float] = None
     last_token_at: Optional[float] = None
-    # parking: times parked, the generated tokens its run prompt holds (0: never
-    # parked), and the batch loop's entry holding its sampler state while parked
+    # parking: times parked, the generated tokens its run prompt holds, and the batch
+    # loop's entry (dgr._parked) its sampler state goes to when parked, held from its
+    # start on a slot until it leaves
     parks: int = 0
     resumed_from: int = 0
     sampler_entry: Optional[int] = None
@@ -127,7 +128,7 @@ class Session:
         """What its slot runs: its spec, or once parked, its run prompt and what is
         left of max_tokens and min_tokens (its prompt's scores are taken already; its
         sampler state, bans counted, comes back whole: dgr._parked)."""
-        if not self.resumed_from:
+        if not self.parks:
             return self.spec
         params = self.spec.params
         params = attrs.evolve(params, prompt_logprobs=None,
@@ -145,18 +146,13 @@ class Session:
         """Admission gave the session a slot, and maybe a shared prefix of n_reused
         prompt positions whose KV slot `reuse_from`'s sequence holds, or a stored
         prefix to restore."""
-        if not self.resumed_from:
+        if not self.parks:
             self.prompt_reused = n_reused
         self.slot = slot
         self.reuse_from = reuse_from
         self.restore = restore
         self.n_reused = self.n_prefilled = n_reused
         self.phase = Phase.PREFILL
-
-    def parking(self, sampler_entry: int) -> None:
-        """The batch loop is asked to park it, holding its sampler state in
-        `sampler_entry` until it resumes."""
-        self.sampler_entry = sampler_entry
 
     def park(self) -> None:
         """Its slot is taken back: it waits to resume from its prompt and what it

@@ -138,8 +138,11 @@ class Telemetry:
         self._accepted_at = [self.spec_accepted_at.labels(str(i + 1)) for i in range(MAX_DRAFT)]
         for reason in FinishReason:
             self.finished.labels(reason)
-        self.parks = Counter("dgr_parks", "Running sessions parked for a session that "
-                             "outranked them (dgr.admission).", registry=r)
+        self.parks = Counter("dgr_parks", "Running sessions parked (dgr.admission): for a "
+                             "session that outranked them, or for KV cells.", registry=r)
+        self.pool_full_parks = Counter("dgr_pool_full_parks", "Running sessions parked "
+                                       "because the KV pool could not place their rows.",
+                                       registry=r)
         self.resumes = Counter("dgr_resumes", "Parked sessions resumed.", registry=r)
         self.tenants = TenantMetrics(r)
         self._window = rate_window_s
@@ -245,9 +248,12 @@ class Telemetry:
                 "restore_s": total("dgr_kv_tier_restore_seconds_total"),
                 "save_s": total("dgr_kv_tier_save_seconds_total")}
 
-    def record_park(self, requester) -> None:
-        """A session of `requester` (dgr.spec.Requester) was parked."""
+    def record_park(self, requester, pool_full: bool = False) -> None:
+        """A session of `requester` (dgr.spec.Requester) was parked (pool_full: for
+        KV cells)."""
         self.parks.inc()
+        if pool_full:
+            self.pool_full_parks.inc()
         self.tenants.parked(requester)
 
     def record_finish(self, reason: str) -> None:

@@ -52,8 +52,8 @@ class TenantMetrics:
         self.ttft = Histogram("dgr_tenant_time_to_first_token_seconds", "From admission to "
                               "the first sampled token, by tenant and priority.", labels,
                               buckets=_TTFT_BUCKETS, registry=registry)
-        self.parks = Counter("dgr_tenant_parks", "Running sessions parked for one that "
-                             "outranked them, by tenant and priority.", labels,
+        self.parks = Counter("dgr_tenant_parks", "Running sessions parked, by tenant and "
+                             "priority.", labels,
                              registry=registry)
         self.rejected = Counter("dgr_tenant_admissions_rejected", "Sessions refused by "
                                 "admission, by tenant and reason.", ["tenant", "reason"],

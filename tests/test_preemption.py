@@ -245,3 +245,41 @@ async def test_a_parked_session_cancelled_by_its_client_leaves_cleanly(node_conf
             while node.in_flight:
                 await trio.sleep(0.001)
         assert node.statistics()["parked_sessions"]["used"] == 0
+
+
+@pytest.mark.parametrize("prefill", [False, True], ids=["decoding", "prefilling"])
+async def test_a_session_the_pool_cannot_place_is_parked_and_resumes_bitwise(node_config,
+                                                                           prefill):
+    """A session whose rows llama.cpp finds no KV cells for (code 1, as an ordered
+    pool that cannot move it reports) is parked, not ended: it waits for the other
+    session to give its KV up, resumes, and is bitwise its run alone; so is the
+    other. (The fault holds the slot until its KV is freed: no prefix cache here.)"""
+    config = node_config(max_running=2, scheduling_policy="priority", prefix_cache=False)
+    prompts = [PROMPTS[0], PROMPTS[1] * 60]  # the second prefills over many steps
+    params = [sampled(17, max_tokens=64), sampled(19)]
+    solo = await alone(config, prompts, params)
+    async with dgr.open_node(config) as node:
+        got = []
+
+        def on_slot(prompt):
+            tokens = node.tokenize(prompt)
+            return next((s for s in node._loop.slot_sessions()
+                         if s is not None and s.spec.prompt == tokens), None)
+
+        async with trio.open_nursery() as nursery:
+            for prompt, ps in zip(prompts, params):
+                nursery.start_soon(read_stalled, node, prompt, ps, LOW, got, 0, trio.Event())
+                with trio.fail_after(30):
+                    while (s := on_slot(prompt)) is None or (
+                            s.n_prefilled < 32 if prefill else len(s.generated) < 3):
+                        await trio.sleep(0.0005)
+            victim = on_slot(prompts[1])
+            node._engine.inject_fault(0, 1, victim.slot)
+            if prefill:
+                assert victim.phase is Phase.PREFILL
+        registry = node.telemetry.registry
+        assert registry.get_sample_value("dgr_pool_full_parks_total") == 1
+        assert victim.parks == 1 and victim.error is None
+        by_session = {session.id: out for out, session in got}
+        first = next(session for _, session in got if session is not victim)
+        assert by_session[first.id] == solo[0] and by_session[victim.id] == solo[1]

@@ -36,16 +36,18 @@ class FakeBatch:
         self.calls = []
         self.kv_ops_queued = self.kv_ops_published = self.cells_used = 0
         self.restores = 0
+        self.park_when_full = {}
         self.tier_figures = {"restores": 0, "restores_failed": 0, "restore_s": 0.0,
                              "save_s": 0.0, "saves_dropped": 0}
         self._events = []
         self._stopped = threading.Event()
 
     def start(self, slot, spec, *, credits, reuse_from, n_reused, keep_kv, restore,
-              parked_entry=-1):
+              sampler_entry=-1, resume=False, park_when_full=False):
         self.calls.append(("start", slot, reuse_from, n_reused)
-                          + ((("resume", parked_entry, spec.prompt, spec.params.max_tokens,
-                               credits),) if parked_entry >= 0 else ()))
+                          + ((("resume", sampler_entry, spec.prompt, spec.params.max_tokens,
+                               credits),) if resume else ()))
+        self.park_when_full[slot] = park_when_full
         self.restores += restore is not None
         self.kv_ops_queued += 1
 
@@ -68,8 +70,8 @@ class FakeBatch:
     def set_parked_entries(self, n):
         self.parked_entries = n
 
-    def request_park(self, slot, entry):
-        self.calls.append(("park", slot, entry))
+    def request_park(self, slot):
+        self.calls.append(("park", slot))
 
     def drop_parked(self, entry):
         self.calls.append(("drop", entry))
@@ -336,8 +338,8 @@ async def test_a_parked_session_gives_its_slot_up_and_resumes_from_what_it_gener
         await settle()
         (high,), _ = admit(loop, admission, range(40, 45), priority=0)
         await settle()
-        slot = low2.slot
-        assert batch.calls[-1] == ("park", slot, low2.sampler_entry)
+        slot, entry = low2.slot, low2.sampler_entry
+        assert batch.calls[-1] == ("park", slot)
         assert high.phase is Phase.WAITING
         batch.publish(Finished(slot, FinishCode.FINISH_PARKED, 0, kept=11))
         await settle()
@@ -351,8 +353,8 @@ async def test_a_parked_session_gives_its_slot_up_and_resumes_from_what_it_gener
         # host tier here to save it to): it computes them again
         start = batch.calls[-1]
         assert start[:4] == ("start", slot, -1, 0)
-        assert start[4] == ("resume", 0, list(range(20, 30)) + [6, 7], 2, 3)
-        assert low2.sampler_entry is None and low2.phase is Phase.PREFILL
+        assert start[4] == ("resume", entry, list(range(20, 30)) + [6, 7], 2, 3)
+        assert low2.sampler_entry == entry and low2.phase is Phase.PREFILL
         batch.publish(Prefilled(slot, 0, 12), Sampled(slot, 8),
                       Finished(slot, FinishCode.FINISH_STOP, 0, kept=13))
         with trio.fail_after(5):
@@ -377,3 +379,54 @@ async def test_a_session_cancelled_while_parked_leaves_and_its_sampler_state_is_
         await settle()
         assert batch.calls[-1] == ("drop", entry) and low2 not in admission.admitted
         assert low2.phase is Phase.FINISHED and low2.sampler_entry is None
+
+
+async def test_a_session_the_pool_cannot_place_is_parked_until_another_gives_its_kv_up():
+    """Rows the KV pool found no cells for park their session (FINISH_PARKED with
+    the code) rather than end it: it waits, ahead of newer arrivals, for a running
+    session to leave, then resumes from what it generated."""
+    async with step_loop(scheduling=Scheduling("priority", max_parked=2)) as (
+            loop, admission, batch):
+        (first, second), tokens = admit(loop, admission, range(10), range(20, 30))
+        await settle()
+        assert batch.park_when_full == {first.slot: True, second.slot: True}
+        batch.publish(Sampled(first.slot, 5), Sampled(second.slot, 6))
+        await settle()
+        slot, entry = second.slot, second.sampler_entry
+        (newer,), _ = admit(loop, admission, range(40, 45))
+        batch.publish(Finished(slot, FinishCode.FINISH_PARKED, 1, kept=10))
+        await settle()
+        # the slot it left stays free: the pool had no cells for it, and nobody left
+        assert second.phase is Phase.PARKED and newer.phase is Phase.WAITING
+        assert admission.load().free_slots == 1
+        registry = loop._telemetry.registry
+        assert registry.get_sample_value("dgr_pool_full_parks_total") == 1
+        assert registry.get_sample_value("dgr_parks_total") == 1
+        batch.publish(Finished(first.slot, FinishCode.FINISH_STOP, 0, kept=11))
+        await settle()
+        starts = [c for c in batch.calls if c[0] == "start"][-2:]
+        # it resumes first, then the newer session takes the other slot
+        assert starts[0][4] == ("resume", entry, list(range(20, 30)) + [6], 3, 3)
+        assert starts[1][:2] == ("start", newer.slot) and len(starts[1]) == 4
+        assert second.phase is Phase.PREFILL and newer.phase is Phase.PREFILL
+
+
+async def test_a_session_the_pool_cannot_place_ends_with_the_error_past_its_parks():
+    async with step_loop(scheduling=Scheduling("priority", max_parked=2, max_parks=1)) as (
+            loop, admission, batch):
+        (first, second), tokens = admit(loop, admission, range(10), range(20, 30))
+        await settle()
+        batch.publish(Sampled(second.slot, 6), Finished(second.slot,
+                                                        FinishCode.FINISH_PARKED, 1, kept=10))
+        await settle()
+        assert second.phase is Phase.PARKED  # first still runs: it waits for room
+        batch.publish(Finished(first.slot, FinishCode.FINISH_STOP, 0, kept=10))
+        await settle()
+        assert second.phase is Phase.PREFILL
+        assert batch.park_when_full[second.slot] is False  # parked max_parks times
+        batch.publish(Finished(second.slot, FinishCode.FINISH_PARKED, 1, kept=10))
+        await settle()
+        assert second.finish_reason is FinishReason.ERROR and second not in admission.admitted
+        with trio.fail_after(5):
+            got = [await tokens[second].receive() for _ in range(2)]
+        assert got[0].token_id == 6 and got[-1].finish_reason == "error"
