@@ -18,9 +18,17 @@ from dgr._clock cimport monotonic
 from dgr._engine cimport Engine
 from dgr._events cimport Event, StepFigures
 from dgr._mailbox cimport Mailbox
-from dgr._pthread cimport (pthread_cond_broadcast, pthread_cond_wait, pthread_mutex_lock,
-                          pthread_mutex_unlock)
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+from dgr._pthread cimport (pthread_cond_broadcast, pthread_cond_timedwait, pthread_cond_wait,
+                          pthread_mutex_lock, pthread_mutex_unlock)
 from dgr._scheduler cimport SLOT_DECODE, Scheduler, Slot
+
+# After a park the node asked for (its slot goes to a waiting session that outranks the
+# parked one), how long the loop waits for that session's start before it plans the next
+# step: the session joins the next step instead of the one after (a step is tens to
+# hundreds of milliseconds; the node starts it within a few).
+cdef long PARK_HANDOFF_NS = 20 * 1000 * 1000
 
 
 cdef class BatchLoop(Mailbox):
@@ -120,6 +128,9 @@ cdef class BatchLoop(Mailbox):
                 mark = self.mark
                 self._publish(n_events)
                 self.mark = mark  # the step's time still counts from its start
+                if self._parked_any(n_events) and self._await_start():
+                    self.mark = monotonic()
+                    continue  # its KV operations are applied, then it is planned
             rows = self.scheduler.plan()
             if rows > 0:
                 self._step()
@@ -136,6 +147,29 @@ cdef class BatchLoop(Mailbox):
             self.mark = monotonic()
         self._wake_node()
         pthread_mutex_unlock(&self.lock)
+
+    cdef bint _parked_any(self, int n_events) noexcept nogil:
+        cdef int i
+        for i in range(n_events):
+            if self.scratch[i].kind == EV_FINISH and self.scratch[i].reason == FINISH_PARKED:
+                return True
+        return False
+
+    cdef bint _await_start(self) noexcept nogil:
+        """Wake the node for a park it asked for and wait, at most PARK_HANDOFF_NS, for a
+        session to start (the one the park was for); True if one did."""
+        cdef int64_t before = self.starts
+        cdef timespec until
+        clock_gettime(CLOCK_REALTIME, &until)
+        until.tv_nsec += PARK_HANDOFF_NS
+        if until.tv_nsec >= 1000000000:
+            until.tv_sec += 1
+            until.tv_nsec -= 1000000000
+        self._wake_node()
+        while self.starts == before and not self.stopping:
+            if pthread_cond_timedwait(&self.wake, &self.lock, &until) != 0:
+                break  # the time is up
+        return self.starts != before
 
     cdef void _wake_node(self) noexcept nogil:
         """Wake the node's pump for the events published since it was last woken.

@@ -1,6 +1,8 @@
 # The batch loop's mailbox and event ring: the node's side of the loop
 # (dgr/_mailbox.pyx; the loop itself, dgr/_batch.pyx, extends it).
 
+from libc.stdint cimport int64_t
+
 from dgr._adapters cimport Adapters
 from dgr._engine cimport Engine
 from dgr._events cimport Event
@@ -24,6 +26,7 @@ cdef class Mailbox:
     cdef int ring_cap, ring_head, ring_len
     cdef int step_cap               # a step's most events
     cdef int cells_used_now         # the KV as the last published step left it
+    cdef int64_t starts             # sessions started so far (a park's handoff awaits one)
     cdef int * pos_max_now
     cdef int * park_entry            # per slot: where its session's sampler state goes when
                                      # it is parked (-1: none)

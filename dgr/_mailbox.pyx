@@ -120,6 +120,7 @@ cdef class Mailbox:
             self.adapters.want(slot, spec.adapter_scales)
             self.scheduler.start(slot, spec, credits, n_reused, keep_kv, park_when_full)
             self.park_entry[slot] = sampler_entry
+            self.starts += 1
             if restore is not None:
                 self._queue_kv_op(slot, OP_RESTORE, n_reused, restore)
             else:

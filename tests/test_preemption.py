@@ -254,12 +254,12 @@ async def test_a_session_the_pool_cannot_place_is_parked_and_resumes_bitwise(nod
     pool that cannot move it reports) is parked, not ended: it waits for the other
     session to give its KV up, resumes, and is bitwise its run alone; so is the
     other. (The fault holds the slot until its KV is freed: no prefix cache here.)"""
-    config = node_config(max_running=2, scheduling_policy="priority", prefix_cache=False)
-    prompts = [PROMPTS[0], PROMPTS[1] * 60]  # the second prefills over many steps
-    params = [sampled(17, max_tokens=64), sampled(19)]
-    solo = await alone(config, prompts, params)
+    config = node_config(max_running=2, scheduling_policy="priority", prefix_cache=False,
+                         reply_buffer=2)
+    params = [sampled(17), sampled(19)]
+    solo = await alone(config, PROMPTS, params)
     async with dgr.open_node(config) as node:
-        got = []
+        got, first_go, victim_go = [], trio.Event(), trio.Event()
 
         def on_slot(prompt):
             tokens = node.tokenize(prompt)
@@ -267,19 +267,34 @@ async def test_a_session_the_pool_cannot_place_is_parked_and_resumes_bitwise(nod
                          if s is not None and s.spec.prompt == tokens), None)
 
         async with trio.open_nursery() as nursery:
-            for prompt, ps in zip(prompts, params):
-                nursery.start_soon(read_stalled, node, prompt, ps, LOW, got, 0, trio.Event())
-                with trio.fail_after(30):
-                    while (s := on_slot(prompt)) is None or (
-                            s.n_prefilled < 32 if prefill else len(s.generated) < 3):
-                        await trio.sleep(0.0005)
-            victim = on_slot(prompts[1])
-            node._engine.inject_fault(0, 1, victim.slot)
-            if prefill:
-                assert victim.phase is Phase.PREFILL
+            # the first session holds its slot, its reader taking nothing after 3 tokens
+            nursery.start_soon(read_stalled, node, PROMPTS[0], params[0], LOW, got, 3,
+                               first_go)
+            with trio.fail_after(30):
+                while (first := on_slot(PROMPTS[0])) is None or len(first.generated) < 3:
+                    await trio.sleep(0.001)
+            other_slot = 1 - first.slot
+            if prefill:  # its first piece of prompt is refused
+                node._engine.inject_fault(0, 1, other_slot)
+            nursery.start_soon(read_stalled, node, PROMPTS[1], params[1], LOW, got, 3,
+                               victim_go)
+            with trio.fail_after(30):
+                while (victim := on_slot(PROMPTS[1])) is None and not prefill:
+                    await trio.sleep(0.001)
+                if not prefill:  # a decode row of its is refused once it has 3 tokens
+                    while len(victim.generated) < 3:
+                        await trio.sleep(0.001)
+                    node._engine.inject_fault(0, 1, victim.slot)
+                    victim_go.set()
+                while not any(s.parked for s in node._admission.parked):
+                    await trio.sleep(0.001)
+            victim, = node._admission.parked
+            assert victim.parks == 1
+            assert (victim.generated == []) if prefill else len(victim.generated) >= 3
+            first_go.set()
+            victim_go.set()
         registry = node.telemetry.registry
         assert registry.get_sample_value("dgr_pool_full_parks_total") == 1
-        assert victim.parks == 1 and victim.error is None
+        assert victim.error is None and first.parks == 0
         by_session = {session.id: out for out, session in got}
-        first = next(session for _, session in got if session is not victim)
         assert by_session[first.id] == solo[0] and by_session[victim.id] == solo[1]
