@@ -129,6 +129,7 @@ cdef class BatchLoop(Mailbox):
                 self._publish(n_events)
                 self.mark = mark  # the step's time still counts from its start
                 if self._parked_any(n_events) and self._await_start():
+                    self.kv_ops.published += n_ops  # those applied above: the node hears next
                     self.mark = monotonic()
                     continue  # its KV operations are applied, then it is planned
             rows = self.scheduler.plan()

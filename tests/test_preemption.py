@@ -75,6 +75,14 @@ async def test_a_session_parked_for_a_higher_priority_resumes_bitwise(node_confi
         by_prompt = {session.spec.prompt[0:3] == node.tokenize(PROMPTS[0])[0:3]: out
                      for out, session in got}
         assert by_prompt[True] == solo[0] and by_prompt[False] == solo[1]
+        assert_every_kv_operation_published(node)
+
+
+def assert_every_kv_operation_published(node):
+    """Every KV operation the node asked for was applied and published: none is left
+    for a later restoring start to wait on."""
+    batch = node._loop.batch
+    assert batch.kv_ops_published == batch.kv_ops_queued
 
 
 async def test_a_session_parked_three_times_resumes_bitwise_each_time(node_config):
@@ -95,6 +103,7 @@ async def test_a_session_parked_three_times_resumes_bitwise_each_time(node_confi
                                     requester=HIGH)
         (out, session), = got
         assert session.parks == 3 and out == solo
+        assert_every_kv_operation_published(node)
 
 
 async def test_a_full_pool_parks_by_cells_and_the_session_resumes_bitwise(node_config):
@@ -298,3 +307,4 @@ async def test_a_session_the_pool_cannot_place_is_parked_and_resumes_bitwise(nod
         assert victim.error is None and first.parks == 0
         by_session = {session.id: out for out, session in got}
         assert by_session[first.id] == solo[0] and by_session[victim.id] == solo[1]
+        assert_every_kv_operation_published(node)
