@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import adapters as adapters_case  # noqa: E402
+from benchmarks import cpu_kinds  # noqa: E402
 from benchmarks import embeddings as embeddings_case  # noqa: E402
 from benchmarks import decode as decode_case  # noqa: E402
 from benchmarks import grammar as grammar_case  # noqa: E402
@@ -52,7 +53,9 @@ from dgr.engine import resolve_model_path  # noqa: E402
 
 
 def markdown(report) -> str:
-    lines = levels_case.markdown(report) if report["dgr"] else []
+    lines = [f"Machine: {report['cpu']}; kernels: {report['cpu_kind']} (both servers)."
+             ] if "cpu" in report else []
+    lines += levels_case.markdown(report) if report["dgr"] else []
     if report.get("mixed_load"):
         lines.extend(mixed_case.markdown(report["mixed_load"]))
     if report.get("serving"):
@@ -99,6 +102,9 @@ def main(argv=None) -> int:
     parser.add_argument("--levels", default="1,2,4,8,16,32", help="concurrency levels")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per session")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--cpu-kind", default="native", choices=cpu_kinds.KINDS,
+                        help="the kernels both servers run: this machine's (native) or one "
+                             "instruction set's only (benchmarks/cpu_kinds.py)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="output folder")
     parser.add_argument("--kv-conversations", type=int, default=48,
                         help="conversations of the kv_tier case (more than the pool holds)")
@@ -182,9 +188,14 @@ def main(argv=None) -> int:
     if args.skip_mixed:
         cases.discard("mixed")
     levels = [int(x) for x in args.levels.split(",")] if "levels" in cases else []
-    peers = ensure_peers(log=lambda m: print(m, file=sys.stderr), batched_bench="levels" in cases)
+    def log(message):
+        print(message, file=sys.stderr)
+
+    cpu_kinds.use(args.cpu_kind, log)
+    peers = ensure_peers(log=log, batched_bench="levels" in cases, kind=args.cpu_kind)
     report: dict = {"model": model, "levels": levels, "new_tokens": args.new_tokens,
-                    "threads": args.threads, "dgr": [], "llama_server": [],
+                    "threads": args.threads, "cpu": cpu_kinds.cpu(), "cpu_kind": args.cpu_kind,
+                    "dgr": [], "llama_server": [],
                     "llama_cpp_python": [], "corruption": []}
     mixed_stalls = [float(x) for x in args.mixed_stalls.split(",")]
     steps = ((levels_case.bar_steps(levels, args.rounds) if levels else 0)

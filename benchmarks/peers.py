@@ -20,14 +20,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import vendor_llama  # noqa: E402
 
+from benchmarks import cpu_kinds  # noqa: E402
+
 PRISTINE = (vendor_llama.TREE, ROOT / "vendor" / "build-peers", ("llama-server", "llama-batched-bench"))
 PATCHED = (vendor_llama.PATCHED_TREE, ROOT / "vendor" / "build-peers-patched", ("llama-batched-bench",))
 
 
-def _build(tree: Path, build: Path, targets: tuple[str, ...], log) -> dict[str, Path]:
+def _build(tree: Path, build: Path, targets: tuple[str, ...], log,
+           flags: tuple[str, ...] = ()) -> dict[str, Path]:
     binaries = {t: build / "bin" / t for t in targets}
     stamp = build / ".dgr-tree"
-    source = (tree / ".dgr-pin").read_text() if (tree / ".dgr-pin").exists() else ""
+    source = ((tree / ".dgr-pin").read_text() if (tree / ".dgr-pin").exists() else "") + (
+        " " + " ".join(flags) if flags else "")
     if all(b.exists() for b in binaries.values()) and stamp.exists() and stamp.read_text() == source:
         return binaries
     log(f"building {', '.join(targets)} from {tree.relative_to(ROOT)} (once; a few minutes)")
@@ -35,7 +39,8 @@ def _build(tree: Path, build: Path, targets: tuple[str, ...], log) -> dict[str, 
         "cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
-        "-DLLAMA_CURL=OFF"], check=True, stdout=subprocess.DEVNULL, env=vendor_llama.build_env())
+        "-DLLAMA_CURL=OFF", *flags], check=True, stdout=subprocess.DEVNULL,
+        env=vendor_llama.build_env())
     subprocess.run(["cmake", "--build", str(build), "--target", *targets,
                     "-j", str(os.cpu_count() or 2)], check=True, stdout=subprocess.DEVNULL,
                    env=vendor_llama.build_env())
@@ -43,15 +48,22 @@ def _build(tree: Path, build: Path, targets: tuple[str, ...], log) -> dict[str, 
     return binaries
 
 
-def ensure_peers(log=print, batched_bench: bool = True) -> dict[str, Path]:
+def ensure_peers(log=print, batched_bench: bool = True, kind: str = "native") -> dict[str, Path]:
     """{"llama-server"} from the pristine pin; with batched_bench also
     "llama-batched-bench" from it and "llama-batched-bench-patched" from the
-    patched one (only the levels case runs them)."""
+    patched one (only the levels case runs them). For a CPU kind other than native
+    (benchmarks/cpu_kinds.py) they are built with its flags only, in build-peers-KIND."""
     vendor_llama.main()
+    flags = tuple(cpu_kinds.FLAGS.get(kind, ()))
+
+    def built(tree, build, targets):
+        return _build(tree, build.with_name(f"{build.name}-{kind}") if flags else build,
+                      targets, log, flags)
+
     tree, build, targets = PRISTINE
-    peers = _build(tree, build, targets if batched_bench else ("llama-server",), log)
+    peers = built(tree, build, targets if batched_bench else ("llama-server",))
     if batched_bench:
-        peers["llama-batched-bench-patched"] = _build(*PATCHED, log)["llama-batched-bench"]
+        peers["llama-batched-bench-patched"] = built(*PATCHED)["llama-batched-bench"]
     return peers
 
 
