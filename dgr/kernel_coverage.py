@@ -15,8 +15,9 @@ import struct
 
 from dgr.gguf_file import tensors
 
-COVERED = frozenset({"F32", "F16", "BF16", "Q4_0", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-                     "Q5_K", "Q6_K", "IQ4_XS"})
+COVERED = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K",
+                     "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS",
+                     "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"})
 # served and checked bitwise by a test: random-weight models in tests/test_model_matrix.py
 # (attention with and without q/k norms, mixture of experts, a hybrid with short
 # convolutions, a state-space model), the default model (Gemma 3) in

@@ -250,7 +250,8 @@ def _mamba_layers(writer, weight, n_embd, n_layer) -> None:
 
 
 # llama.cpp's quantization types by their llama-quantize names
-QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4_MOE")
+QUANT_TYPES = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_1", "Q4_K_M", "Q6_K", "IQ4_XS",
+               "IQ4_NL", "MXFP4_MOE")
 
 
 def write_encoder_model(path: str | os.PathLike, *, n_embd: int = 64, n_layer: int = 2,

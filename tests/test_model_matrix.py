@@ -1,6 +1,6 @@
 """The invariance promise across architectures and weight types: random-weight models
 written at test time (a llama with grouped-query attention and a qwen3moe with 8
-experts, 2 per token, each in nine weight types made by llama.cpp's quantizer; a dense
+experts, 2 per token, each in eleven weight types made by llama.cpp's quantizer; a dense
 qwen3 in two; an lfm2
 hybrid of short convolutions and attention, and a mamba, in two), every session
 checked by `python -m dgr check-invariance`'s check: alone, 8 at once arriving

@@ -92,6 +92,13 @@ static int check_batch(const char * op, ggml_type type, int n, const char * unit
 }
 
 
+// The other types llama.cpp quantizes to and people download (IQ4_NL is covered repacked,
+// repacked_mul_mat; its plain kernel is not row-invariant with AVX2)
+#define OTHER_TYPES \
+    GGML_TYPE_Q4_1, GGML_TYPE_Q5_1, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ3_S, GGML_TYPE_IQ2_XXS, \
+    GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ1_S, GGML_TYPE_IQ1_M, GGML_TYPE_TQ1_0, \
+    GGML_TYPE_TQ2_0, GGML_TYPE_MXFP4,
+
 static const int MM_K = 1024;   // a multiple of 256, as K-quants need
 static const int MM_ROWS = 88;  // not a multiple of 16: ragged tiles
 static const int MM_COLS[] = { 1, 2, 7, 8, 9, 16, 33, 64, 512 };
@@ -119,7 +126,10 @@ static std::vector<uint8_t> make_weights(ggml_type type, uint32_t seed) {
     } else if (type == GGML_TYPE_F16) {
         ggml_fp32_to_fp16_row(f.data(), (ggml_fp16_t *) w.data(), (int64_t) f.size());
     } else {
-        ggml_quantize_chunk(type, f.data(), w.data(), 0, MM_ROWS, MM_K, nullptr);
+        // the types llama.cpp quantizes only with an importance matrix get a flat one
+        const std::vector<float> flat(MM_K, 1.0f);
+        ggml_quantize_chunk(type, f.data(), w.data(), 0, MM_ROWS, MM_K,
+                            ggml_quantize_requires_imatrix(type) ? flat.data() : nullptr);
     }
     return w;
 }
@@ -129,6 +139,8 @@ static int test_mul_mat() {
         GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0,  // dgr's default model
         GGML_TYPE_Q5_K, GGML_TYPE_Q3_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_XS, // the other tiled formats
         GGML_TYPE_Q4_0, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32,
+        // the other types llama.cpp quantizes to and people download
+        OTHER_TYPES
     };
     int failures = 0;
     // activations with a wide range, so that rounding differences cannot hide
@@ -189,6 +201,7 @@ static int test_mul_mat_id() {
     const ggml_type types[] = {
         GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K, GGML_TYPE_Q3_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_XS,
         GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32,
+        OTHER_TYPES
     };
     int failures = 0;
     const std::vector<float> x = randoms((size_t) MM_K * MOE_MAX_TOKENS, 17, 3.0f);

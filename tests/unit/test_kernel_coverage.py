@@ -12,19 +12,21 @@ from dgr.testmodel import write_tensors as write
 
 
 def test_the_header_gives_each_types_tensor_count_and_whether_all_are_covered(tmp_path):
-    q4_1 = np.zeros((2, 20), dtype=np.uint8)  # 2 rows of one 32-weight Q4_1 block
+    # IQ4_NL's plain kernel rounds a column differently alone than in a batch (native
+    # test mul_mat); repacked, it is covered
+    iq4_nl = np.zeros((2, 18), dtype=np.uint8)  # 2 rows of one 32-weight IQ4_NL block
     path = write(tmp_path / "m.gguf", {
         "a.weight": (np.ones((4, 32), dtype=np.float32), None),
         "b.weight": (np.ones((4, 32), dtype=np.float16), None),
-        "c.weight": (q4_1, gguf.GGMLQuantizationType.Q4_1),
+        "c.weight": (iq4_nl, gguf.GGMLQuantizationType.IQ4_NL),
     })
     assert tensors(path) == [("a.weight", "F32", (32, 4)), ("b.weight", "F16", (32, 4)),
-                             ("c.weight", "Q4_1", (32, 2))]
-    assert weight_types(path) == {"weight_types": {"F32": 1, "F16": 1, "Q4_1": 1},
-                                  "not_covered": ["Q4_1"]}
+                             ("c.weight", "IQ4_NL", (32, 2))]
+    assert weight_types(path) == {"weight_types": {"F32": 1, "F16": 1, "IQ4_NL": 1},
+                                  "not_covered": ["IQ4_NL"]}
     got = report(path, frozenset(), INFO, AVX512, "x86_64")
     assert not got["covered"] and got["why_not"] == [
-        "weight types Q4_1 take kernels no native test shows row-invariant"]
+        "weight types IQ4_NL take kernels no native test shows row-invariant"]
     covered = write(tmp_path / "n.gguf", {"a.weight": (np.ones((4, 32), dtype=np.float32), None)})
     assert report(covered, frozenset(), INFO, AVX512, "x86_64")["covered"]
     # a weight placed in the row-invariant repacked kernels is covered whatever its type
