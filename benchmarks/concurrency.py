@@ -188,6 +188,7 @@ def main(argv=None) -> int:
     if args.skip_mixed:
         cases.discard("mixed")
     levels = [int(x) for x in args.levels.split(",")] if "levels" in cases else []
+
     def log(message):
         print(message, file=sys.stderr)
 

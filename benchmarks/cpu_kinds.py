@@ -81,8 +81,7 @@ def dgr_libraries(kind: str, log=print) -> Path:
     stamp = folder / ".dgr-build"
     if stamp.exists() and stamp.read_text() == key:
         return folder / "lib"
-    cache = Path(os.environ.get("DGR_WHEEL_CACHE",
-                                Path.home() / ".cache" / "dgr" / "llama-wheels")) / key
+    cache = build_llama.wheel_cache() / key
     wheels = sorted(cache.glob("llama_cpp_python-*.whl")) if cache.is_dir() else []
     if not wheels:
         log(f"building llama-cpp-python's libraries for --cpu-kind {kind} (once; minutes)")

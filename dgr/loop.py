@@ -484,7 +484,7 @@ class StepLoop:
         BatchLoop's finish event)."""
         self._placement.retired(session, reached_loop=session.id in self._on_engine)
         self._on_engine.discard(session.id)
-        if session.sampler_entry is not None:  # what it holds if it left parked
+        if session.sampler_entry is not None:  # freed of what it holds if it left parked
             self.batch.drop_parked(session.sampler_entry)
             self._sampler_entries.append(session.sampler_entry)
             session.sampler_entry = None

@@ -72,6 +72,11 @@ def pip(*args: str, env: dict | None = None) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True, env=env)
 
 
+def wheel_cache() -> Path:
+    """The folder of cached wheels, one folder per build key."""
+    return Path(os.environ.get("DGR_WHEEL_CACHE", Path.home() / ".cache" / "dgr" / "llama-wheels"))
+
+
 def build_wheel(pin: dict[str, str], cmake_args: str, out_dir: Path) -> Path:
     sdist = vendor_llama.fetch_sdist(pin)
     with tempfile.TemporaryDirectory(prefix="dgr-llama-build-") as tmp:
@@ -99,8 +104,7 @@ def main() -> int:
     if installed_key() == key:
         print(f"llama-cpp-python {pin['version']} (patched, build {key}) is installed")
         return 0
-    cache = Path(os.environ.get("DGR_WHEEL_CACHE", Path.home() / ".cache" / "dgr" / "llama-wheels"))
-    out_dir = cache / key
+    out_dir = wheel_cache() / key
     wheels = sorted(out_dir.glob("llama_cpp_python-*.whl")) if out_dir.is_dir() else []
     if wheels:
         wheel = wheels[0]
