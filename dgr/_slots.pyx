@@ -59,9 +59,10 @@ cdef class SlotTable:
         prefilling SCORE_CHUNK tokens a step from position 0, and may have
         max_tokens 0. With speculation on, its decode rows may carry drafts. With no
         credits (a resumed session whose reader has its tokens unread) it prefills
-        all but its prompt's last row until it gets one. With park_when_full, rows
-        llama.cpp finds no KV cells for (code 1, KV_MOVE_FAILED) park it
-        (FINISH_PARKED with that code) instead of ending it."""
+        all but its prompt's last row until it gets one. With park_when_full (never for
+        one scoring its prompt: a resumed session scores none), rows llama.cpp finds
+        no KV cells for (code 1, KV_MOVE_FAILED) park it (FINISH_PARKED with that
+        code) instead of ending it."""
         params, prompt = spec.params, spec.prompt
         cdef int max_tokens = params.max_tokens, n_logprobs = params.logprobs
         cdef int prompt_logprobs = params.prompt_logprobs if spec.scores_prompt else -1
@@ -96,7 +97,7 @@ cdef class SlotTable:
         sl.n_logprobs = n_logprobs
         sl.ignore_eos = params.ignore_eos
         sl.keep_kv = keep_kv
-        sl.park_when_full = park_when_full and prompt_logprobs < 0
+        sl.park_when_full = park_when_full
         sl.prompt_logprobs = prompt_logprobs
         sl.order = self.next_order
         self.next_order += 1

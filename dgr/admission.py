@@ -402,7 +402,7 @@ class Admission:
                 and counters[other.tenant] - counters[tenant] > sched.fair_drift)
 
         victims = [s for s in self.running if s.phase is Phase.DECODE and s not in self.parking
-                   and s.parks < sched.max_parks and not s.spec.scores_prompt and outranked(s)]
+                   and self.may_park_again(s) and outranked(s)]
         if victims:
             victim = max(victims, key=lambda s: (s.spec.requester.priority,
                                                  counters[s.spec.requester.tenant], s.id))

@@ -22,10 +22,3 @@ def test_the_report_names_the_cpu_and_its_vector_extensions():
     assert cpu_kinds.cpu(AVX2_ONLY).startswith("AMD EPYC 7B12, AVX2 without AVX-512, ")
     assert cpu_kinds.cpu(VNNI).startswith("AMD EPYC 9B14, AVX-512 VNNI, ")
 
-
-def test_each_kind_limits_llama_cpp_to_its_instruction_set():
-    for kind in ("avx2", "avx512"):
-        assert "-DGGML_NATIVE=OFF" in cpu_kinds.FLAGS[kind]
-    assert "-DGGML_AVX512=OFF" in cpu_kinds.FLAGS["avx2"]
-    assert "-DGGML_AVX512_VNNI=ON" in cpu_kinds.FLAGS["avx512"]
-    assert set(cpu_kinds.KINDS) == {"native", "avx2", "avx512"}
