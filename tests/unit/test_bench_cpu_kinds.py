@@ -21,4 +21,3 @@ def test_a_kind_the_cpu_lacks_is_refused_naming_what_is_missing():
 def test_the_report_names_the_cpu_and_its_vector_extensions():
     assert cpu_kinds.cpu(AVX2_ONLY).startswith("AMD EPYC 7B12, AVX2 without AVX-512, ")
     assert cpu_kinds.cpu(VNNI).startswith("AMD EPYC 9B14, AVX-512 VNNI, ")
-
