@@ -173,9 +173,10 @@ class NodeConfig:
     weight_repack: str = option(
         "--weight-repack", "Weights llama.cpp repacks for its CPU kernels: 'invariant': the "
         "layer weights whose repacked kernels keep a row's bits whatever the batch (Q4_0, "
-        "IQ4_NL and MXFP4 on x86 with AVX2, Q4_K with AVX-512 VNNI; faster matmuls), not "
-        "with RPC workers; 'decode': those and Q4_K without VNNI too, where its repacked "
-        "kernels run few sessions' decode faster and prompts slower (docs/design.md); "
+        "IQ4_NL and MXFP4 on x86 with AVX2, Q4_K too unless the CPU has AVX-512 without "
+        "VNNI; faster matmuls), not with RPC workers; 'decode': those and Q4_K there too, "
+        "where its repacked kernels run few sessions' decode faster and prompts slower "
+        "(docs/design.md); "
         "'off': none; 'all': llama.cpp's choice, faster for more types, but batched logits "
         "then differ from solo ones (refused on CPUs with AMX, where it crashes).",
         default="invariant")

@@ -9,9 +9,10 @@ repacked_mul_mat). The first three run faster than the plain kernels on x86
 (bench-kernels measures it): the "invariant" mode places them in CPU_REPACK, by
 name. Q4_K's repacked kernels run one to three columns faster than dgr's tiled
 kernel, and four and more within a few per cent of it with AVX-512 VNNI (patch
-0019), at about half its speed without (docs/design.md has the figures). So
-"invariant" adds Q4_K on CPUs with AVX-512 VNNI, and the "decode" mode adds it
-everywhere, for nodes that serve one session at a time. For Q2_K the repacked
+0019) or faster with AVX2 alone (patch 0020); on CPUs with AVX-512 but no VNNI its
+batches take llama.cpp's AVX-512 kernel, at about half the tiled one's speed
+(docs/design.md has the figures). So "invariant" adds Q4_K except there, and the
+"decode" mode adds it everywhere. For Q2_K the repacked
 matmul rounds a column differently in a group of four than alone, and llama.cpp's
 AMX buffer type crashes on some machines: both modes leave everything else (and
 the AMX buffer type) as loaded.
@@ -30,8 +31,6 @@ MODES = ("invariant", "decode", "off", "all")
 # row-invariant for MUL_MAT and MUL_MAT_ID
 TYPES = {"invariant": frozenset({"Q4_0", "IQ4_NL", "MXFP4"}),
          "decode": frozenset({"Q4_0", "IQ4_NL", "MXFP4", "Q4_K"})}
-# with AVX-512 VNNI, repacked Q4_K's batch kernel nearly keeps pace with the tiled one
-_FAST_Q4_K_BATCHES = "AVX512_VNNI = 1"
 # layer weights that every architecture multiplies by F32 activations (MUL_MAT, or
 # MUL_MAT_ID for MoE experts): the only ops the repacked buffer type computes
 _MATMUL_WEIGHT = re.compile(
@@ -48,7 +47,7 @@ def invariant_tensors(model_path: str, system_info: str, mode: str = "invariant"
     it says what is wrong)."""
     if "AVX2 = 1" not in system_info:
         return []
-    types = TYPES[mode] | ({"Q4_K"} if _FAST_Q4_K_BATCHES in system_info else set())
+    types = TYPES[mode] | ({"Q4_K"} if q4_k_batches_fast(system_info) else set())
     try:
         found = gguf_file.tensors(model_path)
     except (OSError, ValueError, struct.error):
@@ -56,6 +55,13 @@ def invariant_tensors(model_path: str, system_info: str, mode: str = "invariant"
     return [name for name, kind, dims in found
             if kind in types and _MATMUL_WEIGHT.match(name)
             and len(dims) >= 2 and dims[1] % _ROW_GROUP == 0]
+
+
+def q4_k_batches_fast(system_info: str) -> bool:
+    """Whether repacked Q4_K's batch kernel keeps pace with the tiled one on this x86
+    CPU: with AVX-512 VNNI (patch 0019) or AVX2 and F16C without AVX-512 (patch 0020)."""
+    return ("AVX512_VNNI = 1" in system_info
+            or ("AVX512 = 1" not in system_info and "F16C = 1" in system_info))
 
 
 def patterns(names: list[str]) -> list[str]:

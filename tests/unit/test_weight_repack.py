@@ -9,7 +9,7 @@ import numpy as np
 from dgr import weight_repack
 from dgr.testmodel import write_tensors as write
 
-X86 = "AVX = 1 | AVX2 = 1 | AVX512 = 1"
+X86 = "AVX = 1 | AVX2 = 1 | F16C = 1 | AVX512 = 1"
 
 
 def q4_0(rows):
@@ -27,7 +27,8 @@ def test_only_layer_matmul_weights_of_invariant_types_with_whole_tiles_are_repac
         "blk.1.ffn_up_exps.weight": (np.zeros((4, 8, 18), dtype=np.uint8),  # 4 experts
                                      gguf.GGMLQuantizationType.Q4_0),
         "blk.1.ffn_gate.weight": (np.zeros((8, 144), dtype=np.uint8),  # Q4_K: "decode", and
-                                  gguf.GGMLQuantizationType.Q4_K),        # "invariant" with VNNI
+                                  gguf.GGMLQuantizationType.Q4_K),        # "invariant" but on
+                                                                          # AVX-512 without VNNI
     })
     names = weight_repack.invariant_tensors(path, X86)
     assert names == ["blk.0.attn_q.weight", "blk.1.attn_q.weight", "blk.1.ffn_up_exps.weight"]
@@ -35,6 +36,9 @@ def test_only_layer_matmul_weights_of_invariant_types_with_whole_tiles_are_repac
     assert weight_repack.invariant_tensors(path, X86, "decode") == names + ["blk.1.ffn_gate.weight"]
     assert (weight_repack.invariant_tensors(path, X86 + " | AVX512_VNNI = 1")
             == names + ["blk.1.ffn_gate.weight"])
+    avx2_only = "AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1"
+    assert weight_repack.invariant_tensors(path, avx2_only) == names + ["blk.1.ffn_gate.weight"]
+    assert weight_repack.invariant_tensors(path, "AVX = 1 | AVX2 = 1 | FMA = 1") == names
     patterns = weight_repack.patterns(names)
     assert patterns == [r"^blk\.(0|1)\.attn_q\.weight$", r"^blk\.(1)\.ffn_up_exps\.weight$"]
     every = ["token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.10.attn_q.weight",
