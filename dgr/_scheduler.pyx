@@ -278,9 +278,17 @@ cdef class Scheduler(SlotTable):
         """The most prefill rows from `position` that keep the step's predicted time
         within decode_stall times the decode-only step's (at least MIN_PIECE, at
         most the token budget): the largest n with
-        c n + e n (2 position + n + 1) / 2048 <= (decode_stall - 1)(a + b n_decode),
-        the rows at position.. attending position + 1.. cells."""
+        c n + e n (2 position + n + 1) / 2048 <= (decode_stall - 1) d,
+        the rows at position.. attending position + 1.. cells, where d is the
+        decode-only step's seconds at these output rows and contexts as the node
+        timed them (Speculation.timed_at: a CPU's step is not linear in its rows, and
+        a few rows may cost about as many more), else the fit's a + b n_decode."""
         cdef double decode_only = self.time_a + self.time_b * self.decode_rows()
+        cdef double timed = 0.0
+        if self.speculation is not None:
+            timed = self.speculation.timed_at(self.decode_rows(), self.cells)
+        if timed > 0.0:
+            decode_only = timed
         cdef double room = (self.decode_stall - 1.0) * decode_only
         cdef double k1 = self.time_c + self.time_e * (2.0 * position + 1.0) / 2048.0
         cdef double k2 = self.time_e / 2048.0

@@ -134,6 +134,26 @@ def test_while_sessions_decode_the_step_time_model_bounds_prefill():
         scheduler(decode_stall=0.5)
 
 
+def test_the_stall_is_counted_from_the_decode_only_step_the_node_timed_at_these_rows():
+    """Where the node timed decode-only steps of the plan's output rows at the
+    sessions' contexts (RowTimes), the room is decode_stall - 1 times that step's
+    seconds, not the fit's a + b n: a CPU's step is not linear in its rows (three rows
+    may cost about eight)."""
+    sched = scheduler(token_budget=512, prefill_chunk=64, decode_stall=2.0, one_call=True)
+    decoding(sched, range(4))
+    sched.start(6, spec(list(range(2000)), 5))
+    sched.apply(tokens_for(sched, *sched.plan_step()[1:]))  # no model yet: prefill_chunk rows
+    a, b, c = 0.010, 0.001, 0.0001
+    sched.set_step_time(a, b, c, 0.0)  # the fit's 4-row step: 0.014 s, room for 140 rows
+    sched.set_row_times([(4, 0.020, 0.0)])  # as timed: 0.020 s, room for 200
+    _, decode, chunks = sched.plan_step()
+    assert decode == [0, 1, 2, 3] and sched.last_prefill_cap == 200
+    sched.apply(tokens_for(sched, decode, chunks))
+    sched.set_row_times([(3, 0.020, 0.0)])  # not timed at 4 rows: the fit's
+    sched.plan_step()
+    assert sched.last_prefill_cap == 140
+
+
 def test_slow_reader_is_skipped_others_continue():
     sched = scheduler()
     decoding(sched, [0], credits=16)
