@@ -20,6 +20,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import vendor_llama
 
@@ -53,6 +54,37 @@ CPU_FLAGS = {
 CPU_TOOLS = {"aarch64": ("aarch64-linux-gnu-g++", "qemu-aarch64")}
 
 
+def build(cpu: str | None, pristine: bool, targets: list[str]) -> Path | None:
+    """Configure and build `targets` (all if empty) of patches/native-tests against the
+    pristine or the patched tree, for `cpu` (None: this machine); the build folder, or
+    None when the build failed (the end of its log printed)."""
+    vendor_llama.main()
+    tree = vendor_llama.TREE if pristine else vendor_llama.PATCHED_TREE
+    name = "native-pristine" if pristine else "native-patched"
+    folder = ROOT / "build" / (f"{name}-{cpu}" if cpu else name)
+    subprocess.run(["cmake", "-S", str(ROOT / "patches" / "native-tests"), "-B", str(folder), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_DIR={tree}",
+                    f"-DDGR_TEST_MODEL={default_model()}", *CPU_FLAGS.get(cpu, [])],
+                   check=True, stdout=subprocess.DEVNULL, env=vendor_llama.build_env())
+    # the compiler's output (thousands of warnings from untouched ggml code) goes to a log
+    log = folder / "build.log"
+    with log.open("w") as out:
+        built = subprocess.run(["cmake", "--build", str(folder), *(["--target", *targets] if targets else [])],
+                               stdout=out, stderr=subprocess.STDOUT, env=vendor_llama.build_env())
+    if built.returncode != 0:
+        print(log.read_text()[-8000:])
+        print(f"native tests: the build failed (whole log: {log})")
+        return None
+    print(f"built {folder.relative_to(ROOT)} from {tree.relative_to(ROOT)} "
+          f"(compiler output: {log.relative_to(ROOT)})", flush=True)
+    return folder
+
+
+def missing_tools(cpu: str | None) -> list[str]:
+    """What a build for `cpu` needs on PATH and does not find."""
+    return [tool for tool in CPU_TOOLS.get(cpu, ()) if shutil.which(tool) is None]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pristine", action="store_true",
@@ -60,33 +92,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu", choices=sorted(CPU_FLAGS),
                         help="build the kernel tests for this CPU instead of this machine's")
     args = parser.parse_args(argv)
-    missing = [tool for tool in CPU_TOOLS.get(args.cpu, ()) if shutil.which(tool) is None]
+    missing = missing_tools(args.cpu)
     if missing:
         print(f"native tests for {args.cpu}: {', '.join(missing)} not found "
               "(apt-get install g++-aarch64-linux-gnu qemu-user)")
         return 2
-    vendor_llama.main()
-    tree = vendor_llama.TREE if args.pristine else vendor_llama.PATCHED_TREE
-    name = "native-pristine" if args.pristine else "native-patched"
-    build = ROOT / "build" / (f"{name}-{args.cpu}" if args.cpu else name)
-    subprocess.run(["cmake", "-S", str(ROOT / "patches" / "native-tests"), "-B", str(build), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_DIR={tree}",
-                    f"-DDGR_TEST_MODEL={default_model()}", *CPU_FLAGS.get(args.cpu, [])],
-                   check=True, stdout=subprocess.DEVNULL, env=vendor_llama.build_env())
-    # the compiler's output (thousands of warnings from untouched ggml code) goes to a log
-    log = build / "build.log"
-    target = ["--target", KERNEL_TARGET] if args.cpu else []
-    with log.open("w") as out:
-        built = subprocess.run(["cmake", "--build", str(build), *target], stdout=out,
-                               stderr=subprocess.STDOUT, env=vendor_llama.build_env())
-    if built.returncode != 0:
-        print(log.read_text()[-8000:])
-        print(f"native tests: the build failed (whole log: {log})")
-        return built.returncode
-    print(f"built {build.relative_to(ROOT)} from {tree.relative_to(ROOT)} "
-          f"(compiler output: {log.relative_to(ROOT)})", flush=True)
+    folder = build(args.cpu, args.pristine, [KERNEL_TARGET] if args.cpu else [])
+    if folder is None:
+        return 1
     only = ["-R", KERNEL_TESTS] if args.cpu else []
-    result = subprocess.run(["ctest", "--test-dir", str(build), "--output-on-failure", "-V", *only],
+    result = subprocess.run(["ctest", "--test-dir", str(folder), "--output-on-failure", "-V", *only],
                             env=vendor_llama.build_env())
     return result.returncode
 

@@ -236,9 +236,17 @@ int main(int argc, char ** argv) {
     ggml_backend_buffer_type_t repack = extra_buffer_type("CPU_REPACK");
     // k x rows: square, and a 1B Llama's feed-forward up (or gate) and down weights
     const int placed_shapes[3][2] = { { 2048, 2048 }, { 2048, 8192 }, { 8192, 2048 } };
-    for (ggml_type type : { GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K }) {
+#if defined(__aarch64__)
+    const bool arm = true;
+#else
+    const bool arm = false;
+#endif
+    for (ggml_type type : { GGML_TYPE_Q4_0, GGML_TYPE_IQ4_NL, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q8_0,
+                            GGML_TYPE_Q6_K }) {
+        // llama.cpp repacks Q8_0 and Q6_K on ARM (with dotprod or i8mm) only
+        const bool repacked = arm || (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q6_K);
         for (const auto & kr : placed_shapes) {
-            if (kr[0] != kr[1] && type != GGML_TYPE_Q4_K) {
+            if (kr[0] != kr[1] && type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q6_K) {
                 continue;
             }
             for (int n : { 1, 16, 512 }) {
@@ -246,7 +254,7 @@ int main(int argc, char ** argv) {
                     char line[256];
                     snprintf(line, sizeof(line), "mul_mat %dx%d %-6s %-10s %3d columns", kr[0], kr[1],
                              ggml_type_name(type), buft ? ggml_backend_buft_name(buft) : "CPU_REPACK", n);
-                    if ((!filter || strstr(line, filter)) && buft) {
+                    if ((!filter || strstr(line, filter)) && buft && (repacked || buft != repack)) {
                         printf("%s: %9.3f ms\n", line, time_placed(buft, type, kr[0], kr[1], n, n_threads,
                                                                   n == 512 ? repeats : repeats * 4));
                         fflush(stdout);
