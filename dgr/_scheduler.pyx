@@ -281,8 +281,8 @@ cdef class Scheduler(SlotTable):
         c n + e n (2 position + n + 1) / 2048 <= (decode_stall - 1) d,
         the rows at position.. attending position + 1.. cells, where d is the
         decode-only step's seconds at these output rows and contexts as the node
-        timed them (Speculation.timed_at: a CPU's step is not linear in its rows, and
-        a few rows may cost about as many more), else the fit's a + b n_decode."""
+        timed them (Speculation.timed_at: a CPU's step is not linear in its rows;
+        three decode rows may take about what eight do), else the fit's a + b n_decode."""
         cdef double decode_only = self.time_a + self.time_b * self.decode_rows()
         cdef double timed = 0.0
         if self.speculation is not None:

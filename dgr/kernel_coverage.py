@@ -28,9 +28,10 @@ TESTED_ARCHITECTURES = frozenset({"llama", "qwen3", "qwen3moe", "lfm2", "mamba",
 # the CPUs the native invariance tests pass on (scripts/native_tests.py, and with --cpu
 # avx2 | aarch64): a name, the machine, the llama.cpp system_info features that pick the
 # kernels they tested, and those that would pick others (an SVE build's)
+ARM_DOTPROD_I8MM = "aarch64 with NEON, dotprod and i8mm"
 TESTED_CPUS = (("x86-64 with AVX-512 and VNNI", "x86_64", ("AVX512 = 1", "AVX512_VNNI = 1"), ()),
                ("x86-64 with AVX2", "x86_64", ("AVX2 = 1", "FMA = 1"), ("AVX512 = 1",)),
-               ("aarch64 with NEON, dotprod and i8mm", "aarch64",
+               (ARM_DOTPROD_I8MM, "aarch64",
                 ("NEON = 1", "DOTPROD = 1", "MATMUL_INT8 = 1"), ("SVE = 1",)))
 
 

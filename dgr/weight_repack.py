@@ -40,7 +40,6 @@ TYPES = {"invariant": frozenset({"Q4_0", "IQ4_NL", "MXFP4"}),
 # on the ARM kind the native tests cover (NEON, dotprod and i8mm, no SVE), the types
 # whose repacked kernels are row-invariant there, in both modes (Q4_K's and Q5_K's
 # are not: their 4-column kernel rounds differently from the one-column one)
-ARM_KIND = kernel_coverage.TESTED_CPUS[2][0]
 ARM_TYPES = frozenset({"Q4_0", "Q8_0", "IQ4_NL", "MXFP4", "Q6_K"})
 # layer weights that every architecture multiplies by F32 activations (MUL_MAT, or
 # MUL_MAT_ID for MoE experts): the only ops the repacked buffer type computes
@@ -55,7 +54,7 @@ def repacked_types(system_info: str, mode: str, machine: str | None = None) -> f
     with AVX2, TYPES[mode] and Q4_K where its batches run nearly as fast; on the ARM
     kind the native tests cover, ARM_TYPES; on other CPUs none (their repacked kernels
     are not checked)."""
-    if kernel_coverage.cpu_kind(system_info, machine) == ARM_KIND:
+    if kernel_coverage.cpu_kind(system_info, machine) == kernel_coverage.ARM_DOTPROD_I8MM:
         return ARM_TYPES
     if "AVX2 = 1" not in system_info:
         return frozenset()
