@@ -18,10 +18,11 @@ crashes on some machines: both modes leave everything else (and the AMX buffer
 type) as loaded.
 
 On ARM with NEON, dotprod and i8mm (the kind the native tests run under qemu), the
-repacked kernels of Q4_0, Q8_0, IQ4_NL, MXFP4 and Q6_K are row-invariant, and they
-execute 1.2 to 6.6 times fewer instructions than dgr's plain ones
-(scripts/arm_kernel_counts.py): both modes place those; Q4_K's and Q5_K's are not
-invariant there and stay as loaded.
+repacked kernels of Q4_0, Q8_0, IQ4_NL, MXFP4, Q4_K (patch 0021 makes its
+one-column kernel round as its batch kernel does) and Q6_K are row-invariant, and
+they execute 1.2 to 6.6 times fewer instructions than dgr's plain ones
+(scripts/arm_kernel_counts.py): both modes place those; Q5_K's are not invariant
+there and stay as loaded.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ MODES = ("invariant", "decode", "off", "all")
 TYPES = {"invariant": frozenset({"Q4_0", "IQ4_NL", "MXFP4"}),
          "decode": frozenset({"Q4_0", "IQ4_NL", "MXFP4", "Q4_K"})}
 # on the ARM kind the native tests cover (NEON, dotprod and i8mm, no SVE), the types
-# whose repacked kernels are row-invariant there, in both modes (Q4_K's and Q5_K's
-# are not: their 4-column kernel rounds differently from the one-column one)
-ARM_TYPES = frozenset({"Q4_0", "Q8_0", "IQ4_NL", "MXFP4", "Q6_K"})
+# whose repacked kernels are row-invariant there (Q4_K's with patch 0021), in both
+# modes (Q5_K's are not: its 4-column kernel rounds differently from the one-column one)
+ARM_TYPES = frozenset({"Q4_0", "Q8_0", "IQ4_NL", "MXFP4", "Q4_K", "Q6_K"})
 # layer weights that every architecture multiplies by F32 activations (MUL_MAT, or
 # MUL_MAT_ID for MoE experts): the only ops the repacked buffer type computes
 _MATMUL_WEIGHT = re.compile(

@@ -9,7 +9,7 @@
 //   repacked_mul_mat: weights in the CPU backend's extra buffer types (CPU_REPACK, AMX), for
 //               each type they take: mul_mat columns and mul_mat_id tokens alone and in
 //               batches, printed; fails where a type dgr repacks (Q4_0, IQ4_NL, MXFP4, and
-//               Q4_K on x86; Q4_0, Q8_0, IQ4_NL, MXFP4 and Q6_K on ARM; in CPU_REPACK) is not
+//               Q4_K on x86; those, Q8_0 and Q6_K on ARM; in CPU_REPACK) is not
 //               bitwise equal to solo.
 //   flash_attn: a query row's attention output is bitwise the same alone and beside other
 //               sequences (split KV: one stream each; unified KV: rows of one stream), at KV
@@ -299,11 +299,11 @@ static std::vector<float> matmul_placed(ggml_backend_t backend, ggml_backend_buf
 
 // The weight types dgr places in CPU_REPACK (dgr/weight_repack.py): their repacked kernels must
 // be row-invariant. On x86 (AVX2), Q4_0, IQ4_NL, MXFP4 and Q4_K (patch 0017); on ARM, Q4_0,
-// Q8_0, IQ4_NL, MXFP4 and Q6_K. The survey prints the others too.
+// Q8_0, IQ4_NL, MXFP4, Q4_K (patch 0021) and Q6_K. The survey prints the others too.
 static bool dgr_repacks(ggml_backend_buffer_type_t buft, ggml_type type) {
 #if defined(__aarch64__)
     const bool taken = type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_IQ4_NL ||
-                       type == GGML_TYPE_MXFP4 || type == GGML_TYPE_Q6_K;
+                       type == GGML_TYPE_MXFP4 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
 #elif defined(__AVX2__)
     const bool taken = type == GGML_TYPE_Q4_0 || type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4 ||
                        type == GGML_TYPE_Q4_K;

@@ -58,16 +58,18 @@ def test_a_file_whose_header_cannot_be_read_repacks_nothing(tmp_path):
 def test_on_the_covered_arm_kind_the_types_whose_repacked_arm_kernels_are_invariant_are_repacked(
         tmp_path):
     """aarch64 with NEON, dotprod and i8mm (the native tests' ARM kind): Q4_0, Q8_0, IQ4_NL,
-    MXFP4 and Q6_K, in both modes, and never Q4_K (its repacked ARM kernels round a column
-    differently in a batch); an SVE build takes other kernels, so nothing there."""
+    MXFP4, Q4_K and Q6_K, in both modes, and never Q5_K (its repacked ARM kernels round a
+    column differently in a batch); an SVE build takes other kernels, so nothing there."""
     path = write(tmp_path / "m.gguf", {
         "blk.0.attn_q.weight": q4_0(8),
         "blk.0.attn_k.weight": (np.zeros((8, 272), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_0),
         "blk.0.ffn_down.weight": (np.zeros((8, 210), dtype=np.uint8), gguf.GGMLQuantizationType.Q6_K),
         "blk.0.ffn_up.weight": (np.zeros((8, 144), dtype=np.uint8), gguf.GGMLQuantizationType.Q4_K),
+        "blk.0.ffn_gate.weight": (np.zeros((8, 176), dtype=np.uint8), gguf.GGMLQuantizationType.Q5_K),
     })
     arm = "NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | MATMUL_INT8 = 1 | DOTPROD = 1"
-    expected = ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.ffn_down.weight"]
+    expected = ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.ffn_down.weight",
+                "blk.0.ffn_up.weight"]
     for mode in ("invariant", "decode"):
         assert weight_repack.invariant_tensors(path, arm, mode, machine="aarch64") == expected
     assert weight_repack.invariant_tensors(path, arm + " | SVE = 1", machine="aarch64") == []
