@@ -12,9 +12,9 @@ different numbers of calls; the difference, divided by the calls, is one call's
 instructions, setup excluded. Compared: dgr's kernels on the weights as dgr loads them on
 ARM (repacked where dgr/weight_repack.py repacks the type there, else plain), dgr's plain
 kernels, llama.cpp's on the weights as llama-server loads them by default (repacked:
-CPU_REPACK takes all of these types with i8mm), and llama.cpp's plain kernels. Instruction counts estimate the work a
-kernel does; they are not times (no ARM machine here: an instruction's cost differs, and
-memory is not modelled).
+CPU_REPACK takes all of these types with i8mm), and llama.cpp's plain kernels.
+Instruction counts estimate the work a kernel does; they are not times (no ARM machine
+here: an instruction's cost differs, and memory is not modelled).
 """
 
 from __future__ import annotations
