@@ -27,11 +27,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_llama  # noqa: E402
 import vendor_llama  # noqa: E402
 
-_AVX2 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
-         "-DGGML_F16C=ON", "-DGGML_BMI2=ON"]
 # llama.cpp's CMake flags of each kind besides native
-FLAGS = {"avx2": [*_AVX2, "-DGGML_AVX512=OFF"],
-         "avx512": [*_AVX2, "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON"]}
+FLAGS = vendor_llama.X86_KIND_FLAGS
 KINDS = ("native", *FLAGS)
 # /proc/cpuinfo flags a kind's kernels need
 _NEEDS = {"avx2": ("avx2", "fma", "f16c", "bmi2"),

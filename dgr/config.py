@@ -174,9 +174,10 @@ class NodeConfig:
         "--weight-repack", "Weights llama.cpp repacks for its CPU kernels: 'invariant': the "
         "layer weights whose repacked kernels keep a row's bits whatever the batch (Q4_0, "
         "IQ4_NL and MXFP4 on x86 with AVX2, Q4_K too unless the CPU has AVX-512 without "
-        "VNNI; faster matmuls), not with RPC workers; 'decode': those and Q4_K there too, "
-        "where its repacked kernels run few sessions' decode faster and prompts slower "
-        "(docs/design.md); "
+        "VNNI; those, Q8_0 and Q6_K on aarch64 with dotprod and i8mm; faster matmuls), not "
+        "with RPC workers; 'decode': those and Q4_K on every x86 CPU with AVX2 (with "
+        "AVX-512 but no VNNI its repacked kernels run few sessions' decode faster and "
+        "prompts slower; docs/design.md); "
         "'off': none; 'all': llama.cpp's choice, faster for more types, but batched logits "
         "then differ from solo ones (refused on CPUs with AMX, where it crashes).",
         default="invariant")

@@ -20,8 +20,8 @@ type) as loaded.
 On ARM with NEON, dotprod and i8mm (the kind the native tests run under qemu), the
 repacked kernels of Q4_0, Q8_0, IQ4_NL, MXFP4, Q4_K (patch 0021 makes its
 one-column kernel round as its batch kernel does) and Q6_K are row-invariant, and
-they execute 1.2 to 6.6 times fewer instructions than dgr's plain ones
-(scripts/arm_kernel_counts.py): both modes place those; Q5_K's are not invariant
+those of them counted (scripts/arm_kernel_counts.py) execute 1.2 to 6.6 times fewer
+instructions than dgr's plain ones: both modes place those; Q5_K's are not invariant
 there and stay as loaded.
 """
 

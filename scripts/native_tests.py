@@ -40,8 +40,7 @@ KERNEL_TARGET = "test-row-invariance"
 KERNEL_TESTS = "row_invariance|prompt_rows_match_decode"
 # ggml's flags for each CPU the kernel tests are built for besides this machine's
 CPU_FLAGS = {
-    "avx2": ["-DDGR_NATIVE_CPU=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON",
-             "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF"],
+    "avx2": ["-DDGR_NATIVE_CPU=OFF", *vendor_llama.X86_KIND_FLAGS["avx2"]],
     "aarch64": ["-DDGR_NATIVE_CPU=OFF", "-DGGML_NATIVE=OFF", "-DCMAKE_SYSTEM_NAME=Linux",
                 "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
                 "-DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc",

@@ -25,6 +25,13 @@ TREE = VENDOR / "llama.cpp"
 PATCHED_TREE = VENDOR / "llama.cpp-patched"
 SDIST_DIR = VENDOR / "sdist"
 PATCHES = ROOT / "patches"
+# ggml's CMake flags that limit its CPU kernels to one x86 instruction set: AVX2 with
+# FMA, F16C and BMI2 and no AVX-512, or those and AVX-512 with VNNI (the native tests'
+# --cpu avx2 build and the benches' --cpu-kind)
+_AVX2 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+         "-DGGML_F16C=ON", "-DGGML_BMI2=ON"]
+X86_KIND_FLAGS = {"avx2": [*_AVX2, "-DGGML_AVX512=OFF"],
+                  "avx512": [*_AVX2, "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON"]}
 
 
 def read_pin() -> dict[str, str]:

@@ -2,6 +2,7 @@
 buffer type (dgr/weight_repack.py), read from a GGUF header."""
 
 import re
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -77,3 +78,20 @@ def test_on_the_covered_arm_kind_the_types_whose_repacked_arm_kernels_are_invari
     assert weight_repack.invariant_tensors(path, "AVX = 1 | AVX2 = 1 | F16C = 1",
                                            machine="x86_64") == ["blk.0.attn_q.weight",
                                                                  "blk.0.ffn_up.weight"]
+
+
+def test_the_native_test_guards_the_types_dgr_repacks_on_each_cpu():
+    """patches/native-tests/test_row_invariance.cpp's dgr_repacks fails the
+    repacked_mul_mat test where a type dgr repacks differs: its lists are dgr's."""
+    source = (Path(__file__).resolve().parents[2] / "patches" / "native-tests"
+              / "test_row_invariance.cpp").read_text()
+    body = source[source.index("static bool dgr_repacks("):]
+    body = body[:body.index("\n}\n")]
+    arm = body[body.index("#if defined(__aarch64__)"):body.index("#elif defined(__AVX2__)")]
+    x86 = body[body.index("#elif defined(__AVX2__)"):body.index("#else")]
+
+    def types(text):
+        return frozenset(re.findall(r"GGML_TYPE_(\w+)", text))
+
+    assert types(arm) == weight_repack.ARM_TYPES
+    assert types(x86) == weight_repack.TYPES["decode"]
