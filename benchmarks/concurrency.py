@@ -129,9 +129,10 @@ def main(argv=None) -> int:
                              "defaults), scaleout (two nodes behind smg and vllm-router: "
                              "affinity, cached tokens, a node killed or drained), decode "
                              "(steady decode at c = 1, 8, 16 vs llama-server's defaults on a "
-                             "~1B Llama and the default model), adapters (8 LoRa adapters, two "
-                             "sessions each, and all on one, vs llama-server with the same "
-                             "files; not in the default set), embeddings (a BERT-style encoder, "
+                             "~1B Llama and the default model), adapters (32 LoRa adapters: "
+                             "8 x 2 sessions, 32 x 1, 16 on one and on none, vs llama-server "
+                             "with the same files; --adapters-model; not in the default "
+                             "set), embeddings (a BERT-style encoder, "
                              "inputs of 16-512 tokens at c = 1, 8, 32 vs llama-server "
                              "--embeddings; not in the default set), tenants (a batch "
                              "tenant at c = 32 beside a chat a second: the chats' time to "
@@ -148,6 +149,10 @@ def main(argv=None) -> int:
                         help="workloads of the speculation case")
     parser.add_argument("--prefill-lengths", default=",".join(map(str, prefill_case.LENGTHS)),
                         help="prompt lengths of the prefill case")
+    parser.add_argument("--adapters-model", choices=("default", "llama"), default="default",
+                        help="the adapters case's model: the default model (adapters on the "
+                             "attention weights) or a random Llama of n_embd 512, 4 layers, "
+                             "Q8_0 (adapters on all seven layer weights)")
     parser.add_argument("--prefill-llama-1b", action="store_true",
                         help="run the prefill case on a random-weight Llama of about 1B "
                              "parameters in Q4_K_M (16 layers of full attention, 32 heads over 8 "
@@ -265,7 +270,8 @@ def main(argv=None) -> int:
                 report["decode"].append(result | {"model": name + mode})
         if "adapters" in cases:
             report["adapters"] = adapters_case.run(peers, model, args.threads,
-                                                   rounds=args.rounds, bar=bar)
+                                                   rounds=args.rounds, bar=bar,
+                                                   which=args.adapters_model)
         if "embeddings" in cases:
             report["embeddings"] = embeddings_case.run(peers, args.threads, rounds=args.rounds,
                                                        bar=bar)

@@ -1,14 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""LoRa adapters on the engine's model, each slot's own (patch 0018).
+"""LoRa adapters on the engine's model, each slot's own (patches 0018 and 0023).
 
 llama.cpp lists the adapters it applies per sequence (llama_set_adapters_lora_seq) and
 gives each sequence a scale of each (llama_set_adapter_lora_seq_scale); a row computes
-every listed adapter's product and keeps its own sequence's share, so a row's result
-does not depend on its batch. Here: the loaded adapters by index, the scales each slot
-wants, and `apply`, which the batch loop runs between steps on the engine thread: it
-lists the adapters some slot wants (a changed list makes llama.cpp reserve its graph
-anew, so the list follows use, not loads), sets every slot's scales, and frees the
-adapters unloaded that no slot wants any more.
+the products of its own sequence's adapters only, the same steps whatever its batch, so
+a listed adapter no row takes costs nothing. Here: the loaded adapters by index, the
+scales each slot wants, and `apply`, which the batch loop runs between steps on the
+engine thread: it lists the loaded adapters (a changed list makes llama.cpp reserve its
+graph anew, so the list follows loads, not use), sets every slot's scales, and frees the
+adapters unloaded.
 
 Loading an adapter registers it on the model, which llama.cpp reads when it sizes a
 graph: loads and frees hold the engine's model_lock, as llama_decode does.
@@ -70,6 +70,7 @@ cdef class Adapters:
             if self.loaded[i] == NULL:
                 self.loaded[i] = adapter
                 index = i
+                self.dirty = True  # listed before the next step
                 break
         pthread_mutex_unlock(self.loop_lock)
         if index < 0:
@@ -124,8 +125,8 @@ cdef class Adapters:
 
     cdef void apply(self) noexcept nogil:
         """Between steps, on the engine thread, loop lock held: the context lists
-        the adapters some slot wants and every slot has its scales; adapters
-        retiring and unlisted are freed."""
+        the loaded adapters and every slot has its scales; adapters retiring are
+        unlisted and freed."""
         cdef llama_adapter_lora * chosen[MAX_ADAPTERS]
         cdef int i, s, n = 0
         cdef bint need, changed = False
@@ -133,12 +134,7 @@ cdef class Adapters:
             return
         self.dirty = False
         for i in range(MAX_ADAPTERS):
-            need = False
-            if self.loaded[i] != NULL and not self.retiring[i]:
-                for s in range(self.n_slots):
-                    if self.wanted[s * MAX_ADAPTERS + i] != 0.0:
-                        need = True
-                        break
+            need = self.loaded[i] != NULL and not self.retiring[i]
             changed = changed or need != self.listed[i]
             self.listed[i] = need
             if need:

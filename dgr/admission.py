@@ -57,7 +57,7 @@ from dgr.tenants import Tenants
 # a waiting session refused after admission, for a newcomer that outranks it
 PREEMPTED_FROM_QUEUE = "preempted_from_queue"
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy",
-           "tenant_queue_full", "tenant_rate", PREEMPTED_FROM_QUEUE)
+           "tenant_queue_full", "tenant_rate", PREEMPTED_FROM_QUEUE, "adapters_busy")
 POLICIES = ("fcfs", "priority")
 
 

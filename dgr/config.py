@@ -38,6 +38,13 @@ def _strings(value) -> tuple[str, ...]:
     return (str(value),) if isinstance(value, str) else tuple(str(v) for v in value or ())
 
 
+def _flat(value) -> tuple[str, ...]:
+    """A repeatable flag's values where each use may give several (lists of lists)."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for item in value or () for v in ([item] if isinstance(item, str) else item))
+
+
 def _shares(value) -> tuple[float, ...]:
     """Proportions from "3,1" (a flag) or a list (TOML)."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
@@ -230,7 +237,20 @@ class NodeConfig:
         "--lora-init-without-apply", "llama-server's: the adapters of --lora FILE and "
         "--lora-scaled start at global scale 0 (POST /lora-adapters sets them).", default=False)
     max_loras: int = option(
-        "--max-loras", "LoRa adapters loaded at once, at start and at run time.", default=8)
+        "--max-loras", "LoRa adapters loaded at once, at start and at run time; those "
+        "loaded on demand (--lora-dir, --lora-modules) are evicted least recently used "
+        "first when idle.", default=8)
+    lora_dir: Optional[str] = option(
+        "--lora-dir", "A folder of LoRa adapters (GGUF): each NAME.gguf is served as model "
+        "NAME, loaded when a request first names it.", "none", default=None)
+    lora_modules: tuple[str, ...] = option(
+        "--lora-modules", "vLLM's: NAME=PATH adapters served by name, loaded when a request "
+        "first names one; repeatable, or several after one flag; vLLM's JSON form "
+        '{"name": ..., "path": ...} too.', "none", default=(), converter=lambda v: _flat(v),
+        metadata={"nargs": "+"})
+    lora_wait_s: float = option(
+        "--lora-wait", "Seconds a request waits for an adapter's load when --max-loras are "
+        "loaded and in use, before it is refused (adapters_busy).", default=30.0)
     embeddings: bool = option(
         "--embeddings", "Serve embeddings (/v1/embeddings, /embedding) instead of generation, "
         "as llama-server's --embeddings; an encoder model (BERT-style) always does.",
@@ -258,6 +278,8 @@ class NodeConfig:
                              f"got {self.state_rollback}")
         if not 0 <= self.max_loras <= MAX_ADAPTERS:
             raise ValueError(f"max_loras must be within 0..{MAX_ADAPTERS}, got {self.max_loras}")
+        if not self.lora_wait_s >= 0:
+            raise ValueError(f"lora_wait_s must be at least 0, got {self.lora_wait_s}")
         if any(len(pair) != 2 for pair in self.lora_scaled):
             raise ValueError("lora_scaled takes (FILE, SCALE) pairs")
         if self.rpc_timeout_s < 0:

@@ -490,7 +490,7 @@ class StepLoop:
             session.sampler_entry = None
         self._admission.release(session)
         if self.adapters is not None:
-            self.adapters.release(session.spec)
+            self.adapters.release(session.spec, len(session.generated))
         self._send_ops()
         self._telemetry.record_finish(session.finish_reason)
         self._telemetry.tenants.left(session)

@@ -19,7 +19,6 @@ import contextlib
 import functools
 import logging
 import itertools
-import os
 import random
 import time
 from typing import AsyncIterator, Optional, Sequence, Union
@@ -94,13 +93,9 @@ class Node(ServingNode):
         self._loop = StepLoop.for_engine(engine, settings, self._admission, self.telemetry,
                                          config.max_running + config.max_waiting, self.tiers)
         super().__init__(self._admission.gate, self._loop.departures)
-        info = engine.info
-        self.adapters = AdapterTable(
-            self._loop.batch.adapters, info["path"], info["architecture"], config.max_loras,
-            lambda: budgets.memory_bytes - info["budgeted_bytes"] - self.adapters.nbytes,
-            base_names={info["name"], os.path.basename(info["path"])},
-            unavailable="LoRa adapters are not served with RPC workers (--rpc)"
-            if config.rpc_workers else None)
+        self.adapters = AdapterTable.for_node(
+            self._loop.batch.adapters, engine.info, config,
+            lambda: budgets.memory_bytes - engine.info["budgeted_bytes"] - self.adapters.nbytes)
         self._loop.adapters = self.adapters
         self.prefixes = NodePrefixes(self.tiers, self._loop, self._admission.placement, engine)
         self.telemetry.watch_adapters(self.adapters)
@@ -201,15 +196,18 @@ class Node(ServingNode):
         params = params or SamplingParams()
         prompt_ids = [await self.tokenize_off_loop(p) if isinstance(p, str) else self._checked_ids(p)
                       for p in prompts]
-        sessions = []
-        for ids in prompt_ids:
-            first = None
-            for j in range(n):
-                session = self._new_session(ids, params, requester, j, leader=first,
-                                            progress=progress and not whole)
-                first = first or session
-                sessions.append(session)
-        opened = await self._open_sessions(sessions, whole)
+        # an adapter the request names is loaded (if it is a known one) and kept until
+        # its sessions hold it
+        async with self.adapters.held(params.model, params.lora):
+            sessions = []
+            for ids in prompt_ids:
+                first = None
+                for j in range(n):
+                    session = self._new_session(ids, params, requester, j, leader=first,
+                                                progress=progress and not whole)
+                    first = first or session
+                    sessions.append(session)
+            opened = await self._open_sessions(sessions, whole)
         try:
             yield [SessionStream(session, chunks, _no_credit if whole
                                  else functools.partial(self._loop.credit, session))

@@ -15,14 +15,16 @@ from dgr.doors.problems import error_response
 
 
 def model_entries(server: ServerState) -> list[dict]:
-    """/v1/models' entry of each loaded adapter (vLLM's shape)."""
+    """/v1/models' entry of each adapter served (vLLM's shape): loaded, or known and
+    loaded when named (--lora-dir, --lora-modules)."""
     node = server.node
     if node is None:
         return []
-    return [{"id": a["name"], "object": "model", "created": 0, "owned_by": "dgr",
-             "root": a["path"], "parent": server.model_id,
-             "max_model_len": node.budgets.kv_cells_per_session}
-            for a in node.adapters.report()]
+    paths = {name: node.adapters.known.path(name) for name in node.adapters.known.names()}
+    paths.update((a["name"], a["path"]) for a in node.adapters.report())
+    return [{"id": name, "object": "model", "created": 0, "owned_by": "dgr", "root": path,
+             "parent": server.model_id, "max_model_len": node.budgets.kv_cells_per_session}
+            for name, path in paths.items()]
 
 
 async def _runtime_request(request: Request, server: ServerState, fields: set[str]):

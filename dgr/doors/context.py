@@ -37,8 +37,8 @@ class ServerState:
 
     def model_name(self, params) -> str:
         """The model a response names: the adapter the request named, else the model's id."""
-        adapters = self.node.adapters.by_name if self.node is not None else {}
-        return params.model if params.model in adapters else self.model_id
+        served = self.node is not None and self.node.adapters.serves(params.model)
+        return params.model if served else self.model_id
 
     def ready_node(self) -> ServingNode:
         """The node, if it generates (dgr.node.Node)."""

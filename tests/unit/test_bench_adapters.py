@@ -19,12 +19,21 @@ def test_sessions_pick_adapters_in_each_servers_way():
 
 
 def test_adapters_table_reads_the_rounds():
-    row = {"mixed": {"dgr": 100.0, "llama-server": 40.0},
-           "one": {"dgr": 90.0, "llama-server": 80.0},
-           "base": {"dgr": 100.0, "llama-server": 100.0}}
-    result = {"adapters": 8, "rank": 16, "targets": ["attn_q"], "n_new": 64, "threads": 2,
-              "rounds": [row]}
+    def figures(ours, peer, decode=None):
+        return {"dgr": {"aggregate": ours} | ({"decode": decode[0]} if decode else {}),
+                "llama-server": {"aggregate": peer} | ({"decode": decode[1]} if decode else {})}
+
+    row = {"mixed": figures(100.0, 40.0), "spread": figures(90.0, 20.0),
+           "one": figures(95.0, 80.0, (90.0, 80.0)), "base": figures(110.0, 100.0, (100.0, 100.0))}
+    result = {"adapters": 32, "rank": 16, "targets": ["attn_q"], "n_new": 64, "threads": 2,
+              "model": "the default model", "rounds": [row]}
     table = "\n".join(adapters.markdown(result))
-    assert ("| two sessions on each adapter (aggregate) | 100.0 | 40.0 | "
+    assert "## Adapters on the default model" in table
+    assert ("| 8 adapters x 2 sessions (aggregate) | 100.0 | 40.0 | "
             "2.500 / 2.500 / 2.500 |") in table
-    assert "dgr 0.900 / 0.900 / 0.900, llama-server 0.800 / 0.800 / 0.800" in table
+    assert "| 32 adapters x 1 session (aggregate) | 90.0 | 20.0 | 4.500 / 4.500 / 4.500 |" in table
+    assert "| 16 sessions on one adapter (decode) | 90.0 | 80.0 |" in table
+    # each server against itself: one adapter's decode over the base's, 8 x 2 over base
+    assert ("- dgr against itself on the base model (min / median / max): one adapter's decode "
+            "0.900 / 0.900 / 0.900; 8 x 2 aggregate 0.909 / 0.909 / 0.909.") in table
+    assert "- llama-server against itself" in table and "0.800 / 0.800 / 0.800" in table
