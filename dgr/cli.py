@@ -21,8 +21,9 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         shown = meta["default_text"] or field.default
         text = f"{meta['help']} (default: {shown})".replace("%", "%%")
         flags = (meta["flag"], *meta.get("aliases", ()))
-        if "nargs" in meta:  # repeatable: each use appends its values
-            parser.add_argument(*flags, dest=field.name, action="append", default=None,
+        if "nargs" in meta:  # repeatable: each use appends its values ("+": one list of all)
+            parser.add_argument(*flags, dest=field.name, default=None,
+                                action="extend" if meta["nargs"] == "+" else "append",
                                 nargs=None if meta["nargs"] == 1 else meta["nargs"], help=text)
         elif field.type in (bool, "bool"):  # a string until cattrs resolves the annotations
             parser.add_argument(*flags, dest=field.name, action=argparse.BooleanOptionalAction,

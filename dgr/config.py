@@ -38,13 +38,6 @@ def _strings(value) -> tuple[str, ...]:
     return (str(value),) if isinstance(value, str) else tuple(str(v) for v in value or ())
 
 
-def _flat(value) -> tuple[str, ...]:
-    """A repeatable flag's values where each use may give several (lists of lists)."""
-    if isinstance(value, str):
-        return (value,)
-    return tuple(str(v) for item in value or () for v in ([item] if isinstance(item, str) else item))
-
-
 def _shares(value) -> tuple[float, ...]:
     """Proportions from "3,1" (a flag) or a list (TOML)."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
@@ -246,7 +239,7 @@ class NodeConfig:
     lora_modules: tuple[str, ...] = option(
         "--lora-modules", "vLLM's: NAME=PATH adapters served by name, loaded when a request "
         "first names one; repeatable, or several after one flag; vLLM's JSON form "
-        '{"name": ..., "path": ...} too.', "none", default=(), converter=lambda v: _flat(v),
+        '{"name": ..., "path": ...} too.', "none", default=(), converter=lambda v: _strings(v),
         metadata={"nargs": "+"})
     lora_wait_s: float = option(
         "--lora-wait", "Seconds a request waits for an adapter's load when --max-loras are "

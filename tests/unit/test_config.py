@@ -68,3 +68,20 @@ def test_adapter_flags_repeat_in_dgr_and_llama_servers_forms(tmp_path):
     assert (node.lora, node.lora_scaled) == (("a=/m/a.gguf",), (("/m/b.gguf", "0.5"),))
     with pytest.raises(ValueError, match="max_loras"):
         NodeConfig(max_loras=65)
+
+
+def test_known_adapter_flags_take_vllms_forms(tmp_path):
+    args = build_parser().parse_args([
+        "run", "--lora-dir", str(tmp_path), "--lora-modules", "a=/m/a.gguf",
+        '{"name": "b", "path": "/m/b.gguf"}', "--lora-modules", "c=/m/c.gguf",
+        "--lora-wait", "2.5"])
+    node = configs_from_args(args)[0]
+    assert node.lora_modules == ("a=/m/a.gguf", '{"name": "b", "path": "/m/b.gguf"}',
+                                 "c=/m/c.gguf")
+    assert (node.lora_dir, node.lora_wait_s) == (str(tmp_path), 2.5)
+    toml = tmp_path / "node.toml"
+    toml.write_text('lora_modules = ["a=/m/a.gguf"]\nlora_wait_s = 0\n')
+    node = configs_from_args(build_parser().parse_args(["run", "--config", str(toml)]))[0]
+    assert (node.lora_modules, node.lora_wait_s) == (("a=/m/a.gguf",), 0.0)
+    with pytest.raises(ValueError, match="lora_wait_s"):
+        NodeConfig(lora_wait_s=-1)
