@@ -223,8 +223,8 @@ class AdapterTable:
             return await self._load(name, path, scale, global_scale)
 
     async def _load(self, name: str, path: str, scale: float = 1.0, global_scale: float = 0.0,
-                    on_demand: bool = False) -> Adapter:
-        """`load`, the lock held."""
+                    on_demand: bool = False, checked: Optional[tuple] = None) -> Adapter:
+        """`load`, the lock held (`checked`: what _check_file found, if it ran)."""
         if not isinstance(name, str) or not name.strip():
             raise AdapterError("an adapter needs a non-empty name")
         if not isinstance(path, str) or not path:
@@ -239,7 +239,8 @@ class AdapterTable:
         if len(self.by_name) >= self.max_loaded:
             raise AdapterError(f"{self.max_loaded} adapters are loaded, the most this node "
                                "holds (--max-loras)")
-        rank, alpha, weights, nbytes = await trio.to_thread.run_sync(self._check_file, path)
+        rank, alpha, weights, nbytes = checked or await trio.to_thread.run_sync(
+            self._check_file, path)
         if nbytes > self._room():
             raise AdapterError(f"the adapter's {nbytes} bytes do not fit the memory budget "
                                f"({self._room()} bytes left beside the weights, KV, scratch "
@@ -283,8 +284,10 @@ class AdapterTable:
                 async with self._lock:
                     adapter = self.by_name.get(name)  # loaded while this request waited
                     if adapter is None:
+                        # a bad file is refused before any adapter is evicted for it
+                        checked = await trio.to_thread.run_sync(self._check_file, path)
                         await self._make_room(name)
-                        adapter = await self._load(name, path, on_demand=True)
+                        adapter = await self._load(name, path, on_demand=True, checked=checked)
                     self._held[adapter.id] += 1
                     self._used(adapter.id)
                     return adapter

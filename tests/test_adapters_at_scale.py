@@ -5,13 +5,15 @@ loaded again gives the same bits; 64 known through 8 places all complete; a requ
 that cannot get a place within its wait is refused with a reason and nothing else
 is lost; a name is never a path; /v1/models and /metrics tell."""
 
+from pathlib import Path
+
 import pytest
 import trio
 
 import dgr
 from dgr import testmodel
 from dgr.adapters import ADAPTERS_BUSY, KnownAdapters
-from dgr.errors import AdmissionRejected, ModelNotFound
+from dgr.errors import AdapterError, AdmissionRejected, ModelNotFound
 from test_server import start_server  # noqa: F401  (the fixture)
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 60, 61, 62, 63],
@@ -144,6 +146,18 @@ async def test_a_name_is_never_a_path(lora_dir, tmp_path):
         KnownAdapters((), str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="NAME=PATH"):
         KnownAdapters(("no-path",))
+
+
+async def test_a_bad_file_in_the_folder_is_refused_saying_why_and_nothing_is_lost(lora_dir,
+                                                                                   tmp_path):
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF" + bytes(range(60)))
+    (tmp_path / "good.gguf").write_bytes(Path(lora_dir["dir"], "a1.gguf").read_bytes())
+    async with dgr.open_node(config(lora_dir, lora_dir=str(tmp_path), max_loras=1)) as node:
+        good = bits(await node.generate(PROMPTS[0], params("good")))
+        with pytest.raises(AdapterError, match="not a GGUF adapter"):
+            await node.generate(PROMPTS[0], params("broken"))
+        assert list(node.adapters.by_name) == ["good"]  # the loaded one stays
+        assert bits(await node.generate(PROMPTS[0], params("good"))) == good
 
 
 async def test_lora_modules_by_name_and_json(lora_dir):
