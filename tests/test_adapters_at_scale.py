@@ -180,7 +180,8 @@ async def test_models_and_metrics_tell(start_server, lora_dir):  # noqa: F811
         assert {f"a{i}" for i in range(64)} <= {m["id"] for m in models}
         for name in ("a1", "a2", "a3"):
             reply = await client.post("/v1/completions", json={
-                "model": name, "prompt": "Hello", "max_tokens": 3, "temperature": 0})
+                "model": name, "prompt": "Hello", "max_tokens": 3, "temperature": 0,
+                "ignore_eos": True})
             assert reply.status_code == 200 and reply.json()["model"] == name
         metrics = (await client.get("/metrics")).text
     assert 'dgr_adapter_loads_total{adapter="a1"} 1.0' in metrics
