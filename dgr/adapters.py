@@ -169,9 +169,8 @@ class AdapterTable:
     how long a request waits for an idle adapter's place."""
 
     def __init__(self, engine, base: str, architecture: str, max_loaded: int,
-                 room: Callable[[], int], base_names: Sequence[str] = (),
-                 unavailable: Optional[str] = None, known: Optional[KnownAdapters] = None,
-                 wait_s: float = 30.0):
+                 room: Callable[[], int], wait_s: float, base_names: Sequence[str] = (),
+                 unavailable: Optional[str] = None, known: Optional[KnownAdapters] = None):
         self._engine = engine
         self._unavailable = unavailable
         self._architecture = architecture
@@ -200,11 +199,10 @@ class AdapterTable:
         """The table of a node on the engine's model (`info`: Engine.info) with its
         NodeConfig's bounds and known adapters."""
         return cls(engine, info["path"], info["architecture"], config.max_loras, room,
-                   base_names={info["name"], os.path.basename(info["path"])},
+                   config.lora_wait_s, base_names={info["name"], os.path.basename(info["path"])},
                    unavailable="LoRa adapters are not served with RPC workers (--rpc)"
                    if config.rpc_workers else None,
-                   known=KnownAdapters(config.lora_modules, config.lora_dir),
-                   wait_s=config.lora_wait_s)
+                   known=KnownAdapters(config.lora_modules, config.lora_dir))
 
     @property
     def nbytes(self) -> int:
@@ -272,7 +270,8 @@ class AdapterTable:
         finally:
             for adapter_id in ids:
                 self._held[adapter_id] -= 1
-            self._let_go()
+            if ids:
+                self._let_go()
 
     async def _loaded_and_held(self, name: str) -> Optional[Adapter]:
         """The adapter `name`, loaded if known and not loaded yet, its hold counted

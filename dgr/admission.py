@@ -49,6 +49,7 @@ from typing import Optional
 
 import attrs
 
+from dgr.adapters import ADAPTERS_BUSY
 from dgr.errors import AdmissionRejected, BudgetError
 from dgr.placement import Placement
 from dgr.sequence import Phase, Session
@@ -57,7 +58,7 @@ from dgr.tenants import Tenants
 # a waiting session refused after admission, for a newcomer that outranks it
 PREEMPTED_FROM_QUEUE = "preempted_from_queue"
 REASONS = ("never_fits", "queue_full", "queue_tokens_full", "draining", "unhealthy",
-           "tenant_queue_full", "tenant_rate", PREEMPTED_FROM_QUEUE, "adapters_busy")
+           "tenant_queue_full", "tenant_rate", PREEMPTED_FROM_QUEUE, ADAPTERS_BUSY)
 POLICIES = ("fcfs", "priority")
 
 
